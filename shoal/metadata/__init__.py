@@ -1,0 +1,65 @@
+"""The metadata tier: RFD 149's schema on PostgreSQL, sharded over vnodes, and its async API."""
+
+from shoal.metadata.errors import (
+    AccountNotFound,
+    BucketAlreadyExists,
+    BucketAlreadyOwnedByYou,
+    BucketNotEmpty,
+    BucketNotFound,
+    EntityTooSmall,
+    InvalidName,
+    InvalidPart,
+    InvalidPartOrder,
+    MetadataError,
+    ObjectNotFound,
+    PreconditionFailed,
+    SchemaError,
+    UploadNotFound,
+)
+from shoal.metadata.migrate import migrate
+from shoal.metadata.models import (
+    Account,
+    Bucket,
+    CommonPrefix,
+    DeletedBucket,
+    ListingPage,
+    ObjectSummary,
+    ObjectVersion,
+    ObjectWrite,
+    Part,
+    PartWrite,
+    Upload,
+)
+from shoal.metadata.ring import Ring
+from shoal.metadata.store import MetadataStore
+
+__all__ = [
+    "Account",
+    "AccountNotFound",
+    "Bucket",
+    "BucketAlreadyExists",
+    "BucketAlreadyOwnedByYou",
+    "BucketNotEmpty",
+    "BucketNotFound",
+    "CommonPrefix",
+    "DeletedBucket",
+    "EntityTooSmall",
+    "InvalidName",
+    "InvalidPart",
+    "InvalidPartOrder",
+    "ListingPage",
+    "MetadataError",
+    "MetadataStore",
+    "ObjectNotFound",
+    "ObjectSummary",
+    "ObjectVersion",
+    "ObjectWrite",
+    "Part",
+    "PartWrite",
+    "PreconditionFailed",
+    "Ring",
+    "SchemaError",
+    "Upload",
+    "UploadNotFound",
+    "migrate",
+]

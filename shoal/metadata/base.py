@@ -1,0 +1,110 @@
+"""What every part of the metadata API shares: running a statement on a vnode's shard,
+turning rows into models, and creating a missing deleted-table window on demand."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from shoal.metadata.errors import BucketNotFound
+from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
+from shoal.metadata.names import check_bucket_name
+from shoal.metadata.partitions import ensure_window_for_now
+from shoal.metadata.queries import SELECT_BUCKET
+from shoal.metadata.shards import Shard, ShardSet, render
+
+Row = dict[str, Any]
+T = TypeVar("T")
+
+
+class Component:
+    """Base of Buckets, Objects, Uploads and Garbage: all talk to shards through here."""
+
+    def __init__(self, shards: ShardSet, window: timedelta) -> None:
+        self.shards = shards
+        self.window = window
+
+    async def rows(
+        self, vnode: int, template: str, params: Mapping[str, Any], *, upper_bound: bool = False
+    ) -> list[Row]:
+        """Run one statement of queries.py on a vnode (autocommit) and return its rows."""
+
+        async def attempt() -> list[Row]:
+            async with self.shards.of_vnode(vnode).pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(render(template, vnode, upper_bound), params)
+                return await cur.fetchall() if cur.description else []
+
+        return await self.retrying_window(vnode, attempt)
+
+    async def shard_rows(
+        self, shard: Shard, statement: str, params: Mapping[str, Any]
+    ) -> list[Row]:
+        async with shard.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(statement, params)
+            return await cur.fetchall()
+
+    async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt`; if a deletion record found no window for now, create it and rerun."""
+        try:
+            return await attempt()
+        except psycopg.errors.CheckViolation as exc:
+            if "no partition of relation" not in str(exc):
+                raise
+        async with self.shards.of_vnode(vnode).pool.connection() as conn:
+            await ensure_window_for_now(conn, vnode, self.window)
+        return await attempt()
+
+    async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:
+        """The live incarnation of a bucket, or BucketNotFound."""
+        check_bucket_name(name)
+        vnode = self.shards.ring.vnode_for_bucket(owner, name)
+        found = await self.rows(vnode, SELECT_BUCKET, {"owner": owner, "name": name})
+        if not found:
+            raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
+        return Bucket(**found[0])
+
+
+def object_from_row(row: Row) -> ObjectVersion:
+    return ObjectVersion(
+        id=row["id"],
+        owner=row["owner"],
+        bucket_id=row["bucket_id"],
+        name=row["name"],
+        created=row["created"],
+        modified=row["modified"],
+        creator=row["creator"],
+        content_length=row["content_length"],
+        content_md5=bytes(row["content_md5"] or b""),
+        content_type=row["content_type"],
+        headers=row["headers"] or {},
+        roles=row["roles"] or [],
+        sharks=row["sharks"] or [],
+        properties=row["properties"] or {},
+        deleted_at=row.get("deleted_at"),
+    )
+
+
+def write_params(owner: uuid.UUID, bucket_id: uuid.UUID, name: str, write: ObjectWrite) -> Row:
+    """The parameters of PUT_OBJECT and its conditional variants."""
+    return {
+        "id": write.id,
+        "owner": owner,
+        "bucket_id": bucket_id,
+        "name": name,
+        "creator": write.creator,
+        "content_length": write.content_length,
+        "content_md5": write.content_md5,
+        "content_type": write.content_type,
+        "headers": dict(write.headers),
+        "roles": list(write.roles),
+        "sharks": list(write.sharks),
+        "properties": Jsonb(write.properties),
+    }

@@ -1,0 +1,138 @@
+"""Buckets: create (a new incarnation id), get, list per owner, delete.
+
+A bucket row lives on the vnode of hash(owner, name). S3 bucket names are global, so the
+catalog shard also records which owner holds each name (shoal.bucket_name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from shoal.metadata import queries
+from shoal.metadata.accounts import Accounts
+from shoal.metadata.base import Component
+from shoal.metadata.errors import (
+    BucketAlreadyExists,
+    BucketAlreadyOwnedByYou,
+    BucketNotEmpty,
+    BucketNotFound,
+    InvalidName,
+)
+from shoal.metadata.listing import key_range
+from shoal.metadata.models import Bucket
+from shoal.metadata.names import check_bucket_name, check_listing_text
+from shoal.metadata.shards import render_arms
+
+MAX_BUCKETS_PER_PAGE = 10000
+
+
+class Buckets(Component):
+    async def create(self, owner: uuid.UUID, name: str) -> Bucket:
+        check_bucket_name(name)
+        await Accounts(self.shards, self.window).get(owner)
+        bucket_id = uuid.uuid4()
+        await self._claim_name(owner, name, bucket_id)
+        vnode = self.shards.ring.vnode_for_bucket(owner, name)
+        params = {"id": bucket_id, "owner": owner, "name": name}
+        created = await self.rows(vnode, queries.INSERT_BUCKET, params)
+        if not created:
+            raise BucketAlreadyOwnedByYou(f"you already own bucket {name!r}")
+        return Bucket(**created[0])
+
+    async def get(self, owner: uuid.UUID, name: str) -> Bucket:
+        return await self.bucket(owner, name)
+
+    async def list(
+        self, owner: uuid.UUID, prefix: str = "", after: str = "", limit: int = 1000
+    ) -> list[Bucket]:
+        """The owner's buckets in name order: names starting with `prefix`, after `after`."""
+        check_listing_text(prefix, "prefix")
+        check_listing_text(after, "marker")
+        if not 0 <= limit <= MAX_BUCKETS_PER_PAGE:
+            raise InvalidName(f"limit must be between 0 and {MAX_BUCKETS_PER_PAGE}")
+        bounds = key_range(prefix, "", after)
+        if bounds is None or limit == 0:
+            return []
+        lower, upper = bounds
+        params = {"owner": owner, "lower": lower, "upper": upper, "limit": limit}
+        pages = await asyncio.gather(
+            *(
+                self.shard_rows(
+                    shard,
+                    render_arms(
+                        queries.LIST_BUCKETS_MERGE,
+                        queries.LIST_BUCKETS_ARM,
+                        tuple(shard.vnodes),
+                        upper is not None,
+                    ),
+                    params,
+                )
+                for shard in self.shards.placed()
+            )
+        )
+        found = sorted((Bucket(**row) for page in pages for row in page), key=lambda b: b.name)
+        return found[:limit]
+
+    async def delete(self, owner: uuid.UUID, name: str, force: bool = False) -> Bucket:
+        """Move the bucket to the deleted-bucket table and free its name.
+
+        Refused while the bucket holds objects or open uploads, unless forced: a forced delete
+        touches two rows whatever the bucket holds, and leaves its contents to GC.
+        """
+        bucket = await self.bucket(owner, name)
+        if not force and await self.has_content(owner, bucket.id):
+            raise BucketNotEmpty(f"bucket {name!r} is not empty")
+        vnode = self.shards.ring.vnode_for_bucket(owner, name)
+        gone = await self.rows(
+            vnode, queries.DELETE_BUCKET, {"owner": owner, "name": name, "id": bucket.id}
+        )
+        if not gone:
+            raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.RELEASE_BUCKET_NAME, {"name": name, "id": bucket.id})
+        return bucket
+
+    async def has_content(self, owner: uuid.UUID, bucket_id: uuid.UUID) -> bool:
+        params = {"owner": owner, "bucket_id": bucket_id}
+        answers = await asyncio.gather(
+            *(
+                self.shard_rows(
+                    shard,
+                    render_arms(
+                        queries.BUCKET_HAS_CONTENT,
+                        queries.BUCKET_HAS_CONTENT_ARM,
+                        tuple(shard.vnodes),
+                    ),
+                    params,
+                )
+                for shard in self.shards.placed()
+            )
+        )
+        return any(rows[0]["exists"] for rows in answers)
+
+    async def _claim_name(self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID) -> None:
+        async with self.shards.catalog.pool.connection() as conn:
+            claim = await conn.execute(
+                queries.CLAIM_BUCKET_NAME, {"name": name, "owner": owner, "id": bucket_id}
+            )
+            if await claim.fetchone():
+                return
+            holder = await (
+                await conn.execute(queries.SELECT_BUCKET_NAME, {"name": name})
+            ).fetchone()
+            if holder is None:  # released meanwhile: try once more
+                return await self._claim_name(owner, name, bucket_id)
+            holder_owner, holder_bucket = holder
+            if holder_owner != owner:
+                raise BucketAlreadyExists(f"bucket name {name!r} is taken")
+            try:
+                await self.bucket(owner, name)
+            except BucketNotFound:
+                # A create by this owner died between claiming the name and writing the row.
+                await conn.execute(
+                    queries.RECLAIM_BUCKET_NAME,
+                    {"name": name, "owner": owner, "id": bucket_id, "old_id": holder_bucket},
+                )
+                return
+            raise BucketAlreadyOwnedByYou(f"you already own bucket {name!r}")

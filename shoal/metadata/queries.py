@@ -1,0 +1,484 @@
+"""Every statement the metadata API runs, with what it guarantees.
+
+`{schema}` is the quoted vnode schema (manta_bucket_<vnode>); `{object_columns}` and
+`{part_columns}` are the column lists below. Parameters are named (`%(owner)s`). All object and
+part writes record each replaced version exactly once, under any interleaving: they take the
+old row from the write itself (`RETURNING old.*`, PostgreSQL 18; `DELETE ... RETURNING`), which
+sees the row version the write actually replaced, where RFD 149's CTE reads it from the
+statement's snapshot and can miss a concurrent writer's version (a block leak) or record a
+deleted one twice.
+"""
+
+from __future__ import annotations
+
+OBJECT_COLUMNS = (
+    "id, owner, bucket_id, name, created, modified, creator, content_length, content_md5, "
+    "content_type, headers, roles, sharks, properties"
+)
+
+# -- catalog shard -----------------------------------------------------------------------
+
+SELECT_RING = """
+SELECT r.version, v.vnode, v.shard
+FROM shoal.ring r JOIN shoal.ring_vnode v USING (version)
+WHERE r.version = (SELECT max(version) FROM shoal.ring)
+ORDER BY v.vnode
+"""
+
+INSERT_RING = "INSERT INTO shoal.ring (version, vnodes) VALUES (%(version)s, %(vnodes)s)"
+
+INSERT_RING_VNODE = """
+INSERT INTO shoal.ring_vnode (version, vnode, shard) VALUES (%(version)s, %(vnode)s, %(shard)s)
+"""
+
+INSERT_ACCOUNT = """
+INSERT INTO shoal.account (id, name) VALUES (%(id)s, %(name)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING id, name, created
+"""
+
+SELECT_ACCOUNT = "SELECT id, name, created FROM shoal.account WHERE id = %(id)s"
+
+SELECT_ACCOUNT_BY_NAME = "SELECT id, name, created FROM shoal.account WHERE name = %(name)s"
+
+# Claims a bucket name for one owner across the ring (S3 names are global).
+CLAIM_BUCKET_NAME = """
+INSERT INTO shoal.bucket_name (name, owner, bucket_id) VALUES (%(name)s, %(owner)s, %(id)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING bucket_id
+"""
+
+SELECT_BUCKET_NAME = "SELECT owner, bucket_id FROM shoal.bucket_name WHERE name = %(name)s"
+
+# A same-owner claim left by a create that died before its bucket row committed.
+RECLAIM_BUCKET_NAME = """
+UPDATE shoal.bucket_name SET bucket_id = %(id)s
+WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
+"""
+
+RELEASE_BUCKET_NAME = """
+DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+"""
+
+# -- buckets (on the bucket's vnode) ------------------------------------------------------
+
+INSERT_BUCKET = """
+INSERT INTO {schema}.manta_bucket (id, owner, name) VALUES (%(id)s, %(owner)s, %(name)s)
+ON CONFLICT (owner, name) DO NOTHING
+RETURNING id, owner, name, created
+"""
+
+SELECT_BUCKET = """
+SELECT id, owner, name, created FROM {schema}.manta_bucket
+WHERE owner = %(owner)s AND name = %(name)s
+"""
+
+# Moves exactly the incarnation that was checked (id) into the deleted-bucket table.
+DELETE_BUCKET = """
+WITH gone AS (
+    DELETE FROM {schema}.manta_bucket
+    WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
+    RETURNING id, owner, name, created
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_bucket (id, owner, name, created)
+    SELECT id, owner, name, created FROM gone
+)
+SELECT id FROM gone
+"""
+
+# One arm per vnode of a shard, joined with UNION ALL; the outer query merges them.
+LIST_BUCKETS_ARM = """
+(SELECT id, owner, name, created FROM {schema}.manta_bucket
+ WHERE owner = %(owner)s AND name >= %(lower)s {upper_bound}
+ ORDER BY name LIMIT %(limit)s)
+"""
+
+# True if any vnode of the shard holds an object, upload or part of the incarnation.
+BUCKET_HAS_CONTENT_ARM = """
+SELECT 1 FROM {schema}.manta_bucket_object WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+UNION ALL
+SELECT 1 FROM {schema}.manta_bucket_upload WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+"""
+
+# -- objects (on the object's vnode) ------------------------------------------------------
+
+SELECT_OBJECT = """
+SELECT {object_columns} FROM {schema}.manta_bucket_object
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+"""
+
+# Upsert; the replaced version (old.*) becomes a deletion record in the same statement.
+PUT_OBJECT = """
+WITH upsert AS (
+    INSERT INTO {schema}.manta_bucket_object (
+        id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
+        headers, roles, sharks, properties)
+    VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
+            %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s,
+            %(properties)s)
+    ON CONFLICT (owner, bucket_id, name) DO UPDATE SET
+        id = EXCLUDED.id,
+        created = current_timestamp,
+        modified = current_timestamp,
+        creator = EXCLUDED.creator,
+        content_length = EXCLUDED.content_length,
+        content_md5 = EXCLUDED.content_md5,
+        content_type = EXCLUDED.content_type,
+        headers = EXCLUDED.headers,
+        roles = EXCLUDED.roles,
+        sharks = EXCLUDED.sharks,
+        properties = EXCLUDED.properties
+    RETURNING new.created, new.modified,
+        old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
+        old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
+        old.creator AS old_creator, old.content_length AS old_content_length,
+        old.content_md5 AS old_content_md5, old.content_type AS old_content_type,
+        old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
+        old.properties AS old_properties
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
+           old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
+           old_sharks, old_properties
+    FROM upsert WHERE old_id IS NOT NULL
+)
+SELECT created, modified, old_id FROM upsert
+"""
+
+# If-Match: replaces the live version only if its ETag bytes match, re-checked on the
+# latest row version under a row lock, so the check and the write are one atomic step.
+REPLACE_OBJECT_IF_MATCH = """
+WITH replaced AS (
+    UPDATE {schema}.manta_bucket_object SET
+        id = %(id)s,
+        created = current_timestamp,
+        modified = current_timestamp,
+        creator = %(creator)s,
+        content_length = %(content_length)s,
+        content_md5 = %(content_md5)s,
+        content_type = %(content_type)s,
+        headers = %(headers)s,
+        roles = %(roles)s,
+        sharks = %(sharks)s,
+        properties = %(properties)s
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+      AND content_md5 = %(if_match)s
+    RETURNING new.created, new.modified,
+        old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
+        old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
+        old.creator AS old_creator, old.content_length AS old_content_length,
+        old.content_md5 AS old_content_md5, old.content_type AS old_content_type,
+        old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
+        old.properties AS old_properties
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
+           old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
+           old_sharks, old_properties
+    FROM replaced
+)
+SELECT created, modified, old_id FROM replaced
+"""
+
+# If-None-Match: * (create only): exactly one of many concurrent creators inserts.
+CREATE_OBJECT = """
+INSERT INTO {schema}.manta_bucket_object (
+    id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
+    headers, roles, sharks, properties)
+VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
+        %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s)
+ON CONFLICT (owner, bucket_id, name) DO NOTHING
+RETURNING created, modified, NULL::uuid AS old_id
+"""
+
+# Metadata only: the version (and its blocks) stays, so no deletion record.
+UPDATE_OBJECT_METADATA = """
+UPDATE {schema}.manta_bucket_object SET
+    headers = %(headers)s,
+    content_type = %(content_type)s,
+    modified = current_timestamp
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+RETURNING {object_columns}
+"""
+
+# The deleted row comes from DELETE ... RETURNING: only the deleter that removed it records it.
+DELETE_OBJECT = """
+WITH gone AS (
+    DELETE FROM {schema}.manta_bucket_object
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+      AND (%(if_match)s::bytea IS NULL OR content_md5 = %(if_match)s::bytea)
+    RETURNING {object_columns}
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    SELECT {object_columns} FROM gone
+)
+SELECT {object_columns} FROM gone
+"""
+
+# -- listing ------------------------------------------------------------------------------
+
+LIST_OBJECTS_ARM = """
+(SELECT name, NULL::text AS prefix, id, modified, content_length, content_md5,
+        jsonb_array_length(properties -> 'parts') AS parts_count
+ FROM {schema}.manta_bucket_object
+ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+   AND name >= %(lower)s {upper_bound}
+ ORDER BY name LIMIT %(limit)s)
+"""
+
+# A skip scan over one vnode: each step is one index probe for the next name at or after
+# `next`, where `next` jumps past the whole common prefix of the previous entry. So the
+# work grows with the entries returned, not with the keys under each common prefix.
+LIST_OBJECTS_DELIMITED_ARM = """
+(WITH RECURSIVE walk AS (
+    (SELECT o.name, shoal.common_prefix(o.name, %(prefix)s, %(delimiter)s) AS prefix,
+            o.id, o.modified, o.content_length, o.content_md5,
+            jsonb_array_length(o.properties -> 'parts') AS parts_count, 1 AS step
+     FROM {schema}.manta_bucket_object o
+     WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s
+       AND o.name >= %(lower)s {upper_bound}
+     ORDER BY o.name LIMIT 1)
+    UNION ALL
+    SELECT nxt.*, walk.step + 1
+    FROM walk CROSS JOIN LATERAL (
+        SELECT o.name, shoal.common_prefix(o.name, %(prefix)s, %(delimiter)s) AS prefix,
+               o.id, o.modified, o.content_length, o.content_md5,
+               jsonb_array_length(o.properties -> 'parts') AS parts_count
+        FROM {schema}.manta_bucket_object o
+        WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s
+          AND o.name >= CASE WHEN walk.prefix IS NULL THEN walk.name || chr(1)
+                             ELSE shoal.successor(walk.prefix) END
+          {upper_bound}
+        ORDER BY o.name LIMIT 1
+    ) nxt
+    WHERE walk.step < %(limit)s
+ )
+ SELECT name, prefix, id, modified, content_length, content_md5, parts_count FROM walk)
+"""
+
+# Merges the arms of one shard; a common prefix found by several vnodes appears once.
+LIST_OBJECTS_MERGE = """
+SELECT DISTINCT ON (coalesce(prefix, name)) name, prefix, id, modified, content_length,
+       content_md5, parts_count
+FROM ({arms}) AS entries
+ORDER BY coalesce(prefix, name)
+LIMIT %(limit)s
+"""
+
+LIST_BUCKETS_MERGE = """
+SELECT id, owner, name, created FROM ({arms}) AS entries ORDER BY name LIMIT %(limit)s
+"""
+
+BUCKET_HAS_CONTENT = "SELECT EXISTS ({arms})"
+
+# -- multipart uploads (on the vnode of the object they become) ---------------------------
+
+PART_COLUMNS = "part_number, id, created, content_length, content_md5, sharks, properties"
+
+# A part leaves the same deletion record as an object version; properties say which part.
+PART_AS_DELETION_RECORD = """
+    id, owner, bucket_id, name, created, created, NULL::uuid, content_length, content_md5,
+    NULL::text, NULL::hstore, NULL::uuid[], sharks,
+    coalesce(properties, '{}'::jsonb)
+      || jsonb_build_object('upload_id', upload_id, 'part_number', part_number)
+"""
+
+INSERT_UPLOAD = """
+INSERT INTO {schema}.manta_bucket_upload (
+    id, owner, bucket_id, name, creator, content_type, headers, roles, properties)
+VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_type)s,
+        %(headers)s, %(roles)s, %(properties)s)
+RETURNING id, owner, bucket_id, name, created, content_type, headers, properties
+"""
+
+SELECT_UPLOAD = """
+SELECT id, owner, bucket_id, name, created, content_type, headers, properties
+FROM {schema}.manta_bucket_upload
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(upload_id)s
+"""
+
+# Holds a share lock on the upload while the part is written, so a concurrent complete or
+# abort (which deletes the upload row) waits; a replaced part number becomes a deletion record.
+PUT_PART = """
+WITH upload AS (
+    SELECT id FROM {schema}.manta_bucket_upload
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+      AND id = %(upload_id)s
+    FOR SHARE
+), upsert AS (
+    INSERT INTO {schema}.manta_bucket_upload_part (
+        owner, bucket_id, upload_id, part_number, id, name, content_length, content_md5,
+        sharks, properties)
+    SELECT %(owner)s, %(bucket_id)s, upload.id, %(part_number)s, %(id)s, %(name)s,
+           %(content_length)s, %(content_md5)s, %(sharks)s, %(properties)s
+    FROM upload
+    ON CONFLICT (owner, bucket_id, upload_id, part_number) DO UPDATE SET
+        id = EXCLUDED.id,
+        created = current_timestamp,
+        content_length = EXCLUDED.content_length,
+        content_md5 = EXCLUDED.content_md5,
+        sharks = EXCLUDED.sharks,
+        properties = EXCLUDED.properties
+    RETURNING new.created, old.id AS old_id, old.owner AS old_owner,
+        old.bucket_id AS old_bucket_id, old.upload_id AS old_upload_id,
+        old.part_number AS old_part_number, old.name AS old_name,
+        old.created AS old_created, old.content_length AS old_content_length,
+        old.content_md5 AS old_content_md5, old.sharks AS old_sharks,
+        old.properties AS old_properties
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_created, NULL::uuid,
+           old_content_length, old_content_md5, NULL::text, NULL::hstore, NULL::uuid[],
+           old_sharks,
+           coalesce(old_properties, '{{}}'::jsonb)
+             || jsonb_build_object('upload_id', old_upload_id, 'part_number', old_part_number)
+    FROM upsert WHERE old_id IS NOT NULL
+)
+SELECT created FROM upsert
+"""
+
+LIST_PARTS = """
+SELECT {part_columns} FROM {schema}.manta_bucket_upload_part
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND upload_id = %(upload_id)s
+  AND part_number > %(after)s
+ORDER BY part_number LIMIT %(limit)s
+"""
+
+LIST_UPLOADS_ARM = """
+(SELECT id, owner, bucket_id, name, created, content_type, headers, properties
+ FROM {schema}.manta_bucket_upload
+ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+   AND (name, id) > (%(lower)s, %(after_id)s) {upper_bound}
+ ORDER BY name, id LIMIT %(limit)s)
+"""
+
+LIST_UPLOADS_MERGE = """
+SELECT * FROM ({arms}) AS entries ORDER BY name, id LIMIT %(limit)s
+"""
+
+# Complete and abort start by deleting the upload row: whichever comes first wins, and the
+# row lock makes a concurrent part write wait for the outcome.
+TAKE_UPLOAD = """
+DELETE FROM {schema}.manta_bucket_upload
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(upload_id)s
+RETURNING id
+"""
+
+LOCK_PARTS = """
+SELECT {part_columns} FROM {schema}.manta_bucket_upload_part
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND upload_id = %(upload_id)s
+ORDER BY part_number
+FOR UPDATE
+"""
+
+# Parts not in `keep` become deletion records; every part row goes (the object now names
+# the kept parts in its properties).
+RETIRE_PARTS = """
+WITH gone AS (
+    DELETE FROM {schema}.manta_bucket_upload_part
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND upload_id = %(upload_id)s
+    RETURNING *
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    SELECT {part_as_deletion_record}
+    FROM gone WHERE NOT (part_number = ANY(%(keep)s::int[]))
+)
+SELECT count(*) FROM gone
+"""
+
+# -- garbage collection ---------------------------------------------------------------------
+
+# Oldest first, judged by the database clock; SKIP LOCKED lets several workers take
+# disjoint batches, each held until its transaction ends.
+CLAIM_DELETED_OBJECTS = """
+SELECT {object_columns}, deleted_at FROM {schema}.manta_bucket_deleted_object
+WHERE deleted_at < current_timestamp - %(leeway)s::interval
+ORDER BY deleted_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+REMOVE_DELETED_OBJECTS = """
+DELETE FROM {schema}.manta_bucket_deleted_object
+WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+CLAIM_DELETED_BUCKETS = """
+SELECT id, owner, name, created, deleted_at FROM {schema}.manta_bucket_deleted_bucket
+WHERE deleted_at < current_timestamp - %(leeway)s::interval
+ORDER BY deleted_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+REMOVE_DELETED_BUCKET = """
+DELETE FROM {schema}.manta_bucket_deleted_bucket
+WHERE id = %(id)s AND owner = %(owner)s AND name = %(name)s
+"""
+
+# The live rows of a deleted incarnation, as deletion records would carry them.
+BUCKET_OBJECTS_ARM = """
+(SELECT {object_columns}, NULL::timestamptz AS deleted_at
+ FROM {schema}.manta_bucket_object
+ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+ ORDER BY name LIMIT %(limit)s)
+"""
+
+BUCKET_PARTS_ARM = """
+(SELECT {part_as_deletion_record}, NULL::timestamptz AS deleted_at
+ FROM {schema}.manta_bucket_upload_part
+ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+ ORDER BY upload_id, part_number LIMIT %(limit)s)
+"""
+
+REMOVE_BUCKET_OBJECTS = """
+DELETE FROM {schema}.manta_bucket_object
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = ANY(%(ids)s::uuid[])
+"""
+
+REMOVE_BUCKET_PARTS = """
+DELETE FROM {schema}.manta_bucket_upload_part
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = ANY(%(ids)s::uuid[])
+"""
+
+REMOVE_BUCKET_UPLOADS = """
+DELETE FROM {schema}.manta_bucket_upload u
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.manta_bucket_upload_part p
+      WHERE p.owner = u.owner AND p.bucket_id = u.bucket_id AND p.upload_id = u.id)
+"""
+
+# -- migrations, settings, windows, status -------------------------------------------------
+
+LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(%(key)s)"
+
+APPLIED_VERSIONS = "SELECT scope, max(version) FROM shoal.schema_migrations GROUP BY scope"
+
+APPLIED_IN_SCOPE = "SELECT version FROM shoal.schema_migrations WHERE scope = %(scope)s"
+
+RECORD_MIGRATION = """
+INSERT INTO shoal.schema_migrations (scope, version, name)
+VALUES (%(scope)s, %(version)s, %(name)s)
+"""
+
+# Settings are fixed at first migrate; later configurations do not change them.
+STORE_SETTING = """
+INSERT INTO shoal.settings (key, value) VALUES (%(key)s, %(value)s)
+ON CONFLICT (key) DO NOTHING
+"""
+
+SELECT_SETTING = "SELECT value FROM shoal.settings WHERE key = %(key)s"
+
+DATABASE_NOW = "SELECT current_timestamp"
+
+TABLE_EXISTS = "SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = %(table)s"
+
+COUNT_WINDOWS = """
+SELECT count(*) FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r' AND n.nspname LIKE 'manta\\_bucket\\_%%'
+"""
+
+DATABASE_NAMES = "SELECT datname FROM pg_database"

@@ -1,0 +1,244 @@
+"""The DDL of every migration, by scope.
+
+Three scopes, each with its own version sequence in `shoal.schema_migrations`:
+  shard      on every shard: the hstore extension and Shoal's SQL helpers
+  catalog    on the catalog shard (the first configured): ring, accounts, keys, names, nodes
+  vnode      in each `manta_bucket_<vnode>` schema, on the shard the ring gives that vnode
+
+The four tables of RFD 149 appear exactly as named and typed there; every addition is listed
+with its reason in docs/metadata.md. `{schema}` is replaced by the quoted vnode schema name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    ddl: str
+
+
+SHARD_MIGRATIONS = (
+    Migration(
+        1,
+        "hstore and listing helpers",
+        """
+CREATE EXTENSION IF NOT EXISTS hstore;
+
+CREATE TABLE shoal.settings (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+
+-- The least string greater than every string starting with s (NULL: no bound).
+-- Mirrors shoal.metadata.listing.successor; lets a delimiter listing jump over a common
+-- prefix with one index probe.
+CREATE FUNCTION shoal.successor(s text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    n int := length(s);
+    c int;
+BEGIN
+    WHILE n > 0 LOOP
+        c := ascii(substr(s, n, 1));
+        IF c < 1114111 THEN
+            c := CASE WHEN c = 55295 THEN 57344 ELSE c + 1 END;  -- skip surrogates
+            RETURN left(s, n - 1) || chr(c);
+        END IF;
+        n := n - 1;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- The common prefix a name rolls up into under (prefix, delimiter), or NULL.
+-- Mirrors shoal.metadata.listing.common_prefix.
+CREATE FUNCTION shoal.common_prefix(name text, prefix text, delimiter text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN delimiter = '' THEN NULL
+        WHEN strpos(substr(name, length(prefix) + 1), delimiter) = 0 THEN NULL
+        ELSE left(name, length(prefix) + strpos(substr(name, length(prefix) + 1), delimiter)
+                        + length(delimiter) - 1)
+    END
+$$;
+""",
+    ),
+)
+
+CATALOG_MIGRATIONS = (
+    Migration(
+        1,
+        "ring, accounts, bucket names, storage nodes",
+        """
+CREATE TABLE shoal.ring (
+    version int PRIMARY KEY,
+    vnodes int NOT NULL CHECK (vnodes > 0),
+    created timestamptz DEFAULT current_timestamp NOT NULL
+);
+
+CREATE TABLE shoal.ring_vnode (
+    version int NOT NULL REFERENCES shoal.ring (version),
+    vnode int NOT NULL,
+    shard text NOT NULL,
+    PRIMARY KEY (version, vnode)
+);
+
+CREATE TABLE shoal.account (
+    id uuid PRIMARY KEY,
+    name text COLLATE "C" NOT NULL UNIQUE,
+    created timestamptz DEFAULT current_timestamp NOT NULL
+);
+
+CREATE TABLE shoal.access_key (
+    access_key_id text PRIMARY KEY,
+    account_id uuid NOT NULL REFERENCES shoal.account (id),
+    secret_encrypted bytea NOT NULL,
+    created timestamptz DEFAULT current_timestamp NOT NULL,
+    revoked timestamptz
+);
+CREATE INDEX access_key_account_idx ON shoal.access_key (account_id);
+
+-- S3 bucket names are global; RFD 149 keys buckets by (owner, name). This table claims a
+-- name for one owner across the whole ring.
+CREATE TABLE shoal.bucket_name (
+    name text COLLATE "C" PRIMARY KEY,
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL
+);
+
+CREATE TABLE shoal.storage_node (
+    name text PRIMARY KEY,
+    datacenter text NOT NULL,
+    url text NOT NULL,
+    capacity_bytes bigint,
+    free_bytes bigint,
+    heartbeat timestamptz,
+    registered timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
+)
+
+VNODE_MIGRATIONS = (
+    Migration(
+        1,
+        "RFD 149 tables, multipart uploads and parts",
+        """
+CREATE TABLE {schema}.manta_bucket (
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    created timestamptz DEFAULT current_timestamp NOT NULL,
+
+    PRIMARY KEY (owner, name)
+);
+
+-- fillfactor leaves room on each page so that overwrites stay HOT updates.
+CREATE TABLE {schema}.manta_bucket_object (
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    created timestamptz DEFAULT current_timestamp NOT NULL,
+    modified timestamptz DEFAULT current_timestamp NOT NULL,
+    creator uuid,
+    content_length bigint,
+    content_md5 bytea,
+    content_type text,
+    headers hstore,
+    roles uuid[],
+    sharks text[],
+    properties jsonb,
+
+    PRIMARY KEY (owner, bucket_id, name)
+) WITH (fillfactor = 80);
+
+CREATE TABLE {schema}.manta_bucket_deleted_bucket (
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    created timestamptz NOT NULL,
+    deleted_at timestamptz DEFAULT current_timestamp NOT NULL
+) PARTITION BY RANGE (deleted_at);
+
+CREATE INDEX manta_bucket_deleted_bucket_id_idx
+ON {schema}.manta_bucket_deleted_bucket (id);
+
+CREATE INDEX manta_bucket_deleted_bucket_deleted_at_idx
+ON {schema}.manta_bucket_deleted_bucket (deleted_at);
+
+CREATE TABLE {schema}.manta_bucket_deleted_object (
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    created timestamptz NOT NULL,
+    modified timestamptz NOT NULL,
+    creator uuid,
+    content_length bigint,
+    content_md5 bytea,
+    content_type text,
+    headers hstore,
+    roles uuid[],
+    sharks text[],
+    properties jsonb,
+    deleted_at timestamptz DEFAULT current_timestamp NOT NULL
+) PARTITION BY RANGE (deleted_at);
+
+CREATE INDEX manta_bucket_deleted_object_id_idx
+ON {schema}.manta_bucket_deleted_object (id);
+
+CREATE INDEX manta_bucket_deleted_object_deleted_at_idx
+ON {schema}.manta_bucket_deleted_object (deleted_at);
+
+-- An open multipart upload lives on the vnode of the object it will become.
+CREATE TABLE {schema}.manta_bucket_upload (
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    created timestamptz DEFAULT current_timestamp NOT NULL,
+    creator uuid,
+    content_type text,
+    headers hstore,
+    roles uuid[],
+    properties jsonb,
+
+    PRIMARY KEY (owner, bucket_id, name, id)
+);
+
+CREATE TABLE {schema}.manta_bucket_upload_part (
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    upload_id uuid NOT NULL,
+    part_number int NOT NULL CHECK (part_number BETWEEN 1 AND 10000),
+    id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    created timestamptz DEFAULT current_timestamp NOT NULL,
+    content_length bigint NOT NULL,
+    content_md5 bytea NOT NULL,
+    sharks text[],
+    properties jsonb,
+
+    PRIMARY KEY (owner, bucket_id, upload_id, part_number)
+);
+""",
+    ),
+)
+
+# The two RFD 149 tables partitioned by deleted_at, in windows (see partitions.py).
+DELETED_TABLES = ("manta_bucket_deleted_bucket", "manta_bucket_deleted_object")
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE SCHEMA IF NOT EXISTS shoal;
+CREATE TABLE IF NOT EXISTS shoal.schema_migrations (
+    scope text NOT NULL,
+    version int NOT NULL,
+    name text NOT NULL,
+    applied_at timestamptz DEFAULT current_timestamp NOT NULL,
+    PRIMARY KEY (scope, version)
+);
+"""

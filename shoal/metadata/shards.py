@@ -1,0 +1,150 @@
+"""The shards of the metadata tier: one connection pool each, and the ring that places vnodes.
+
+Statements are written once with a `{schema}` placeholder (queries.py); this module renders
+them per vnode, and composes the per-shard statements that read every vnode of a shard in one
+round trip (`arms` joined by UNION ALL).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+from psycopg.types import TypeInfo
+from psycopg.types.hstore import register_hstore
+from psycopg_pool import AsyncConnectionPool
+
+from shoal.config import ShardConfig
+from shoal.metadata import queries
+from shoal.metadata.errors import SchemaError
+from shoal.metadata.ring import Ring, vnode_schema
+
+# Statements are rendered per vnode, so a connection sees up to (vnodes x statements) texts;
+# keep them all prepared.
+PREPARED_STATEMENTS_PER_CONNECTION = 4096
+MIN_SERVER_VERSION = 180000  # RETURNING OLD (see queries.py) needs PostgreSQL 18
+UPPER_BOUND = "AND name < %(upper)s"
+
+
+@dataclass
+class Shard:
+    name: str
+    pool: AsyncConnectionPool
+    vnodes: list[int]
+
+
+class ShardSet:
+    """The open shards, the ring, and the catalog shard (the first one configured)."""
+
+    def __init__(self, ring: Ring, shards: dict[str, Shard], catalog: Shard) -> None:
+        self.ring = ring
+        self.shards = shards
+        self.catalog = catalog
+
+    @classmethod
+    async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> ShardSet:
+        if not configs:
+            raise SchemaError("no shards configured")
+        pools: dict[str, AsyncConnectionPool] = {}
+        try:
+            for config in configs:
+                pools[config.name] = await open_pool(config, pool_max_size)
+            ring = await read_ring(pools[configs[0].name])
+            missing = sorted(set(ring.shards) - set(pools))
+            if missing:
+                raise SchemaError(
+                    f"ring version {ring.version} places vnodes on shard(s) {', '.join(missing)}, "
+                    "which the configuration does not name"
+                )
+        except BaseException:
+            for pool in pools.values():
+                await pool.close()
+            raise
+        shards = {
+            name: Shard(name=name, pool=pool, vnodes=ring.vnodes_of(name))
+            for name, pool in pools.items()
+        }
+        return cls(ring, shards, shards[configs[0].name])
+
+    async def close(self) -> None:
+        for shard in self.shards.values():
+            await shard.pool.close()
+
+    def of_vnode(self, vnode: int) -> Shard:
+        return self.shards[self.ring.shard_of(vnode)]
+
+    def placed(self) -> list[Shard]:
+        """The shards that hold at least one vnode."""
+        return [s for s in self.shards.values() if s.vnodes]
+
+
+async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
+    try:
+        async with await psycopg.AsyncConnection.connect(config.dsn, autocommit=True) as conn:
+            hstore = await TypeInfo.fetch(conn, "hstore")
+    except psycopg.OperationalError as exc:
+        raise SchemaError(f"cannot connect to shard {config.name}: {first_line(exc)}") from None
+    if hstore is None:
+        raise SchemaError(f"shard {config.name} is not migrated: run `shoal db migrate`")
+
+    async def configure(conn: psycopg.AsyncConnection) -> None:
+        register_hstore(hstore, conn)
+        conn.prepared_max = PREPARED_STATEMENTS_PER_CONNECTION
+
+    pool = AsyncConnectionPool(
+        config.dsn,
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        configure=configure,
+        name=f"shoal-{config.name}",
+        open=False,
+    )
+    await pool.open(wait=True)
+    return pool
+
+
+async def read_ring(pool: AsyncConnectionPool) -> Ring:
+    async with pool.connection() as conn:
+        try:
+            rows = await (await conn.execute(queries.SELECT_RING)).fetchall()
+        except psycopg.errors.UndefinedTable:
+            raise SchemaError("the catalog shard is not migrated: run `shoal db migrate`") from None
+    if not rows:
+        raise SchemaError("no ring is stored: run `shoal db migrate`")
+    return Ring(version=rows[0][0], assignment=tuple(shard for _, _, shard in rows))
+
+
+@functools.lru_cache(maxsize=8192)
+def render(template: str, vnode: int | None = None, upper_bound: bool = False) -> str:
+    """A statement of queries.py for one vnode, as text ready to execute (and prepare)."""
+    fragments = {
+        "object_columns": sql.SQL(queries.OBJECT_COLUMNS),
+        "part_columns": sql.SQL(queries.PART_COLUMNS),
+        "part_as_deletion_record": sql.SQL(queries.PART_AS_DELETION_RECORD),
+        "upper_bound": sql.SQL(UPPER_BOUND if upper_bound else ""),
+    }
+    if vnode is not None:
+        fragments["schema"] = sql.Identifier(vnode_schema(vnode))
+    return sql.SQL(template).format(**fragments).as_string(None)
+
+
+@functools.lru_cache(maxsize=1024)
+def render_arms(
+    merge: str,
+    arm: str,
+    vnodes: tuple[int, ...],
+    upper_bound: bool = False,
+    joiner: str = "UNION ALL",
+) -> str:
+    """One statement reading every vnode of a shard: `merge` around the arms of each vnode."""
+    arms = f"\n{joiner}\n".join(render(arm, v, upper_bound) for v in vnodes)
+    return merge.replace("{arms}", arms)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

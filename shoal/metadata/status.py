@@ -1,0 +1,101 @@
+"""`shoal db status`: what each shard holds, read from the catalogs and the tables themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from shoal.config import ShardConfig
+from shoal.metadata import queries
+from shoal.metadata.errors import SchemaError
+from shoal.metadata.migrate import applied_versions
+from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.shards import first_line, read_ring
+
+VNODE_TABLES = (
+    "manta_bucket",
+    "manta_bucket_object",
+    "manta_bucket_deleted_bucket",
+    "manta_bucket_deleted_object",
+    "manta_bucket_upload",
+    "manta_bucket_upload_part",
+)
+CATALOG_TABLES = ("account", "access_key", "bucket_name", "storage_node")
+
+
+@dataclass
+class ShardStatus:
+    name: str
+    server_version: str
+    vnodes: list[int]
+    schema_versions: dict[str, int]
+    row_counts: dict[str, int] = field(default_factory=dict)
+    windows: int = 0
+
+
+async def cluster_status(configs: Sequence[ShardConfig]) -> tuple[Ring, list[ShardStatus]]:
+    from psycopg_pool import AsyncConnectionPool
+
+    catalog = AsyncConnectionPool(configs[0].dsn, min_size=1, max_size=1, open=False)
+    try:
+        await catalog.open(wait=True, timeout=10)
+        ring = await read_ring(catalog)
+    except Exception as exc:
+        if isinstance(exc, SchemaError):
+            raise
+        raise SchemaError(
+            f"cannot read the ring from {configs[0].name}: {first_line(exc)}"
+        ) from None
+    finally:
+        await catalog.close()
+    statuses = []
+    for index, config in enumerate(configs):
+        statuses.append(await _shard_status(config, ring, with_catalog=index == 0))
+    return ring, statuses
+
+
+async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> ShardStatus:
+    async with await psycopg.AsyncConnection.connect(config.dsn, autocommit=True) as conn:
+        vnodes = ring.vnodes_of(config.name)
+        versions = await applied_versions(conn)
+        status = ShardStatus(
+            name=config.name,
+            server_version=conn.info.parameter_status("server_version") or "?",
+            vnodes=vnodes,
+            schema_versions=_summarize_versions(versions),
+        )
+        tables = [(vnode_schema(v), t) for v in vnodes for t in VNODE_TABLES]
+        if with_catalog:
+            tables += [("shoal", t) for t in CATALOG_TABLES]
+        if tables:
+            arms = sql.SQL(" UNION ALL ").join(
+                sql.SQL("SELECT {label} AS name, count(*) FROM {schema}.{table}").format(
+                    label=sql.Literal(table),
+                    schema=sql.Identifier(schema),
+                    table=sql.Identifier(table),
+                )
+                for schema, table in tables
+            )
+            query = sql.SQL("SELECT name, sum(count)::bigint FROM ({arms}) c GROUP BY name").format(
+                arms=arms
+            )
+            counts = dict(await (await conn.execute(query)).fetchall())
+            status.row_counts = {
+                t: counts.get(t, 0)
+                for t in (*VNODE_TABLES, *(CATALOG_TABLES if with_catalog else ()))
+            }
+        windows = await conn.execute(queries.COUNT_WINDOWS, {})
+        status.windows = (await windows.fetchone())[0]  # type: ignore[index]
+        return status
+
+
+def _summarize_versions(versions: dict[str, int]) -> dict[str, int]:
+    """Shard and catalog versions as they are; vnode schemas as their lowest version."""
+    summary = {k: v for k, v in versions.items() if not k.startswith("manta_bucket_")}
+    vnode_versions = [v for k, v in versions.items() if k.startswith("manta_bucket_")]
+    if vnode_versions:
+        summary["vnode"] = min(vnode_versions)
+    return summary

@@ -1,0 +1,69 @@
+"""The metadata API: one object for the gateway, the GC daemon, the pipeline and the CLI.
+
+store = await MetadataStore.open(shard_configs)
+account = await store.accounts.create("alice")
+await store.buckets.create(account.id, "photos")
+await store.objects.put(account.id, "photos", "cat.jpg", ObjectWrite(...))
+page = await store.objects.list(account.id, "photos", prefix="2024/", delimiter="/")
+await store.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from types import TracebackType
+
+from shoal.config import ShardConfig
+from shoal.metadata.accounts import Accounts
+from shoal.metadata.buckets import Buckets
+from shoal.metadata.garbage import Garbage
+from shoal.metadata.objects import Objects
+from shoal.metadata.partitions import ensure_windows, window_width
+from shoal.metadata.ring import Ring
+from shoal.metadata.shards import ShardSet
+from shoal.metadata.uploads import Uploads
+
+
+class MetadataStore:
+    def __init__(self, shards: ShardSet, window: timedelta) -> None:
+        """`window`: the width of the deleted-table windows, fixed at first migrate."""
+        self.shards = shards
+        self.accounts = Accounts(shards, window)
+        self.buckets = Buckets(shards, window)
+        self.objects = Objects(shards, window)
+        self.uploads = Uploads(shards, window)
+        self.garbage = Garbage(shards, window)
+
+    @classmethod
+    async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> MetadataStore:
+        shards = await ShardSet.open(configs, pool_max_size)
+        async with shards.catalog.pool.connection() as conn:
+            window = await window_width(conn)
+        return cls(shards, window)
+
+    @property
+    def ring(self) -> Ring:
+        return self.shards.ring
+
+    async def ensure_windows(self, ahead: int) -> int:
+        """Create upcoming deleted-table windows on every shard (run periodically)."""
+        created = 0
+        for shard in self.shards.placed():
+            async with shard.pool.connection() as conn:
+                created += await ensure_windows(conn, shard.vnodes, await window_width(conn), ahead)
+        return created
+
+    async def close(self) -> None:
+        await self.shards.close()
+
+    async def __aenter__(self) -> MetadataStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,327 @@
+"""Multipart uploads: create, put part, list parts, list uploads, complete, abort.
+
+An upload and its parts live on the vnode of the object they will become, so completing one
+is a single transaction on one shard: the object row is written, the replaced version and
+every unused part become deletion records, and the part rows go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import uuid
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from shoal.ids import uuid7
+from shoal.metadata import queries
+from shoal.metadata.base import Component, write_params
+from shoal.metadata.errors import (
+    EntityTooSmall,
+    InvalidName,
+    InvalidPart,
+    InvalidPartOrder,
+    PreconditionFailed,
+    UploadNotFound,
+)
+from shoal.metadata.listing import successor
+from shoal.metadata.models import ObjectWrite, Part, PartWrite, Upload
+from shoal.metadata.names import check_listing_text, check_object_name
+from shoal.metadata.objects import PutResult, check_version_id
+from shoal.metadata.shards import render, render_arms
+
+MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
+MAX_PART_NUMBER = 10000
+NIL_ID = uuid.UUID(int=0)
+MAX_ID = uuid.UUID(int=(1 << 128) - 1)
+
+
+class Uploads(Component):
+    async def create(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        *,
+        content_type: str | None = None,
+        headers: dict[str, str] | None = None,
+        properties: dict[str, Any] | None = None,
+        creator: uuid.UUID | None = None,
+    ) -> Upload:
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {
+            "id": uuid7(),
+            "owner": owner,
+            "bucket_id": found.id,
+            "name": name,
+            "creator": creator,
+            "content_type": content_type,
+            "headers": dict(headers or {}),
+            "roles": [],
+            "properties": Jsonb(properties or {}),
+        }
+        rows = await self.rows(vnode, queries.INSERT_UPLOAD, params)
+        return _upload(rows[0])
+
+    async def get(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> Upload:
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
+        rows = await self.rows(vnode, queries.SELECT_UPLOAD, params)
+        if not rows:
+            raise UploadNotFound(f"no upload {upload_id} for {name!r}")
+        return _upload(rows[0])
+
+    async def put_part(
+        self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID, part: PartWrite
+    ) -> Part:
+        """Record a part; a part already under that number becomes a deletion record."""
+        check_object_name(name)
+        check_version_id(part.id)
+        if not 1 <= part.part_number <= MAX_PART_NUMBER:
+            raise InvalidName(f"part number must be between 1 and {MAX_PART_NUMBER}")
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "name": name,
+            "upload_id": upload_id,
+            "part_number": part.part_number,
+            "id": part.id,
+            "content_length": part.content_length,
+            "content_md5": part.content_md5,
+            "sharks": list(part.sharks),
+            "properties": Jsonb(part.properties),
+        }
+        rows = await self.rows(vnode, queries.PUT_PART, params)
+        if not rows:
+            raise UploadNotFound(f"no upload {upload_id} for {name!r}")
+        return Part(
+            part_number=part.part_number,
+            id=part.id,
+            created=rows[0]["created"],
+            content_length=part.content_length,
+            content_md5=part.content_md5,
+            sharks=list(part.sharks),
+            properties=dict(part.properties),
+        )
+
+    async def list_parts(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        upload_id: uuid.UUID,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[Part]:
+        await self.get(owner, bucket, name, upload_id)  # NoSuchUpload before an empty list
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "upload_id": upload_id,
+            "after": after,
+            "limit": limit,
+        }
+        return [_part(row) for row in await self.rows(vnode, queries.LIST_PARTS, params)]
+
+    async def list(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        *,
+        prefix: str = "",
+        key_marker: str = "",
+        upload_id_marker: uuid.UUID | None = None,
+        limit: int = 1000,
+    ) -> list[Upload]:
+        """Open uploads ordered by key, then by upload id (which is time-ordered)."""
+        check_listing_text(prefix, "prefix")
+        check_listing_text(key_marker, "key marker")
+        found = await self.bucket(owner, bucket)
+        if key_marker and key_marker >= prefix:
+            lower, after_id = key_marker, upload_id_marker or MAX_ID
+        else:
+            lower, after_id = prefix, NIL_ID
+        upper = successor(prefix) if prefix else None
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "lower": lower,
+            "after_id": after_id,
+            "upper": upper,
+            "limit": limit,
+        }
+        pages = await asyncio.gather(
+            *(
+                self.shard_rows(
+                    shard,
+                    render_arms(
+                        queries.LIST_UPLOADS_MERGE,
+                        queries.LIST_UPLOADS_ARM,
+                        tuple(shard.vnodes),
+                        upper is not None,
+                    ),
+                    params,
+                )
+                for shard in self.shards.placed()
+            )
+        )
+        uploads = sorted((_upload(r) for page in pages for r in page), key=lambda u: (u.name, u.id))
+        return uploads[:limit]
+
+    async def complete(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        upload_id: uuid.UUID,
+        chosen: list[tuple[int, bytes]],
+        *,
+        min_part_size: int = MIN_PART_SIZE_BYTES,
+        if_match: bytes | None = None,
+        if_none_match: bool = False,
+    ) -> PutResult:
+        """Make the chosen parts, (part number, MD5) in ascending order, the object's data.
+
+        Atomic: on any error (InvalidPart, InvalidPartOrder, EntityTooSmall, a failed
+        precondition) nothing changes and the upload stays open.
+        """
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        upload = await self.get(owner, bucket, name, upload_id)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
+
+        async def attempt() -> PutResult:
+            async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(render(queries.TAKE_UPLOAD, vnode), key)
+                if not await cur.fetchall():
+                    raise UploadNotFound(f"no upload {upload_id} for {name!r}")
+                await cur.execute(render(queries.LOCK_PARTS, vnode), key)
+                stored = {row["part_number"]: _part(row) for row in await cur.fetchall()}
+                parts = _chosen_parts(chosen, stored, min_part_size)
+                write = _assembled(upload, parts)
+                params = write_params(owner, found.id, name, write)
+                if if_none_match:
+                    statement = queries.CREATE_OBJECT
+                elif if_match is not None:
+                    statement = queries.REPLACE_OBJECT_IF_MATCH
+                    params["if_match"] = if_match
+                else:
+                    statement = queries.PUT_OBJECT
+                await cur.execute(render(statement, vnode), params)
+                put = await cur.fetchall()
+                if not put:
+                    raise PreconditionFailed(f"precondition failed for {name!r}")
+                keep = [p.part_number for p in parts]
+                await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": keep})
+                return PutResult(id=write.id, created=put[0]["created"], replaced=put[0]["old_id"])
+
+        return await self.retrying_window(vnode, attempt)
+
+    async def abort(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> int:
+        """End an upload; every part becomes a deletion record. Returns the number of parts."""
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
+
+        async def attempt() -> int:
+            async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+                cur = conn.cursor()
+                await cur.execute(render(queries.TAKE_UPLOAD, vnode), key)
+                if not await cur.fetchall():
+                    raise UploadNotFound(f"no upload {upload_id} for {name!r}")
+                await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": []})
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
+
+        return await self.retrying_window(vnode, attempt)
+
+
+def _chosen_parts(
+    chosen: list[tuple[int, bytes]], stored: dict[int, Part], min_part_size: int
+) -> list[Part]:
+    if not chosen:
+        raise InvalidPart("a multipart upload must be completed with at least one part")
+    numbers = [number for number, _ in chosen]
+    if any(b <= a for a, b in itertools.pairwise(numbers)):
+        raise InvalidPartOrder("parts must be listed in ascending order of part number")
+    parts = []
+    for number, md5 in chosen:
+        part = stored.get(number)
+        if part is None or part.content_md5 != md5:
+            raise InvalidPart(f"part {number} was not uploaded or its ETag does not match")
+        parts.append(part)
+    for part in parts[:-1]:
+        if part.content_length < min_part_size:
+            raise EntityTooSmall(
+                f"part {part.part_number} is {part.content_length} bytes; every part but the "
+                f"last must be at least {min_part_size}"
+            )
+    return parts
+
+
+def _assembled(upload: Upload, parts: list[Part]) -> ObjectWrite:
+    """The object a completed upload becomes: its properties name every part and its blocks."""
+    digest = hashlib.md5(b"".join(p.content_md5 for p in parts), usedforsecurity=False)
+    sharks = sorted({shark for p in parts for shark in p.sharks})
+    return ObjectWrite(
+        content_length=sum(p.content_length for p in parts),
+        content_md5=digest.digest(),
+        sharks=sharks,
+        content_type=upload.content_type,
+        headers={k: v for k, v in upload.headers.items() if v is not None},
+        properties={
+            **upload.properties,
+            "upload_id": str(upload.id),
+            "parts": [
+                {
+                    **p.properties,
+                    "part_number": p.part_number,
+                    "id": str(p.id),
+                    "size": p.content_length,
+                    "md5": p.content_md5.hex(),
+                    "sharks": p.sharks,
+                }
+                for p in parts
+            ],
+        },
+    )
+
+
+def _upload(row: dict[str, Any]) -> Upload:
+    return Upload(
+        id=row["id"],
+        owner=row["owner"],
+        bucket_id=row["bucket_id"],
+        name=row["name"],
+        created=row["created"],
+        content_type=row["content_type"],
+        headers=row["headers"] or {},
+        properties=row["properties"] or {},
+    )
+
+
+def _part(row: dict[str, Any]) -> Part:
+    return Part(
+        part_number=row["part_number"],
+        id=row["id"],
+        created=row["created"],
+        content_length=row["content_length"],
+        content_md5=bytes(row["content_md5"]),
+        sharks=row["sharks"] or [],
+        properties=row["properties"] or {},
+    )

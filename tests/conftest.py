@@ -1,0 +1,7 @@
+"""Test session set-up: one real PostgreSQL for the whole session.
+
+The server is the embedded one (started once, in a temporary folder), or an existing server
+given as an admin DSN in SHOAL_TEST_DSN. Each test cluster is a set of fresh databases on it.
+"""
+
+pytest_plugins = ["tests.fixtures.postgres"]

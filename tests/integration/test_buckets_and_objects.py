@@ -1,0 +1,228 @@
+"""Buckets and objects through the metadata API: the S3 behaviours and their errors."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from shoal.metadata import (
+    AccountNotFound,
+    BucketAlreadyExists,
+    BucketAlreadyOwnedByYou,
+    BucketNotEmpty,
+    BucketNotFound,
+    InvalidName,
+    MetadataStore,
+    ObjectNotFound,
+    ObjectWrite,
+    PreconditionFailed,
+)
+from tests.fixtures.postgres import MakeStore, unique
+
+INVALID_UTF8 = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@pytest.fixture(scope="module")
+def store(make_store: MakeStore) -> MetadataStore:
+    return make_store(shards=3, vnodes=6)
+
+
+@pytest.fixture
+def owner(store: MetadataStore, run: Any) -> uuid.UUID:
+    return run(store.accounts.create(unique("acct"))).id
+
+
+@pytest.fixture
+def bucket(store: MetadataStore, run: Any, owner: uuid.UUID) -> str:
+    name = unique("bkt")
+    run(store.buckets.create(owner, name))
+    return name
+
+
+def blob(data: bytes, **kwargs: Any) -> ObjectWrite:
+    import hashlib
+
+    return ObjectWrite(content_length=len(data), content_md5=hashlib.md5(data).digest(), **kwargs)
+
+
+def test_bucket_lifecycle(store: MetadataStore, run: Any, owner: uuid.UUID) -> None:
+    names = sorted(unique(p) for p in ("alpha", "beta", "gamma"))
+    created = [run(store.buckets.create(owner, n)) for n in names]
+    assert run(store.buckets.get(owner, names[0])) == created[0]
+    assert [b.name for b in run(store.buckets.list(owner))] == names
+    assert [b.name for b in run(store.buckets.list(owner, prefix="beta"))] == [names[1]]
+    assert [b.name for b in run(store.buckets.list(owner, after=names[0], limit=1))] == [names[1]]
+    run(store.buckets.delete(owner, names[1]))
+    assert [b.name for b in run(store.buckets.list(owner))] == [names[0], names[2]]
+    with pytest.raises(BucketNotFound):
+        run(store.buckets.get(owner, names[1]))
+
+
+def test_bucket_names_are_global(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    with pytest.raises(BucketAlreadyOwnedByYou):
+        run(store.buckets.create(owner, bucket))
+    other = run(store.accounts.create(unique("other"))).id
+    with pytest.raises(BucketAlreadyExists):
+        run(store.buckets.create(other, bucket))
+    with pytest.raises(BucketNotFound):
+        run(store.buckets.get(other, bucket))
+
+
+def test_recreated_bucket_is_a_new_incarnation_without_old_objects(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    first = run(store.buckets.get(owner, bucket))
+    run(store.objects.put(owner, bucket, "old", blob(b"old")))
+    run(store.buckets.delete(owner, bucket, force=True))
+    second = run(store.buckets.create(owner, bucket))
+    assert second.id != first.id
+    assert run(store.objects.list(owner, bucket)).entries == []
+    with pytest.raises(ObjectNotFound):
+        run(store.objects.get(owner, bucket, "old"))
+    # The old incarnation's object waits for GC.
+    left = run(store.garbage.bucket_contents(owner, first.id))
+    assert [r.name for r in left] == ["old"]
+
+
+def test_delete_refuses_a_bucket_with_objects_or_uploads(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    run(store.objects.put(owner, bucket, "k", blob(b"x")))
+    with pytest.raises(BucketNotEmpty):
+        run(store.buckets.delete(owner, bucket))
+    run(store.objects.delete(owner, bucket, "k"))
+    upload = run(store.uploads.create(owner, bucket, "big"))
+    with pytest.raises(BucketNotEmpty):
+        run(store.buckets.delete(owner, bucket))
+    run(store.uploads.abort(owner, bucket, "big", upload.id))
+    run(store.buckets.delete(owner, bucket))
+
+
+def test_forced_delete_records_the_incarnation_and_leaves_objects_to_gc(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    found = run(store.buckets.get(owner, bucket))
+    for i in range(20):
+        run(store.objects.put(owner, bucket, f"k{i}", blob(b"x")))
+    run(store.buckets.delete(owner, bucket, force=True))
+    vnode = store.ring.vnode_for_bucket(owner, bucket)
+
+    async def claimed() -> list[Any]:
+        async with store.garbage.claim_deleted_buckets(vnode, timedelta(0)) as claim:
+            return claim.buckets
+
+    assert found.id in [b.id for b in run(claimed())]
+    assert len(run(store.garbage.bucket_contents(owner, found.id))) == 20
+
+
+def test_put_get_update_delete(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    first = blob(
+        b"hello",
+        content_type="text/plain",
+        headers={"x-amz-meta-a": "1"},
+        sharks=["dc1:n1", "dc2:n2"],
+        properties={"block_size": 1048576},
+    )
+    put = run(store.objects.put(owner, bucket, "greeting", first))
+    assert put.replaced is None
+    got = run(store.objects.get(owner, bucket, "greeting"))
+    assert (got.id, got.content_type, got.headers, got.sharks) == (
+        first.id,
+        "text/plain",
+        {"x-amz-meta-a": "1"},
+        ["dc1:n1", "dc2:n2"],
+    )
+    assert got.properties == {"block_size": 1048576}
+    assert got.etag == "5d41402abc4b2a76b9719d911017c592"
+
+    updated = run(
+        store.objects.update_metadata(owner, bucket, "greeting", {"x-amz-meta-b": "2"}, "text/html")
+    )
+    assert (updated.id, updated.headers, updated.content_type) == (
+        first.id,
+        {"x-amz-meta-b": "2"},
+        "text/html",
+    )
+    assert updated.modified > got.modified
+
+    second = blob(b"world")
+    assert run(store.objects.put(owner, bucket, "greeting", second)).replaced == first.id
+    deleted = run(store.objects.delete(owner, bucket, "greeting"))
+    assert deleted is not None and deleted.id == second.id
+    assert run(store.objects.delete(owner, bucket, "greeting")) is None
+    with pytest.raises(ObjectNotFound):
+        run(store.objects.get(owner, bucket, "greeting"))
+    with pytest.raises(ObjectNotFound):
+        run(store.objects.update_metadata(owner, bucket, "greeting", {}, None))
+
+
+def test_conditional_writes(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> None:
+    v1 = blob(b"one")
+    run(store.objects.put(owner, bucket, "c", v1, if_none_match=True))
+    with pytest.raises(PreconditionFailed):
+        run(store.objects.put(owner, bucket, "c", blob(b"two"), if_none_match=True))
+    with pytest.raises(PreconditionFailed):
+        run(store.objects.put(owner, bucket, "c", blob(b"two"), if_match=b"\0" * 16))
+    v2 = blob(b"two")
+    run(store.objects.put(owner, bucket, "c", v2, if_match=v1.content_md5))
+    with pytest.raises(ObjectNotFound):
+        run(store.objects.put(owner, bucket, "missing", blob(b"x"), if_match=v1.content_md5))
+    with pytest.raises(PreconditionFailed):
+        run(store.objects.delete(owner, bucket, "c", if_match=v1.content_md5))
+    assert run(store.objects.delete(owner, bucket, "c", if_match=v2.content_md5)).id == v2.id
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "x" * 1025, "é" * 513, "nul\x00byte", INVALID_UTF8],
+    ids=["empty", "1025-bytes", "513-two-byte-chars", "nul", "invalid-utf8"],
+)
+def test_bad_object_names_are_refused_clearly(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str, name: str
+) -> None:
+    with pytest.raises(InvalidName) as refused:
+        run(store.objects.put(owner, bucket, name, blob(b"x")))
+    assert str(refused.value)
+    with pytest.raises(InvalidName):
+        run(store.objects.get(owner, bucket, name))
+
+
+def test_longest_name_is_accepted(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    name = "é" * 511 + "xy"  # 1024 bytes
+    run(store.objects.put(owner, bucket, name, blob(b"x")))
+    assert run(store.objects.get(owner, bucket, name)).name == name
+
+
+@pytest.mark.parametrize("name", ["ab", "UPPER", "has_underscore", "192.168.0.1", "a" * 64])
+def test_bad_bucket_names_are_refused(
+    store: MetadataStore, run: Any, owner: uuid.UUID, name: str
+) -> None:
+    with pytest.raises(InvalidName):
+        run(store.buckets.create(owner, name))
+
+
+def test_unknown_owner_and_bucket(store: MetadataStore, run: Any, owner: uuid.UUID) -> None:
+    with pytest.raises(AccountNotFound):
+        run(store.buckets.create(uuid.uuid4(), unique("orphan")))
+    with pytest.raises(BucketNotFound):
+        run(store.objects.put(owner, unique("nothere"), "k", blob(b"x")))
+    with pytest.raises(BucketNotFound):
+        run(store.objects.list(uuid.uuid4(), unique("nothere")))
+
+
+def test_version_ids_must_be_uuid7(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    with pytest.raises(InvalidName, match="UUIDv7"):
+        run(store.objects.put(owner, bucket, "k", blob(b"x", id=uuid.uuid4())))
+    put = run(store.objects.put(owner, bucket, "k", blob(b"x")))
+    assert put.id.version == 7

@@ -1,0 +1,59 @@
+"""Listing arithmetic: successor, common prefixes, key ranges, the shard merge."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shoal.metadata.listing import common_prefix, key_range, merge_sorted, successor
+
+names = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12
+)
+
+
+def test_successor_increments_the_last_character() -> None:
+    assert successor("abc") == "abd"
+    assert successor("a/") == "a0"
+    assert successor("\ud7ff") == "\ue000"  # UTF-8 has no surrogates to land on
+
+
+def test_successor_drops_maximal_characters() -> None:
+    assert successor("a\U0010ffff") == "b"
+    assert successor("\U0010ffff\U0010ffff") is None
+    assert successor("") is None
+
+
+@given(prefix=names.filter(bool), name=names)
+def test_successor_bounds_exactly_the_names_under_a_prefix(prefix: str, name: str) -> None:
+    upper = successor(prefix)
+    inside = prefix <= name and (upper is None or name < upper)
+    assert inside == name.startswith(prefix)
+
+
+@given(name=names, prefix=names, delimiter=names)
+def test_common_prefix_is_a_prefix_ending_with_the_delimiter(
+    name: str, prefix: str, delimiter: str
+) -> None:
+    name = prefix + name
+    found = common_prefix(name, prefix, delimiter)
+    if found is None:
+        assert not delimiter or delimiter not in name[len(prefix) :]
+    else:
+        assert name.startswith(found) and found.endswith(delimiter)
+        assert delimiter not in found[len(prefix) : -len(delimiter) or None]
+
+
+def test_key_range_after_a_marker() -> None:
+    assert key_range("", "", "") == ("", None)
+    assert key_range("p", "", "") == ("p", "q")
+    assert key_range("", "", "m") == ("m\x01", None)
+    # A marker that is a common prefix skips every name under it.
+    assert key_range("", "/", "a/") == ("a0", None)
+    # A marker before the prefix does not widen the range.
+    assert key_range("p", "", "a") == ("p", "q")
+    # A marker past the prefix's range leaves nothing.
+    assert key_range("p", "", "q") is None
+
+
+def test_merge_sorted_keeps_one_of_equal_keys_and_stops_at_the_limit() -> None:
+    merged = merge_sorted([["a", "c/", "d"], ["b", "c/", "e"]], key_of=str, limit=4)
+    assert merged == ["a", "b", "c/", "d"]
