@@ -277,10 +277,11 @@ PART_COLUMNS = "part_number, id, created, content_length, content_md5, sharks, p
 
 # A part leaves the same deletion record as an object version; properties say which part.
 PART_AS_DELETION_RECORD = """
-    id, owner, bucket_id, name, created, created, NULL::uuid, content_length, content_md5,
-    NULL::text, NULL::hstore, NULL::uuid[], sharks,
+    id, owner, bucket_id, name, created, created AS modified, NULL::uuid AS creator,
+    content_length, content_md5, NULL::text AS content_type, NULL::hstore AS headers,
+    NULL::uuid[] AS roles, sharks,
     coalesce(properties, '{}'::jsonb)
-      || jsonb_build_object('upload_id', upload_id, 'part_number', part_number)
+      || jsonb_build_object('upload_id', upload_id, 'part_number', part_number) AS properties
 """
 
 INSERT_UPLOAD = """

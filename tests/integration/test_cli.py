@@ -1,0 +1,167 @@
+"""The `shoal` command: serve, db migrate/status/dsn, embedded PostgreSQL, errors as one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+from tests.fixtures.postgres import create_databases
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+
+
+def shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"shoal {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def schema_snapshot(dsn: str) -> list[tuple[object, ...]]:
+    """Every relation, function and migration record of a database."""
+    with psycopg.connect(dsn) as conn:
+        relations = conn.execute(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname LIKE 'manta%%' OR n.nspname = 'shoal' ORDER BY 1, 2"
+        ).fetchall()
+        migrations = conn.execute(
+            "SELECT scope, version, name, applied_at FROM shoal.schema_migrations ORDER BY 1, 2"
+        ).fetchall()
+        ring = conn.execute("SELECT * FROM shoal.ring_vnode ORDER BY 1, 2").fetchall()
+    return relations + migrations + ring
+
+
+def modes_up_to_root(path: Path) -> dict[Path, int]:
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in [path, *path.parents]}
+
+
+def test_migrate_twice_changes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shoal("db", "migrate", "--data-dir", str(data))
+    server = EmbeddedPostgres(data / "postgres")
+    with server.running():
+        before = schema_snapshot(server.dsn("shard0"))
+        out = shoal("db", "migrate", "--data-dir", str(data)).stdout
+        assert "ring version 1, 64 vnodes" in out
+        assert schema_snapshot(server.dsn("shard0")) == before
+    assert not server.is_running()
+
+
+def test_embedded_postgres_loosens_no_permission_outside_the_data_dir(tmp_path: Path) -> None:
+    private = tmp_path / "private" / "deeper"
+    private.mkdir(parents=True)
+    for folder in (private, private.parent):
+        folder.chmod(0o700)
+    before = modes_up_to_root(private)
+    passwd_before = Path("/etc/passwd").read_text()
+
+    shoal("db", "migrate", "--data-dir", str(private / "data"))
+
+    assert modes_up_to_root(private) == before
+    assert Path("/etc/passwd").read_text() == passwd_before  # no system user was created
+    pgdata = private / "data" / "postgres" / "data"
+    assert stat.S_IMODE(pgdata.stat().st_mode) == 0o700
+    assert pgdata.stat().st_uid == os.geteuid()
+    assert stat.S_IMODE((private / "data" / "postgres" / "password").stat().st_mode) == 0o600
+
+
+def test_serve_runs_until_ctrl_c_and_db_commands_work_beside_it(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    with subprocess.Popen(
+        [SHOAL, "serve", "--data-dir", data],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as serve:
+        try:
+            check_serving(serve, data)
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+
+
+def check_serving(serve: subprocess.Popen[str], data: str) -> None:
+    assert serve.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = serve.stdout.readline()
+        lines.append(line)
+        if "Press Ctrl-C" in line or not line:
+            break
+    assert any("Press Ctrl-C" in line for line in lines), lines
+
+    dsn = shoal("db", "dsn", "--data-dir", data).stdout.splitlines()[0]
+    psql = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'"{postgres_bin_dir()}/psql" "$({SHOAL} db dsn --data-dir {data} '
+            '| head -1)" -Atc "SELECT count(*) FROM shoal.ring_vnode"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert psql.stdout.strip() == "64", psql.stderr
+    status = shoal("db", "status", "--data-dir", data).stdout
+    assert "64 vnodes" in status and "manta_bucket_object" in status
+    second = shoal("serve", "--data-dir", data, check=False)
+    assert second.returncode == 1 and "another `shoal serve`" in second.stderr
+
+    serve.send_signal(signal.SIGINT)
+    assert serve.wait(timeout=60) == 0
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn, connect_timeout=3)
+
+
+def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str) -> None:
+    shards = create_databases(admin_dsn, 2)
+    config = tmp_path / "shoal.toml"
+    config.write_text(
+        "[metadata]\nvnodes = 6\n"
+        + "".join(f'[[metadata.shards]]\nname = "{s.name}"\ndsn = "{s.dsn}"\n' for s in shards)
+    )
+    shoal("db", "migrate", "--config", str(config))
+    status = shoal("db", "status", "--config", str(config)).stdout
+    assert "6 vnodes over 2 shard(s)" in status
+    assert "shard s0" in status and "shard s1" in status
+    assert shoal("db", "dsn", "--config", str(config)).stdout.splitlines() == [
+        s.dsn for s in shards
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config_text", "message"),
+    [
+        (None, "cannot read"),
+        ("[metadata\n", "not valid TOML"),
+        ("[metadata]\nvnodes = 0\n", "vnodes must be a positive integer"),
+        ("[metadata]\ncolour = 'blue'\n", "unknown setting(s) in [metadata]: colour"),
+        (
+            '[[metadata.shards]]\ndsn = "postgresql://nobody@127.0.0.1:1/x"\n',
+            "cannot connect to shard shard0",
+        ),
+    ],
+    ids=["missing-file", "bad-toml", "zero-vnodes", "unknown-key", "unreachable-shard"],
+)
+def test_bad_input_is_one_readable_line(
+    tmp_path: Path, config_text: str | None, message: str
+) -> None:
+    config = tmp_path / "shoal.toml"
+    if config_text is not None:
+        config.write_text(config_text)
+    result = shoal("db", "status", "--config", str(config), check=False)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("shoal: error: ") and message in result.stderr
