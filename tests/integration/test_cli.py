@@ -165,3 +165,13 @@ def test_bad_input_is_one_readable_line(
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("shoal: error: ") and message in result.stderr
+
+
+def test_embedded_server_can_hold_several_shards(tmp_path: Path) -> None:
+    config = tmp_path / "shoal.toml"
+    config.write_text('data_dir = "data"\n[metadata]\nvnodes = 8\nembedded_shards = 2\n')
+    shoal("db", "migrate", "--config", str(config))
+    status = shoal("db", "status", "--config", str(config)).stdout
+    assert "8 vnodes over 2 shard(s)" in status
+    assert "vnodes          0, 2, 4, 6" in status
+    assert (tmp_path / "data" / "postgres" / "data" / "PG_VERSION").exists()
