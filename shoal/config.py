@@ -44,9 +44,28 @@ class MetadataConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    # The cluster secret that signs requests to storage nodes; default <data_dir>/cluster.secret.
+    secret_file: Path | None = None
+    # Storage nodes `shoal serve` starts under <data_dir>/nodes (0: only external nodes).
+    local_nodes: int = 2
+    datacenter: str = "local"
+    block_size: int = 1024 * 1024
+    replicas: int = 0  # 0: two where at least two nodes are writable, else one
+    heartbeat_interval: timedelta = timedelta(seconds=5)
+    # A node silent for longer receives no new blocks.
+    heartbeat_deadline: timedelta = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
 class Config:
     data_dir: Path = DEFAULT_DATA_DIR
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    @property
+    def secret_file(self) -> Path:
+        return self.storage.secret_file or self.data_dir / "cluster.secret"
 
 
 def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
@@ -63,7 +82,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata"}
+    known = {"data_dir", "metadata", "storage"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -92,7 +111,53 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         partitions_ahead=_positive_int(meta_raw, "partitions_ahead", 3),
         pool_max_size=_positive_int(meta_raw, "pool_max_size", 20),
     )
-    return Config(data_dir=data_dir.absolute(), metadata=metadata)
+    return Config(
+        data_dir=data_dir.absolute(),
+        metadata=metadata,
+        storage=_parse_storage(raw.get("storage", {}), base),
+    )
+
+
+def _parse_storage(raw: Any, base: Path) -> StorageConfig:
+    _reject_unknown(
+        raw,
+        {
+            "secret_file",
+            "local_nodes",
+            "datacenter",
+            "block_size",
+            "replicas",
+            "heartbeat_interval_seconds",
+            "heartbeat_deadline_seconds",
+        },
+        "[storage]",
+    )
+    secret = raw.get("secret_file")
+    if secret is not None and not isinstance(secret, str):
+        raise ConfigError("[storage] secret_file must be a path")
+    datacenter = raw.get("datacenter", "local")
+    if not isinstance(datacenter, str) or not datacenter.isidentifier():
+        raise ConfigError("[storage] datacenter must be letters, digits and underscores")
+    return StorageConfig(
+        secret_file=(base / secret).absolute() if secret else None,
+        local_nodes=_non_negative_int(raw, "local_nodes", 2),
+        datacenter=datacenter,
+        block_size=_positive_int(raw, "block_size", 1024 * 1024, "[storage]"),
+        replicas=_non_negative_int(raw, "replicas", 0),
+        heartbeat_interval=timedelta(
+            seconds=_positive_int(raw, "heartbeat_interval_seconds", 5, "[storage]")
+        ),
+        heartbeat_deadline=timedelta(
+            seconds=_positive_int(raw, "heartbeat_deadline_seconds", 30, "[storage]")
+        ),
+    )
+
+
+def _non_negative_int(raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"[storage] {key} must be a non-negative integer, not {value!r}")
+    return value
 
 
 def _parse_shard(index: int, raw: Any) -> ShardConfig:
@@ -104,10 +169,10 @@ def _parse_shard(index: int, raw: Any) -> ShardConfig:
     return ShardConfig(name=name, dsn=raw["dsn"])
 
 
-def _positive_int(raw: dict[str, Any], key: str, default: int) -> int:
+def _positive_int(raw: dict[str, Any], key: str, default: int, where: str = "[metadata]") -> int:
     value = raw.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"[metadata] {key} must be a positive integer, not {value!r}")
+        raise ConfigError(f"{where} {key} must be a positive integer, not {value!r}")
     return value
 
 

@@ -24,13 +24,13 @@ import importlib.util
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from shoal.metadata.errors import MetadataError
+from shoal.ports import free_port, port_is_free
 
 SUPERUSER = "shoal"
 # Inside the user namespace PostgreSQL runs as this uid; outside it is still the caller (root).
@@ -193,9 +193,9 @@ class EmbeddedPostgres:
         port_file = self.root / "port"
         if port_file.exists():
             port = int(port_file.read_text())
-            if _port_is_free(port):
+            if port_is_free(port):
                 return port
-        port = _free_port()
+        port = free_port()
         port_file.write_text(f"{port}\n")
         return port
 
@@ -233,21 +233,6 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _tail(path: Path) -> str:

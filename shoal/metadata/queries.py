@@ -483,3 +483,24 @@ WHERE c.relkind = 'r' AND n.nspname LIKE 'manta\\_bucket\\_%%'
 """
 
 DATABASE_NAMES = "SELECT datname FROM pg_database"
+
+# -- storage node registry (catalog shard) ----------------------------------------------------
+
+HEARTBEAT_NODE = """
+INSERT INTO shoal.storage_node (name, datacenter, url, capacity_bytes, free_bytes, heartbeat)
+VALUES (%(name)s, %(datacenter)s, %(url)s, %(capacity_bytes)s, %(free_bytes)s, current_timestamp)
+ON CONFLICT (name) DO UPDATE SET
+    datacenter = EXCLUDED.datacenter,
+    url = EXCLUDED.url,
+    capacity_bytes = EXCLUDED.capacity_bytes,
+    free_bytes = EXCLUDED.free_bytes,
+    heartbeat = current_timestamp
+"""
+
+# Liveness is judged by the database clock, so nodes and readers need not agree on time.
+LIST_NODES = """
+SELECT name, datacenter, url, capacity_bytes, free_bytes, heartbeat, registered,
+       heartbeat > current_timestamp - %(deadline)s::interval AS alive
+FROM shoal.storage_node
+ORDER BY name
+"""

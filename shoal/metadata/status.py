@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import class_row
 
 from shoal.config import ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.migrate import applied_versions
+from shoal.metadata.nodes import StorageNode
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.metadata.shards import first_line, read_ring
 
@@ -36,13 +39,23 @@ class ShardStatus:
     windows: int = 0
 
 
-async def cluster_status(configs: Sequence[ShardConfig]) -> tuple[Ring, list[ShardStatus]]:
+@dataclass
+class ClusterStatus:
+    ring: Ring
+    shards: list[ShardStatus]
+    nodes: list[StorageNode]
+
+
+async def cluster_status(configs: Sequence[ShardConfig], node_deadline: timedelta) -> ClusterStatus:
     async with await _connect(configs[0]) as catalog:
         ring = await read_ring(catalog)
+        cur = catalog.cursor(row_factory=class_row(StorageNode))
+        await cur.execute(queries.LIST_NODES, {"deadline": node_deadline})
+        nodes = await cur.fetchall()
     statuses = []
     for index, config in enumerate(configs):
         statuses.append(await _shard_status(config, ring, with_catalog=index == 0))
-    return ring, statuses
+    return ClusterStatus(ring=ring, shards=statuses, nodes=nodes)
 
 
 async def _connect(config: ShardConfig) -> psycopg.AsyncConnection:

@@ -41,6 +41,20 @@ def schema_snapshot(dsn: str) -> list[tuple[object, ...]]:
     return relations + migrations + ring
 
 
+def processes_matching(verb: str, data: str) -> list[str]:
+    """Command lines of running processes that are `shoal <verb>` on this data directory."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = b" ".join(args).decode(errors="replace")
+        if verb in text and data in text:
+            found.append(text)
+    return found
+
+
 def modes_up_to_root(path: Path) -> dict[Path, int]:
     return {p: stat.S_IMODE(p.stat().st_mode) for p in [path, *path.parents]}
 
@@ -90,6 +104,16 @@ def test_serve_runs_until_ctrl_c_and_db_commands_work_beside_it(tmp_path: Path) 
                 serve.kill()
 
 
+def wait_for_nodes(data: str, count: int) -> str:
+    """`shoal db status` once `count` storage nodes heartbeat."""
+    deadline = time.monotonic() + 60
+    while True:
+        status = shoal("db", "status", "--data-dir", data).stdout
+        if f"storage nodes: {count} alive" in status or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
 def check_serving(serve: subprocess.Popen[str], data: str) -> None:
     assert serve.stdout is not None
     lines = []
@@ -114,8 +138,11 @@ def check_serving(serve: subprocess.Popen[str], data: str) -> None:
         timeout=60,
     )
     assert psql.stdout.strip() == "64", psql.stderr
-    status = shoal("db", "status", "--data-dir", data).stdout
+    status = wait_for_nodes(data, 2)
     assert "64 vnodes" in status and "manta_bucket_object" in status
+    assert "local:node0" in status and "local:node1" in status
+    for node in ("node0", "node1"):
+        assert (Path(data) / "nodes" / node / "blocks").is_dir()
     second = shoal("serve", "--data-dir", data, check=False)
     assert second.returncode == 1 and "another `shoal serve`" in second.stderr
 
@@ -123,6 +150,7 @@ def check_serving(serve: subprocess.Popen[str], data: str) -> None:
     assert serve.wait(timeout=60) == 0
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(dsn, connect_timeout=3)
+    assert not processes_matching("storage-node", data)
 
 
 def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str) -> None:

@@ -1,0 +1,169 @@
+"""Wiring: what a Shoal process assembles from its configuration (metadata, nodes, data path).
+
+The storage package knows nothing of PostgreSQL; this module connects the node registry in the
+metadata tier to the data path, and runs storage nodes with their heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from aiohttp import web
+
+from shoal.config import Config, ShardConfig
+from shoal.metadata import MetadataStore
+from shoal.ports import free_port
+from shoal.storage import BlockClient, BlockStore, DataPath, Node, NodeIdentity, make_app
+from shoal.storage.auth import load_or_create_secret
+from shoal.storage.blockfile import in_thread
+
+log = logging.getLogger("shoal")
+
+# How long a writer trusts its view of the registry before reading it again.
+REGISTRY_REFRESH_SECONDS = 2.0
+# Below this free space a node is not offered new blocks (it also refuses them itself).
+MIN_FREE_BYTES = 256 * 1024 * 1024
+
+
+class RegistryDirectory:
+    """The data path's view of the storage node registry, refreshed every few seconds."""
+
+    def __init__(self, store: MetadataStore, deadline: timedelta) -> None:
+        self.store = store
+        self.deadline = deadline
+        self._writable: list[Node] = []
+        self._urls: dict[str, str] = {}
+        self._read_at = 0.0
+
+    async def writable_nodes(self) -> list[Node]:
+        await self._refresh()
+        return list(self._writable)
+
+    async def url_of(self, shark: str) -> str | None:
+        await self._refresh()
+        if shark not in self._urls:
+            await self._refresh(force=True)
+        return self._urls.get(shark)
+
+    async def _refresh(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:
+            return
+        nodes = await self.store.nodes.list(self.deadline)
+        self._urls = {n.shark: n.url for n in nodes}
+        self._writable = [
+            Node(name=n.name, datacenter=n.datacenter, url=n.url, free_bytes=n.free_bytes or 0)
+            for n in nodes
+            if n.alive and (n.free_bytes or 0) >= MIN_FREE_BYTES
+        ]
+        self._read_at = time.monotonic()
+
+
+def data_path(config: Config, store: MetadataStore) -> DataPath:
+    client = BlockClient(load_or_create_secret(config.secret_file))
+    return DataPath(
+        client,
+        RegistryDirectory(store, config.storage.heartbeat_deadline),
+        block_size=config.storage.block_size,
+        replicas=config.storage.replicas or None,
+    )
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    root: Path
+    host: str
+    port: int
+    name: str
+    datacenter: str
+    url: str | None = None  # how others reach it, when not http://host:port
+
+    @property
+    def public_url(self) -> str:
+        return self.url or f"http://{self.host}:{self.port}"
+
+
+async def run_storage_node(
+    config: Config, shards: Sequence[ShardConfig], node: NodeSettings, stop: asyncio.Event
+) -> None:
+    """Serve a node's blocks and heartbeat to the registry until `stop` is set."""
+    store = BlockStore(node.root)
+    identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
+    secret = load_or_create_secret(config.secret_file)
+    app = make_app(store, secret, identity, await in_thread(store.count))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, node.host, node.port, reuse_address=True)
+    await site.start()
+    try:
+        async with await MetadataStore.open(shards, pool_max_size=2) as metadata:
+            print(
+                f"storage node {identity.shark} serving {node.root} at {node.public_url}",
+                flush=True,
+            )
+            while not stop.is_set():
+                capacity, free = await in_thread(store.usage)
+                try:
+                    await metadata.nodes.heartbeat(
+                        node.name, node.datacenter, node.public_url, capacity, free
+                    )
+                except Exception as exc:  # the node keeps serving while the registry is away
+                    log.warning("heartbeat failed: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        stop.wait(), config.storage.heartbeat_interval.total_seconds()
+                    )
+    finally:
+        await runner.cleanup()
+
+
+class LocalNodes:
+    """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes."""
+
+    def __init__(self, config: Config, config_args: list[str]) -> None:
+        self.config = config
+        self.config_args = config_args
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> list[str]:
+        urls = []
+        for index in range(self.config.storage.local_nodes):
+            name = f"node{index}"
+            port = free_port()
+            command = [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "storage-node",
+                "--dir",
+                str(self.config.data_dir / "nodes" / name),
+                "--port",
+                str(port),
+                "--name",
+                name,
+                "--datacenter",
+                self.config.storage.datacenter,
+                *self.config_args,
+            ]
+            self.children.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+            urls.append(f"{self.config.storage.datacenter}:{name} http://127.0.0.1:{port}")
+        return urls
+
+    def stop(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.terminate()
+        for child in self.children:
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()

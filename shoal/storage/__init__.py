@@ -1,0 +1,51 @@
+"""Storage nodes and the data path: objects as chunked, replicated, checksummed blocks."""
+
+from shoal.storage.blockfile import BlockInfo, BlockStore, block_name, parse_block_name
+from shoal.storage.client import (
+    BlockClient,
+    BlockCorrupted,
+    BlockMissing,
+    NodeError,
+    NodeRefused,
+    NodeStatus,
+    NodeUnavailable,
+)
+from shoal.storage.datapath import (
+    DEFAULT_BLOCK_SIZE,
+    BlockRun,
+    DataPath,
+    DataUnavailable,
+    DeleteOutcome,
+    NodeDirectory,
+    StorageUnavailable,
+    WriteResult,
+    block_runs,
+)
+from shoal.storage.placement import Node
+from shoal.storage.server import NodeIdentity, make_app
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "BlockClient",
+    "BlockCorrupted",
+    "BlockInfo",
+    "BlockMissing",
+    "BlockRun",
+    "BlockStore",
+    "DataPath",
+    "DataUnavailable",
+    "DeleteOutcome",
+    "Node",
+    "NodeDirectory",
+    "NodeError",
+    "NodeIdentity",
+    "NodeRefused",
+    "NodeStatus",
+    "NodeUnavailable",
+    "StorageUnavailable",
+    "WriteResult",
+    "block_name",
+    "block_runs",
+    "make_app",
+    "parse_block_name",
+]

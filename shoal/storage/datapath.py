@@ -1,0 +1,393 @@
+"""The data path: objects to replicated blocks and back, for the gateway and the pipeline.
+
+write: splits a stream into blocks of `block_size`, writes each to every chosen replica at
+once, a few blocks in flight at most (memory stays a few blocks whatever the object size),
+and computes the digests on the way. A replica that fails is replaced by another node, which
+then receives every block it missed, copied from a surviving replica; with no healthy node
+left the write fails with StorageUnavailable (retryable). Blocks are durable on every replica
+when write returns; they become visible only when the caller commits the metadata row.
+
+read: the bytes of a range, block by block; a block that is missing, unreadable or fails its
+checksum on one replica is read from the next, and the bad replica is logged.
+
+delete: every block of a version on every node that holds it (for GC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shoal.storage import placement
+from shoal.storage.blockfile import block_name, in_thread
+from shoal.storage.checksums import S3_CHECKSUMS, Digests
+from shoal.storage.client import BlockClient, NodeError
+from shoal.storage.placement import Node
+
+log = logging.getLogger("shoal.storage")
+
+DEFAULT_BLOCK_SIZE = 1024 * 1024
+BLOCKS_IN_FLIGHT = 4
+DELETE_BATCH = 1000
+# Digest work below this size is cheaper in the event loop than a hop to a thread.
+THREAD_THRESHOLD_BYTES = 64 * 1024
+
+
+class StorageUnavailable(Exception):
+    """Not enough healthy storage nodes for the request; retrying later may succeed."""
+
+
+class DataUnavailable(Exception):
+    """No replica of a block could be read."""
+
+
+class NodeDirectory(Protocol):
+    """Which nodes exist: the node registry, seen from the data path."""
+
+    async def writable_nodes(self) -> list[Node]:
+        """Nodes alive (within their heartbeat deadline) with free space."""
+        ...
+
+    async def url_of(self, shark: str) -> str | None:
+        """Where a node named in a row's sharks answers, if it is known."""
+        ...
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    sharks: list[str]
+    size: int
+    block_size: int
+    md5: bytes
+    checksums: dict[str, str]  # S3 form: base64 of the checksum bytes
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """A run of blocks named by one id: a version, or one part of a multipart object."""
+
+    id: uuid.UUID
+    size: int
+    block_size: int
+    sharks: list[str]
+
+    @property
+    def block_count(self) -> int:
+        return -(-self.size // self.block_size)
+
+    def block_names(self) -> list[str]:
+        return [block_name(self.id, i) for i in range(self.block_count)]
+
+
+def block_runs(
+    version_id: uuid.UUID, size: int, sharks: Sequence[str], properties: dict[str, Any]
+) -> list[BlockRun]:
+    """The blocks of an object row: its own, or those of the parts its properties name."""
+    parts = properties.get("parts")
+    if parts is None:
+        block_size = int(properties.get("block_size", DEFAULT_BLOCK_SIZE))
+        return [BlockRun(version_id, size, block_size, list(sharks))]
+    return [
+        BlockRun(
+            uuid.UUID(p["id"]),
+            int(p["size"]),
+            int(p.get("block_size", DEFAULT_BLOCK_SIZE)),
+            list(p["sharks"]),
+        )
+        for p in parts
+    ]
+
+
+@dataclass
+class DeleteOutcome:
+    deleted: int = 0
+    missing: int = 0
+    failed_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every block is gone from every node (a block already missing counts as gone)."""
+        return not self.failed_nodes
+
+
+class DataPath:
+    def __init__(
+        self,
+        client: BlockClient,
+        directory: NodeDirectory,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        replicas: int | None = None,
+        blocks_in_flight: int = BLOCKS_IN_FLIGHT,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.directory = directory
+        self.block_size = block_size
+        self.replicas = replicas
+        self.blocks_in_flight = blocks_in_flight
+        self.rng = rng or random.Random()
+
+    async def write(
+        self,
+        version_id: uuid.UUID,
+        stream: AsyncIterator[bytes],
+        checksums: Iterable[str] = S3_CHECKSUMS,
+    ) -> WriteResult:
+        nodes = await self.directory.writable_nodes()
+        wanted = self.replicas or placement.default_replicas(len(nodes))
+        replicas = placement.choose(nodes, wanted, self.rng)
+        if len(replicas) < wanted:
+            raise StorageUnavailable(f"{wanted} replicas wanted, {len(replicas)} nodes writable")
+        writer = _VersionWriter(self, version_id, replicas, nodes)
+        digests = Digests(checksums)
+        size = 0
+        try:
+            async for index, block in _numbered(_blocks(stream, self.block_size)):
+                await _maybe_in_thread(digests.update, block)
+                size += len(block)
+                await writer.submit(index, block)
+            await writer.finish()
+        except BaseException:
+            await writer.abandon()
+            raise
+        return WriteResult(
+            sharks=[n.shark for n in writer.replicas],
+            size=size,
+            block_size=self.block_size,
+            md5=digests.md5,
+            checksums=digests.s3_values(),
+        )
+
+    async def read(
+        self, runs: Sequence[BlockRun], start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of the object made of `runs`, streamed; the next block is
+        fetched while the current one is sent."""
+        total = sum(r.size for r in runs)
+        end = total if end is None else min(end, total)
+        wanted = list(_blocks_overlapping(runs, start, end))
+        if not wanted:
+            return
+        fetch = asyncio.ensure_future(self._fetch(*wanted[0][:2]))
+        try:
+            for position, (_run, _index, lo, hi) in enumerate(wanted):
+                data = await fetch
+                if position + 1 < len(wanted):
+                    fetch = asyncio.ensure_future(self._fetch(*wanted[position + 1][:2]))
+                yield data[lo:hi]
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await fetch
+
+    async def delete(self, runs: Sequence[BlockRun]) -> DeleteOutcome:
+        """Delete every block of `runs` from every node that holds it."""
+        by_shark: dict[str, list[str]] = {}
+        for run in runs:
+            for shark in run.sharks:
+                by_shark.setdefault(shark, []).extend(run.block_names())
+        outcome = DeleteOutcome()
+        for shark, names in by_shark.items():
+            url = await self.directory.url_of(shark)
+            if url is None:
+                outcome.failed_nodes.append(shark)
+                continue
+            try:
+                for first in range(0, len(names), DELETE_BATCH):
+                    batch = names[first : first + DELETE_BATCH]
+                    gone = await self.client.delete_blocks(url, batch)
+                    outcome.deleted += gone
+                    outcome.missing += len(batch) - gone
+            except NodeError as exc:
+                log.warning("block delete failed on %s: %s", shark, exc)
+                outcome.failed_nodes.append(shark)
+        return outcome
+
+    async def _fetch(self, run: BlockRun, index: int) -> bytes:
+        name = block_name(run.id, index)
+        expected = min(run.block_size, run.size - index * run.block_size)
+        # Start at a different replica per block so reads spread over the nodes.
+        order = run.sharks[index % len(run.sharks) :] + run.sharks[: index % len(run.sharks)]
+        for shark in order:
+            url = await self.directory.url_of(shark)
+            if url is None:
+                log.warning("replica %s of block %s: node unknown", shark, name)
+                continue
+            try:
+                data = await self.client.get_block(url, name)
+            except NodeError as exc:
+                log.warning("bad replica %s of block %s: %s", shark, name, exc)
+                continue
+            if len(data) != expected:
+                log.warning(
+                    "bad replica %s of block %s: %d bytes, expected %d",
+                    shark,
+                    name,
+                    len(data),
+                    expected,
+                )
+                continue
+            return data
+        raise DataUnavailable(f"no replica of block {name} could be read (tried {order})")
+
+
+class _VersionWriter:
+    """The replicas of one version being written, and which blocks each one holds."""
+
+    def __init__(
+        self, path: DataPath, version_id: uuid.UUID, replicas: list[Node], nodes: list[Node]
+    ) -> None:
+        self.path = path
+        self.version_id = version_id
+        self.replicas = replicas
+        self.nodes = nodes
+        self.holds: dict[str, set[int]] = {n.shark: set() for n in replicas}
+        self.failed: set[str] = set()
+        self.touched: dict[str, Node] = {n.shark: n for n in replicas}
+        self.blocks = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.window = asyncio.Semaphore(path.blocks_in_flight)
+        self.lock = asyncio.Lock()
+
+    async def submit(self, index: int, block: bytes) -> None:
+        """Start writing a block; waits while `blocks_in_flight` are already on their way."""
+        await self.window.acquire()
+        self._raise_finished_failures()
+        task = asyncio.create_task(self._write_block(index, block))
+        task.add_done_callback(lambda _: self.window.release())
+        self.tasks.add(task)
+        self.blocks = index + 1
+
+    async def finish(self) -> None:
+        await asyncio.gather(*self.tasks)
+        self.tasks.clear()
+        await self._fill_replacements()
+
+    async def abandon(self) -> None:
+        """The write failed: stop, and delete what was written (the orphan job is the backstop)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        names = [block_name(self.version_id, i) for i in range(self.blocks)]
+        for node in self.touched.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.path.client.delete_blocks(node.url, names), 10)
+
+    def _raise_finished_failures(self) -> None:
+        for task in [t for t in self.tasks if t.done()]:
+            self.tasks.discard(task)
+            task.result()
+
+    async def _write_block(self, index: int, block: bytes) -> None:
+        name = block_name(self.version_id, index)
+        sha256 = await _maybe_in_thread(_sha256_hex, block)
+        while True:
+            targets = [n for n in self.replicas if index not in self.holds[n.shark]]
+            if not targets:
+                return
+            results = await asyncio.gather(
+                *(self.path.client.put_block(n.url, name, block, sha256) for n in targets),
+                return_exceptions=True,
+            )
+            for node, result in zip(targets, results, strict=True):
+                if isinstance(result, NodeError) and result.retryable:
+                    log.warning("replica %s failed writing %s: %s", node.shark, name, result)
+                    await self._replace(node)
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    self.holds[node.shark].add(index)
+
+    async def _replace(self, failed: Node) -> None:
+        async with self.lock:
+            if failed not in self.replicas:
+                return  # another block already replaced it
+            self.failed.add(failed.shark)
+            exclude = self.failed | {n.shark for n in self.replicas}
+            spare = placement.choose(self.nodes, 1, self.path.rng, exclude=exclude)
+            if not spare:
+                raise StorageUnavailable(
+                    f"replica {failed.shark} failed and no other healthy node is left"
+                )
+            self.replicas[self.replicas.index(failed)] = spare[0]
+            self.holds.setdefault(spare[0].shark, set())
+            self.touched[spare[0].shark] = spare[0]
+
+    async def _fill_replacements(self) -> None:
+        """Give each replacement node the blocks written before it joined."""
+        for node in list(self.replicas):
+            for index in range(self.blocks):
+                while index not in self.holds[node.shark]:
+                    source = self._holder_of(index)
+                    name = block_name(self.version_id, index)
+                    data = await self.path.client.get_block(source.url, name)
+                    try:
+                        await self.path.client.put_block(node.url, name, data)
+                        self.holds[node.shark].add(index)
+                    except NodeError as exc:
+                        if not exc.retryable:
+                            raise
+                        await self._replace(node)
+                        return await self._fill_replacements()
+
+    def _holder_of(self, index: int) -> Node:
+        for node in self.touched.values():
+            if index in self.holds[node.shark] and node.shark not in self.failed:
+                return node
+        raise StorageUnavailable(f"no healthy replica holds block {index} any more")
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _blocks(stream: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """Exactly `size` bytes per block, the last one shorter; nothing for an empty stream."""
+    pending = bytearray()
+    async for chunk in stream:
+        pending += chunk
+        while len(pending) >= size:
+            yield bytes(pending[:size])
+            del pending[:size]
+    if pending:
+        yield bytes(pending)
+
+
+async def _numbered(blocks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
+    index = 0
+    async for block in blocks:
+        yield index, block
+        index += 1
+
+
+def _blocks_overlapping(
+    runs: Sequence[BlockRun], start: int, end: int
+) -> Iterable[tuple[BlockRun, int, int, int]]:
+    """(run, block index, slice start, slice end) for each block that holds bytes in range."""
+    offset = 0
+    for run in runs:
+        run_start, run_end = offset, offset + run.size
+        offset = run_end
+        if run_end <= start or run_start >= end:
+            continue
+        first = max(start, run_start) - run_start
+        last = min(end, run_end) - run_start  # exclusive
+        for index in range(first // run.block_size, -(-last // run.block_size)):
+            block_start = index * run.block_size
+            lo = max(first, block_start) - block_start
+            hi = min(last, block_start + run.block_size) - block_start
+            yield run, index, lo, hi
+
+
+async def _maybe_in_thread(function: Any, data: bytes) -> Any:
+    if len(data) < THREAD_THRESHOLD_BYTES:
+        return function(data)
+    return await in_thread(function, data)

@@ -1,0 +1,44 @@
+"""Where a new version's blocks go: N distinct nodes, in distinct datacenters when possible,
+chosen at random weighted by free space."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    datacenter: str
+    url: str
+    free_bytes: int
+
+    @property
+    def shark(self) -> str:
+        return f"{self.datacenter}:{self.name}"
+
+
+def default_replicas(available: int) -> int:
+    """Two copies where at least two nodes exist, else one."""
+    return 2 if available >= 2 else 1
+
+
+def choose(
+    nodes: Sequence[Node], count: int, rng: random.Random, exclude: Collection[str] = ()
+) -> list[Node]:
+    """`count` distinct nodes; each pick prefers a datacenter not used yet, then free space.
+
+    Returns fewer than `count` if there are not enough candidates; the caller decides.
+    """
+    candidates = [n for n in nodes if n.shark not in exclude]
+    chosen: list[Node] = []
+    while candidates and len(chosen) < count:
+        used = {n.datacenter for n in chosen}
+        fresh = [n for n in candidates if n.datacenter not in used]
+        pool = fresh or candidates
+        pick = rng.choices(pool, weights=[max(n.free_bytes, 1) for n in pool])[0]
+        chosen.append(pick)
+        candidates.remove(pick)
+    return chosen

@@ -1,0 +1,180 @@
+"""The storage node's HTTP service: tokens, names, ranges, inventory, status, registry."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
+from shoal.ids import uuid7
+from shoal.storage import BlockMissing, block_name
+from shoal.storage.auth import sign
+from tests.fixtures.storage import MakeStorage, StorageCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(make_storage: MakeStorage) -> StorageCluster:
+    return make_storage(nodes=2)
+
+
+async def raw(
+    cluster: StorageCluster, method: str, path: str, token: str | None = "good", **kwargs: Any
+) -> tuple[int, bytes]:
+    """One HTTP request with an exact path (no client-side normalization)."""
+    node = cluster.nodes[0]
+    headers = kwargs.pop("headers", {})
+    if token == "good":
+        headers["Authorization"] = sign(cluster.secret, method, URL(path, encoded=True).path)
+    elif token is not None:
+        headers["Authorization"] = token
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method, URL(node.url + path, encoded=True), headers=headers, **kwargs
+        ) as response,
+    ):
+        return response.status, await response.read()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/blocks/..%2F..%2Fetc%2Fpasswd",
+        "/blocks/%2Fetc%2Fpasswd",
+        "/blocks/abc%00.0",
+        "/blocks/..",
+        "/blocks/0192f0e0-0000-7000-8000-000000000000.0%2F..",
+        "/blocks/0192F0E0-0000-7000-8000-000000000000.0",
+    ],
+    ids=["dotdot-slash", "absolute", "nul", "dotdot", "trailing-slash", "uppercase"],
+)
+def test_names_outside_the_block_namespace_are_refused(
+    cluster: StorageCluster, run: Any, path: str
+) -> None:
+    status, _ = run(raw(cluster, "GET", path))
+    assert status in (400, 404)
+    status, _ = run(
+        raw(
+            cluster,
+            "PUT",
+            path,
+            data=b"x",
+            headers={"X-Shoal-Sha256": hashlib.sha256(b"x").hexdigest()},
+        )
+    )
+    assert status in (400, 404, 405)
+    for node in cluster.nodes:
+        assert not (node.root / "etc").exists()
+
+
+@pytest.mark.parametrize(
+    "token",
+    [None, "Shoal-Token 99999999999:00", "Bearer x", "Shoal-Token 1:deadbeef"],
+    ids=["missing", "forged", "other-scheme", "expired"],
+)
+def test_requests_without_a_valid_token_are_refused(
+    cluster: StorageCluster, run: Any, token: str | None
+) -> None:
+    assert run(raw(cluster, "GET", "/status", token=token))[0] == 401
+
+
+def test_a_token_opens_only_its_own_method_and_path(cluster: StorageCluster, run: Any) -> None:
+    token = sign(cluster.secret, "GET", "/status")
+    assert run(raw(cluster, "GET", "/status", token=token))[0] == 200
+    assert run(raw(cluster, "GET", "/inventory", token=token))[0] == 401
+    other = sign(b"another cluster's secret", "GET", "/status")
+    assert run(raw(cluster, "GET", "/status", token=other))[0] == 401
+
+
+def test_put_verifies_and_never_overwrites(cluster: StorageCluster, run: Any) -> None:
+    name = block_name(uuid7(), 0)
+    data = os.urandom(1000)
+    good = {"X-Shoal-Sha256": hashlib.sha256(data).hexdigest()}
+    assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data[:-1], headers=good))[0] == 422
+    assert run(raw(cluster, "GET", f"/blocks/{name}"))[0] == 404
+    assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data, headers=good))[0] == 201
+    assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data, headers=good))[0] == 200
+    other = os.urandom(1000)
+    conflict = {"X-Shoal-Sha256": hashlib.sha256(other).hexdigest()}
+    assert run(raw(cluster, "PUT", f"/blocks/{name}", data=other, headers=conflict))[0] == 409
+    assert run(raw(cluster, "GET", f"/blocks/{name}")) == (200, data)
+    assert not list((cluster.nodes[0].root / "tmp").iterdir())
+
+
+def test_ranges_head_and_idempotent_delete(cluster: StorageCluster, run: Any) -> None:
+    name = block_name(uuid7(), 3)
+    data = os.urandom(5000)
+    url = cluster.nodes[0].url
+    assert run(cluster.client.put_block(url, name, data))
+    for header, expected in [
+        ("bytes=0-0", data[:1]),
+        ("bytes=4999-", data[4999:]),
+        ("bytes=-10", data[-10:]),
+        ("bytes=100-199", data[100:200]),
+        ("bytes=4000-99999", data[4000:]),
+    ]:
+        assert run(raw(cluster, "GET", f"/blocks/{name}", headers={"Range": header})) == (
+            206,
+            expected,
+        )
+    assert run(raw(cluster, "GET", f"/blocks/{name}", headers={"Range": "bytes=5000-"}))[0] == 416
+    assert run(cluster.client.head_block(url, name)) == (5000, hashlib.sha256(data).hexdigest())
+    run(cluster.client.delete_block(url, name))
+    run(cluster.client.delete_block(url, name))  # already gone: still fine
+    with pytest.raises(BlockMissing):
+        run(cluster.client.get_block(url, name))
+
+
+def test_inventory_pages_and_status(cluster: StorageCluster, run: Any) -> None:
+    node = cluster.nodes[1]
+    before = run(cluster.client.status(node.url)).block_count
+    version = uuid7()
+    blocks = {block_name(version, i): os.urandom(100 + i) for i in range(25)}
+    for name, data in blocks.items():
+        run(cluster.client.put_block(node.url, name, data))
+
+    async def everything() -> list[Any]:
+        return [b async for b in cluster.client.inventory(node.url, page_size=7)]
+
+    listed = {b.name: b for b in run(everything())}
+    for name, data in blocks.items():
+        assert listed[name].size == len(data)
+        assert listed[name].sha256 == hashlib.sha256(data).hexdigest()
+    status = run(cluster.client.status(node.url))
+    assert status.block_count == before + 25 == len(listed)
+    assert status.shark == node.shark and 0 < status.free_bytes <= status.capacity_bytes
+    assert run(cluster.client.delete_blocks(node.url, [*blocks, block_name(version, 99)])) == 25
+    assert run(cluster.client.status(node.url)).block_count == before
+
+
+def test_silent_or_full_nodes_receive_no_new_blocks(make_storage: MakeStorage, run: Any) -> None:
+    cluster = make_storage(nodes=3)
+    directory = RegistryDirectory(cluster.store, timedelta(seconds=30))
+    assert len(run(directory.writable_nodes())) == 3
+    silent, full = cluster.nodes[0], cluster.nodes[1]
+    silent.kill()
+    full.kill()
+
+    async def age_and_fill() -> None:
+        async with cluster.store.shards.catalog.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE shoal.storage_node SET heartbeat = current_timestamp - interval '1 hour'"
+                " WHERE name = %s",
+                (silent.name,),
+            )
+            await conn.execute(
+                "UPDATE shoal.storage_node SET free_bytes = %s WHERE name = %s",
+                (MIN_FREE_BYTES - 1, full.name),
+            )
+
+    run(age_and_fill())
+    fresh = RegistryDirectory(cluster.store, timedelta(seconds=30))
+    assert [n.name for n in run(fresh.writable_nodes())] == [cluster.nodes[2].name]
+    # A silent node is still known for reads of what it holds.
+    assert run(fresh.url_of(silent.shark)) == silent.url

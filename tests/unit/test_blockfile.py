@@ -1,0 +1,113 @@
+"""The block store on disk: names, verification, never overwriting, ranges, inventory order."""
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shoal.ids import uuid7
+from shoal.storage.blockfile import (
+    BlockExists,
+    BlockNotFound,
+    BlockStore,
+    ChecksumMismatch,
+    InvalidBlockName,
+    block_name,
+    check_block_name,
+    parse_block_name,
+)
+
+
+async def once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def write(store: BlockStore, name: str, data: bytes, sha: str | None = None) -> bool:
+    sha = sha or hashlib.sha256(data).hexdigest()
+    return asyncio.run(store.write(name, once(data), len(data), sha))
+
+
+def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
+    async def go() -> bytes:
+        return b"".join([c async for c in store.read(name, start, end)])
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../x",
+        "/etc/passwd",
+        "a\x00b",
+        "",
+        ".",
+        "x.0",
+        f"{uuid7()}.01",
+        f"{uuid7()}",
+        f"{uuid7()}.0/..",
+        f"{uuid7()}.-1",
+    ],
+)
+def test_only_uuid_dot_index_names_are_blocks(name: str) -> None:
+    with pytest.raises(InvalidBlockName):
+        check_block_name(name)
+
+
+def test_block_names_round_trip() -> None:
+    version = uuid7()
+    assert parse_block_name(block_name(version, 12)) == (version, 12)
+
+
+def test_write_verifies_size_and_checksum(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 0)
+    with pytest.raises(ChecksumMismatch):
+        write(store, name, b"data", sha=hashlib.sha256(b"other").hexdigest())
+    with pytest.raises(ChecksumMismatch):
+        asyncio.run(store.write(name, once(b"data"), 5, hashlib.sha256(b"data").hexdigest()))
+    with pytest.raises(BlockNotFound):
+        store.info(name)
+    assert list(store.tmp.iterdir()) == []
+
+
+def test_a_block_is_never_overwritten(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 0)
+    assert write(store, name, b"first") is True
+    assert write(store, name, b"first") is False  # same content: an idempotent retry
+    with pytest.raises(BlockExists):
+        write(store, name, b"second")
+    assert read(store, name, 0, 5) == b"first"
+
+
+def test_ranges_and_delete(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 1)
+    data = os.urandom(700_000)
+    write(store, name, data)
+    assert read(store, name, 0, len(data)) == data
+    assert read(store, name, 299_999, 600_001) == data[299_999:600_001]
+    assert store.info(name).size == len(data)
+    assert store.delete(name) is True
+    assert store.delete(name) is False
+
+
+def test_inventory_walks_every_block_once_in_pages(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    names = {block_name(uuid7(), i) for i in range(40)}
+    for name in names:
+        write(store, name, name.encode())
+    seen: list[str] = []
+    after = ""
+    while True:
+        page = store.inventory(after, limit=6)
+        seen += [b.name for b in page]
+        if len(page) < 6:
+            break
+        after = page[-1].name
+    assert sorted(seen) == sorted(names) and len(seen) == len(set(seen))
+    assert store.count() == 40

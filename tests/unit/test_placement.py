@@ -1,0 +1,40 @@
+"""Placement: distinct nodes, distinct datacenters first, weighted by free space."""
+
+import random
+from collections import Counter
+
+from shoal.storage.placement import Node, choose, default_replicas
+
+
+def node(name: str, dc: str, free: int = 100) -> Node:
+    return Node(name=name, datacenter=dc, url=f"http://{name}", free_bytes=free)
+
+
+def test_replicas_land_on_distinct_datacenters_when_there_are_several() -> None:
+    nodes = [node("a1", "a"), node("a2", "a"), node("a3", "a"), node("b1", "b")]
+    for seed in range(200):
+        chosen = choose(nodes, 2, random.Random(seed))
+        assert {n.datacenter for n in chosen} == {"a", "b"}
+
+
+def test_nodes_are_distinct_and_fall_back_to_one_datacenter() -> None:
+    nodes = [node("a1", "a"), node("a2", "a"), node("a3", "a")]
+    chosen = choose(nodes, 3, random.Random(1))
+    assert sorted(n.name for n in chosen) == ["a1", "a2", "a3"]
+    assert len(choose(nodes, 5, random.Random(1))) == 3
+
+
+def test_choice_is_weighted_by_free_space() -> None:
+    nodes = [node("big", "a", free=900), node("small", "a", free=100)]
+    picks = Counter(choose(nodes, 1, random.Random(seed))[0].name for seed in range(2000))
+    assert 0.85 < picks["big"] / 2000 < 0.95
+
+
+def test_excluded_nodes_are_never_chosen() -> None:
+    nodes = [node("a1", "a"), node("a2", "a")]
+    assert [n.name for n in choose(nodes, 2, random.Random(0), exclude={"a:a1"})] == ["a2"]
+
+
+def test_default_replicas() -> None:
+    assert default_replicas(1) == 1
+    assert default_replicas(2) == default_replicas(9) == 2
