@@ -11,21 +11,19 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import signal
 import sys
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from shoal.cluster import LocalNodes, NodeSettings, run_storage_node
+from shoal.cluster import LocalNodes, NodeSettings, run_gateway, run_storage_node
 from shoal.config import Config, ConfigError, load_config
+from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.metadata import MetadataError, MetadataStore, migrate
 from shoal.metadata.deployment import shard_configs
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
-
-# How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
-WINDOW_MAINTENANCE_INTERVAL = timedelta(minutes=10)
 
 
 class CommandError(Exception):
@@ -38,6 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
     try:
         config = load_config(args.config, args.data_dir)
         return int(args.run(config, args) or 0)
@@ -58,7 +61,26 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(title="commands")
 
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
+    serve.add_argument("--port", type=int, help="S3 port on 127.0.0.1 (default 9000)")
     serve.set_defaults(run=_serve)
+
+    account = verbs.add_parser("account", help="accounts and their access keys")
+    accounts = account.add_subparsers(title="account commands")
+    create = accounts.add_parser("create", parents=[common], help="new account and key")
+    create.add_argument("name")
+    create.add_argument("--json", action="store_true", help="print JSON")
+    create.set_defaults(run=_account_create)
+    accounts.add_parser("list", parents=[common], help="accounts and keys").set_defaults(
+        run=_account_list
+    )
+    keys = accounts.add_parser("key", help="access keys").add_subparsers(title="key commands")
+    add = keys.add_parser("add", parents=[common], help="another key for an account")
+    add.add_argument("name")
+    add.add_argument("--json", action="store_true", help="print JSON")
+    add.set_defaults(run=_key_add)
+    revoke = keys.add_parser("revoke", parents=[common], help="revoke an access key")
+    revoke.add_argument("access_key_id")
+    revoke.set_defaults(run=_key_revoke)
 
     node = verbs.add_parser("storage-node", parents=[common], help="run one storage node")
     node.add_argument("--dir", type=Path, required=True, help="folder for this node's blocks")
@@ -128,22 +150,43 @@ def _db_dsn(config: Config, args: argparse.Namespace) -> int:
 def _serve(config: Config, args: argparse.Namespace) -> int:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     load_or_create_secret(config.secret_file)
+    port = args.port or config.s3.port
     nodes = LocalNodes(config, _where(config, args))
     with _serve_lock(config.data_dir), shard_configs(config) as shards:
         asyncio.run(migrate(shards, config.metadata))
         try:
             node_lines = nodes.start()
-            print(f"Shoal is running (data directory {config.data_dir})", flush=True)
-            for shard in shards:
-                print(f"  metadata shard {shard.name}: {shard.dsn}", flush=True)
-            for line in node_lines:
-                print(f"  storage node {line}", flush=True)
-            print("Press Ctrl-C to stop.", flush=True)
-            asyncio.run(_run_until_stopped(_maintain_windows, config, shards))
+
+            def ready(root: KeyPair) -> None:
+                _print_banner(config, port, shards, node_lines, root)
+
+            asyncio.run(
+                _run_until_stopped(
+                    lambda stop: run_gateway(config, shards, port, stop, on_ready=ready)
+                )
+            )
         finally:
             nodes.stop()
     print("Shoal stopped.", flush=True)
     return 0
+
+
+def _print_banner(config: Config, port: int, shards: list, nodes: list[str], root: KeyPair) -> None:  # type: ignore[type-arg]
+    endpoint = f"http://{config.s3.host}:{port}"
+    lines = [
+        f"Shoal is running (data directory {config.data_dir})",
+        f"  S3 endpoint        {endpoint}",
+        f"  access key id      {root.access_key_id}",
+        f"  secret access key  {root.secret_access_key}",
+        *(f"  metadata shard     {shard.name}: {shard.dsn}" for shard in shards),
+        *(f"  storage node       {line}" for line in nodes),
+        "Try:",
+        f"  AWS_ACCESS_KEY_ID={root.access_key_id} "
+        f"AWS_SECRET_ACCESS_KEY={root.secret_access_key} \\",
+        f"    aws --endpoint-url {endpoint} s3 mb s3://my-bucket",
+        "Press Ctrl-C to stop.",
+    ]
+    print("\n".join(lines), flush=True)
 
 
 def _storage_node(config: Config, args: argparse.Namespace) -> int:
@@ -158,19 +201,86 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")
     with shard_configs(config) as shards:
-        asyncio.run(_run_until_stopped(run_storage_node, config, shards, settings))
+        asyncio.run(
+            _run_until_stopped(lambda stop: run_storage_node(config, shards, settings, stop))
+        )
     return 0
 
 
-async def _run_until_stopped(serve, *args) -> None:  # type: ignore[no-untyped-def]
+async def _run_until_stopped(start: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run a service until SIGINT or SIGTERM; a port already in use is one line, not a trace."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await serve(*args, stop)
+        await start(stop)
     except OSError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _account_create(config: Config, args: argparse.Namespace) -> int:
+    pair = _with_credentials(config, lambda c: c.create_account(args.name))
+    _print_key(pair, args.json)
+    return 0
+
+
+def _key_add(config: Config, args: argparse.Namespace) -> int:
+    async def add(credentials: Credentials) -> KeyPair:
+        account = await credentials.store.accounts.get_by_name(args.name)
+        return await credentials.add_key(account)
+
+    _print_key(_with_credentials(config, add), args.json)
+    return 0
+
+
+def _key_revoke(config: Config, args: argparse.Namespace) -> int:
+    _with_credentials(config, lambda c: c.store.keys.revoke(args.access_key_id))
+    print(f"revoked {args.access_key_id}")
+    return 0
+
+
+def _account_list(config: Config, args: argparse.Namespace) -> int:
+    async def listing(credentials: Credentials) -> list[str]:
+        lines = []
+        for account in await credentials.store.accounts.list():
+            keys = await credentials.store.keys.list(account.id)
+            active = [k.access_key_id for k in keys if k.revoked is None]
+            lines.append(f"{account.name:<24} {account.id}  keys: {', '.join(active) or '-'}")
+        return lines
+
+    print("\n".join(_with_credentials(config, listing)))
+    return 0
+
+
+def _with_credentials(config: Config, action):  # type: ignore[no-untyped-def]
+    """Run `action(credentials)` against the metadata tier (beside `shoal serve` or alone)."""
+
+    async def run(shards: list) -> object:  # type: ignore[type-arg]
+        async with await MetadataStore.open(shards, 2) as store:
+            key = load_encryption_key(config.credentials_key_file)
+            return await action(Credentials(store, key))
+
+    with shard_configs(config) as shards:
+        return asyncio.run(run(shards))
+
+
+def _print_key(pair: KeyPair, as_json: bool) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "account": pair.account.name,
+                    "account_id": str(pair.account.id),
+                    "access_key_id": pair.access_key_id,
+                    "secret_access_key": pair.secret_access_key,
+                }
+            )
+        )
+        return
+    print(f"account            {pair.account.name} ({pair.account.id})")
+    print(f"access key id      {pair.access_key_id}")
+    print(f"secret access key  {pair.secret_access_key}")
 
 
 def _where(config: Config, args: argparse.Namespace) -> list[str]:
@@ -178,14 +288,6 @@ def _where(config: Config, args: argparse.Namespace) -> list[str]:
     if args.config is not None:
         return ["--config", str(args.config.absolute())]
     return ["--data-dir", str(config.data_dir)]
-
-
-async def _maintain_windows(config: Config, shards: list, stop: asyncio.Event) -> None:  # type: ignore[type-arg]
-    async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
-        while not stop.is_set():
-            await store.ensure_windows(config.metadata.partitions_ahead)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), WINDOW_MAINTENANCE_INTERVAL.total_seconds())
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from shoal.config import Config, ShardConfig
-from shoal.metadata import MetadataStore
+from shoal.credentials import Credentials, KeyPair, load_encryption_key
+from shoal.metadata import AccountNotFound, InvalidName, MetadataStore
 from shoal.ports import free_port
 from shoal.storage import BlockClient, BlockStore, DataPath, Node, NodeIdentity, make_app
 from shoal.storage.auth import load_or_create_secret
@@ -32,6 +33,9 @@ log = logging.getLogger("shoal")
 REGISTRY_REFRESH_SECONDS = 2.0
 # Below this free space a node is not offered new blocks (it also refuses them itself).
 MIN_FREE_BYTES = 256 * 1024 * 1024
+# How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
+WINDOW_MAINTENANCE_SECONDS = 600.0
+ROOT_ACCOUNT = "root"
 
 
 class RegistryDirectory:
@@ -167,3 +171,46 @@ class LocalNodes:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+async def run_gateway(
+    config: Config,
+    shards: Sequence[ShardConfig],
+    port: int,
+    stop: asyncio.Event,
+    on_ready: Callable[[KeyPair], None] | None = None,
+) -> None:
+    """Serve the S3 API on config.s3.host:port until `stop` is set."""
+    from shoal.s3.app import Gateway, make_app
+
+    async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
+        credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
+        root = await root_keys(credentials)
+        path = data_path(config, store)
+        app = make_app(Gateway(store=store, data=path, credentials=credentials, config=config.s3))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, config.s3.host, port, reuse_address=True)
+        try:
+            await site.start()
+            if on_ready is not None:
+                on_ready(root)
+            while not stop.is_set():
+                await store.ensure_windows(config.metadata.partitions_ahead)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), WINDOW_MAINTENANCE_SECONDS)
+        finally:
+            await runner.cleanup()
+            await path.client.close()
+
+
+async def root_keys(credentials: Credentials) -> KeyPair:
+    """The root account's first key, made on first start."""
+    try:
+        account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
+    except AccountNotFound:
+        try:
+            return await credentials.create_account(ROOT_ACCOUNT)
+        except InvalidName:  # created meanwhile by another process
+            account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
+    return await credentials.first_key(account)

@@ -58,14 +58,30 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class S3Config:
+    host: str = "127.0.0.1"
+    port: int = 9000
+    region: str = "us-east-1"
+    # Host names under which `bucket.<domain>` is virtual-hosted-style addressing.
+    domains: tuple[str, ...] = ("localhost", "s3.localhost")
+    # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
+    credentials_key_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     data_dir: Path = DEFAULT_DATA_DIR
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    s3: S3Config = field(default_factory=S3Config)
 
     @property
     def secret_file(self) -> Path:
         return self.storage.secret_file or self.data_dir / "cluster.secret"
+
+    @property
+    def credentials_key_file(self) -> Path:
+        return self.s3.credentials_key_file or self.data_dir / "credentials.key"
 
 
 def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
@@ -82,7 +98,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata", "storage"}
+    known = {"data_dir", "metadata", "storage", "s3"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -115,6 +131,22 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         data_dir=data_dir.absolute(),
         metadata=metadata,
         storage=_parse_storage(raw.get("storage", {}), base),
+        s3=_parse_s3(raw.get("s3", {}), base),
+    )
+
+
+def _parse_s3(raw: Any, base: Path) -> S3Config:
+    _reject_unknown(raw, {"host", "port", "region", "domains", "credentials_key_file"}, "[s3]")
+    domains = raw.get("domains", list(S3Config.domains))
+    if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
+        raise ConfigError("[s3] domains must be a list of host names")
+    key_file = raw.get("credentials_key_file")
+    return S3Config(
+        host=str(raw.get("host", "127.0.0.1")),
+        port=_positive_int(raw, "port", 9000, "[s3]"),
+        region=str(raw.get("region", "us-east-1")),
+        domains=tuple(domains),
+        credentials_key_file=(base / key_file).absolute() if key_file else None,
     )
 
 

@@ -1,6 +1,7 @@
 """The metadata tier: RFD 149's schema on PostgreSQL, sharded over vnodes, and its async API."""
 
 from shoal.metadata.errors import (
+    AccessKeyNotFound,
     AccountNotFound,
     BucketAlreadyExists,
     BucketAlreadyOwnedByYou,
@@ -34,6 +35,7 @@ from shoal.metadata.ring import Ring
 from shoal.metadata.store import MetadataStore
 
 __all__ = [
+    "AccessKeyNotFound",
     "Account",
     "AccountNotFound",
     "Bucket",

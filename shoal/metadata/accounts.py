@@ -30,6 +30,12 @@ class Accounts(Component):
             raise InvalidName(f"an account named {name!r} already exists")
         return account
 
+    async def list(self) -> list[Account]:
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(Account))
+            await cur.execute(queries.LIST_ACCOUNTS)
+            return await cur.fetchall()
+
     async def get(self, account_id: uuid.UUID) -> Account:
         return await self._one(queries.SELECT_ACCOUNT, {"id": account_id}, str(account_id))
 

@@ -31,6 +31,10 @@ class AccountNotFound(MetadataError):
     pass
 
 
+class AccessKeyNotFound(MetadataError):
+    pass
+
+
 class BucketNotFound(MetadataError):
     pass
 

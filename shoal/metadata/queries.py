@@ -504,3 +504,29 @@ SELECT name, datacenter, url, capacity_bytes, free_bytes, heartbeat, registered,
 FROM shoal.storage_node
 ORDER BY name
 """
+
+# -- access keys (catalog shard) ------------------------------------------------------------
+
+INSERT_ACCESS_KEY = """
+INSERT INTO shoal.access_key (access_key_id, account_id, secret_encrypted)
+VALUES (%(access_key_id)s, %(account_id)s, %(secret_encrypted)s)
+RETURNING access_key_id, account_id, secret_encrypted, created, revoked
+"""
+
+SELECT_ACCESS_KEY = """
+SELECT access_key_id, account_id, secret_encrypted, created, revoked
+FROM shoal.access_key WHERE access_key_id = %(access_key_id)s
+"""
+
+LIST_ACCESS_KEYS = """
+SELECT access_key_id, account_id, secret_encrypted, created, revoked
+FROM shoal.access_key WHERE account_id = %(account_id)s ORDER BY created
+"""
+
+REVOKE_ACCESS_KEY = """
+UPDATE shoal.access_key SET revoked = current_timestamp
+WHERE access_key_id = %(access_key_id)s AND revoked IS NULL
+RETURNING access_key_id
+"""
+
+LIST_ACCOUNTS = "SELECT id, name, created FROM shoal.account ORDER BY name"

@@ -18,6 +18,7 @@ from shoal.config import ShardConfig
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
 from shoal.metadata.garbage import Garbage
+from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
 from shoal.metadata.objects import Objects
 from shoal.metadata.partitions import ensure_windows, window_width
@@ -36,6 +37,7 @@ class MetadataStore:
         self.uploads = Uploads(shards, window)
         self.garbage = Garbage(shards, window)
         self.nodes = Nodes(shards, window)
+        self.keys = Keys(shards, window)
 
     @classmethod
     async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> MetadataStore:

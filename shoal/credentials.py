@@ -1,0 +1,82 @@
+"""Accounts' access keys: made here, stored encrypted, looked up by the gateway.
+
+Secrets are encrypted with AES-GCM under a key that never enters PostgreSQL: it lives in
+`<data-dir>/credentials.key` (0600) or the file `[s3] credentials_key_file` names. The access
+key id is the additional authenticated data, so a ciphertext cannot be moved to another key.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from shoal.metadata import AccessKeyNotFound, Account, MetadataStore
+from shoal.storage.auth import load_or_create_secret
+
+ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
+NONCE_BYTES = 12
+# How long the gateway trusts a looked-up secret; a revoked key stops working within this.
+CACHE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    account: Account
+    access_key_id: str
+    secret_access_key: str
+
+
+class Credentials:
+    def __init__(self, store: MetadataStore, encryption_key: bytes) -> None:
+        self.store = store
+        self._aead = AESGCM(encryption_key)
+        self._cache: dict[str, tuple[float, uuid.UUID, str]] = {}
+
+    async def create_account(self, name: str) -> KeyPair:
+        account = await self.store.accounts.create(name)
+        return await self.add_key(account)
+
+    async def add_key(self, account: Account) -> KeyPair:
+        access_key_id = "SH" + "".join(secrets.choice(ACCESS_KEY_ALPHABET) for _ in range(18))
+        secret = secrets.token_urlsafe(30)
+        await self.store.keys.add(account.id, access_key_id, self._encrypt(access_key_id, secret))
+        return KeyPair(account, access_key_id, secret)
+
+    async def first_key(self, account: Account) -> KeyPair:
+        """The account's oldest active key, decrypted (for `shoal serve` to print root's)."""
+        for key in await self.store.keys.list(account.id):
+            if key.revoked is None:
+                secret = self._decrypt(key.access_key_id, key.secret_encrypted)
+                return KeyPair(account, key.access_key_id, secret)
+        return await self.add_key(account)
+
+    async def secret_of(self, access_key_id: str) -> tuple[uuid.UUID, str]:
+        """(account id, secret) of an active key; AccessKeyNotFound otherwise."""
+        cached = self._cache.get(access_key_id)
+        if cached and time.monotonic() - cached[0] < CACHE_SECONDS:
+            return cached[1], cached[2]
+        key = await self.store.keys.get(access_key_id)
+        if key.revoked is not None:
+            raise AccessKeyNotFound(f"access key {access_key_id} is revoked")
+        secret = self._decrypt(access_key_id, key.secret_encrypted)
+        self._cache[access_key_id] = (time.monotonic(), key.account_id, secret)
+        return key.account_id, secret
+
+    def _encrypt(self, access_key_id: str, secret: str) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, secret.encode(), access_key_id.encode())
+
+    def _decrypt(self, access_key_id: str, blob: bytes) -> str:
+        nonce, ciphertext = blob[:NONCE_BYTES], blob[NONCE_BYTES:]
+        return self._aead.decrypt(nonce, ciphertext, access_key_id.encode()).decode()
+
+
+def load_encryption_key(path: Path) -> bytes:
+    """The 256-bit key that encrypts secrets, made on first use."""
+    return load_or_create_secret(path)

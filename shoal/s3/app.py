@@ -1,0 +1,206 @@
+"""The S3 gateway: one aiohttp application, one handler per S3 operation.
+
+Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), then the
+operation's handler. Errors become S3's XML error body here and only here; an unexpected error
+is logged with the request id and answered InternalError. Once a response body has started,
+an error can only abort the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from shoal.config import S3Config
+from shoal.credentials import Credentials
+from shoal.metadata import MetadataError, MetadataStore
+from shoal.s3 import sigv4
+from shoal.s3 import xml as s3xml
+from shoal.s3.errors import InternalError, S3Error, by_code, from_domain
+from shoal.s3.router import Address, Endpoint, address, route
+from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
+
+log = logging.getLogger("shoal.s3")
+access_log = logging.getLogger("shoal.access")
+
+Handler = Callable[["Call"], Awaitable[web.StreamResponse]]
+HANDLERS: dict[Endpoint, Handler] = {}
+
+
+def handles(endpoint: Endpoint) -> Callable[[Handler], Handler]:
+    """Register a handler for an S3 operation (handlers live in bucket.py, object.py, ...)."""
+
+    def register(handler: Handler) -> Handler:
+        HANDLERS[endpoint] = handler
+        return handler
+
+    return register
+
+
+@dataclass
+class Gateway:
+    store: MetadataStore
+    data: DataPath
+    credentials: Credentials
+    config: S3Config
+
+
+@dataclass
+class Call:
+    """One authenticated S3 request, as handlers see it."""
+
+    gateway: Gateway
+    request: web.Request
+    request_id: str
+    endpoint: Endpoint
+    where: Address
+    account: uuid.UUID
+    verified: sigv4.Verified
+
+    @property
+    def bucket(self) -> str:
+        assert self.where.bucket is not None
+        return self.where.bucket
+
+    @property
+    def key(self) -> str:
+        assert self.where.key is not None
+        return self.where.key
+
+    @property
+    def store(self) -> MetadataStore:
+        return self.gateway.store
+
+    @property
+    def data(self) -> DataPath:
+        return self.gateway.data
+
+    @property
+    def query(self) -> dict[str, str]:
+        return dict(self.request.query)
+
+    def body(self) -> AsyncIterator[bytes]:
+        """The request body as the client meant it (aws-chunked decoded, signatures checked)."""
+        return self.verified.body(self.request.content.iter_any())
+
+    async def read_body(self, limit: int) -> bytes:
+        """A small body (XML), whole."""
+        received = bytearray()
+        async for chunk in self.body():
+            received += chunk
+            if len(received) > limit:
+                raise S3Error("request body too large")
+        return bytes(received)
+
+
+def make_app(gateway: Gateway) -> web.Application:
+    # Import the handler modules so that they register themselves.
+    from shoal.s3 import bucket, listing, multipart, objects  # noqa: F401
+
+    app = web.Application(client_max_size=s3xml.MAX_REQUEST_XML_BYTES)
+    app["gateway"] = gateway
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        return await handle(gateway, request)
+
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_response_prepare.append(_add_request_id)
+    return app
+
+
+async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
+    request_id = secrets.token_hex(8).upper()
+    request["request_id"] = request_id
+    started = time.monotonic()
+    call: Call | None = None
+    try:
+        call = await _authenticated_call(gateway, request, request_id)
+        response = await HANDLERS[call.endpoint](call)
+    except Exception as exc:
+        if isinstance(exc, web.HTTPException):
+            raise
+        if call is not None and _response_started(request):
+            log.error("request %s failed after its response started: %r", request_id, exc)
+            raise
+        response = _error_response(request, request_id, _as_s3_error(exc, request_id))
+    _log_access(request, call, response, started)
+    return response
+
+
+async def _authenticated_call(gateway: Gateway, request: web.Request, request_id: str) -> Call:
+    raw_path, _, raw_query = request.raw_path.partition("?")
+    query_pairs = parse_qsl(raw_query, keep_blank_values=True)
+    where = address(request.host, raw_path, gateway.config.domains)
+    endpoint = route(
+        request.method, where, dict(query_pairs), "x-amz-copy-source" in request.headers
+    )
+    signed = sigv4.SignedRequest(
+        method=request.method,
+        raw_path=raw_path,
+        query=query_pairs,
+        headers={name.lower(): ",".join(request.headers.getall(name)) for name in request.headers},
+    )
+    credentials = sigv4.parse(signed, datetime.now(UTC))
+    account, secret = await gateway.credentials.secret_of(credentials.access_key_id)
+    verified = sigv4.verify(credentials, signed, secret)
+    return Call(gateway, request, request_id, endpoint, where, account, verified)
+
+
+def _as_s3_error(error: Exception, request_id: str) -> S3Error:
+    if isinstance(error, S3Error):
+        return error
+    if isinstance(error, sigv4.SigV4Error):
+        mapped = by_code(error.code, error.message)
+        mapped.fields = dict(error.details)
+        return mapped
+    if isinstance(error, MetadataError | StorageUnavailable | DataUnavailable):
+        mapped = from_domain(error)
+        if mapped is not None:
+            return mapped
+    log.exception("request %s failed", request_id, exc_info=error)
+    return InternalError()
+
+
+def _error_response(request: web.Request, request_id: str, error: S3Error) -> web.Response:
+    headers = {"x-amz-request-id": request_id}
+    if error.status == 416 and "ActualObjectSize" in error.fields:
+        headers["Content-Range"] = f"bytes */{error.fields['ActualObjectSize']}"
+    if request.method == "HEAD":
+        return web.Response(status=error.status, headers=headers)
+    body = s3xml.error_document(error.code, error.message, request.path, request_id, error.fields)
+    return web.Response(
+        status=error.status, body=body, headers=headers, content_type="application/xml"
+    )
+
+
+def _response_started(request: web.Request) -> bool:
+    return bool(request.get("response_started"))
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    request["response_started"] = True
+    response.headers.setdefault("x-amz-request-id", request.get("request_id", ""))
+    response.headers.setdefault("Server", "Shoal")
+
+
+def _log_access(
+    request: web.Request, call: Call | None, response: web.StreamResponse, started: float
+) -> None:
+    access_log.info(
+        "%s account=%s op=%s status=%d bytes_in=%s bytes_out=%s ms=%.1f",
+        request.get("request_id"),
+        call.account if call else "-",
+        call.endpoint.name if call else "-",
+        response.status,
+        request.content_length or 0,
+        response.content_length or response.body_length if response.prepared else 0,
+        (time.monotonic() - started) * 1000,
+    )

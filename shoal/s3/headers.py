@@ -1,0 +1,185 @@
+"""HTTP headers of S3 objects: what a PUT keeps, what a GET returns, conditionals, ranges."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import format_datetime, parsedate_to_datetime
+
+from shoal.metadata import ObjectVersion
+from shoal.s3.errors import InvalidArgument, InvalidDigest, InvalidRange, PreconditionFailed
+
+# Standard headers S3 stores with an object and returns on GET and HEAD.
+STORED_HEADERS = (
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "expires",
+)
+USER_METADATA_PREFIX = "x-amz-meta-"
+MAX_USER_METADATA_BYTES = 2048
+DEFAULT_CONTENT_TYPE = "binary/octet-stream"
+# GET's response-* parameters override these headers of the response.
+RESPONSE_OVERRIDES = {
+    "response-content-type": "Content-Type",
+    "response-content-language": "Content-Language",
+    "response-expires": "Expires",
+    "response-cache-control": "Cache-Control",
+    "response-content-disposition": "Content-Disposition",
+    "response-content-encoding": "Content-Encoding",
+}
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class NotModified(Exception):
+    """A conditional GET or HEAD whose answer is 304."""
+
+
+def object_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of a PUT (or of a REPLACE copy) that are kept with the object."""
+    kept = {
+        name: value
+        for name, value in _lower(headers).items()
+        if name in STORED_HEADERS or name.startswith(USER_METADATA_PREFIX)
+    }
+    user_bytes = sum(len(k) + len(v) for k, v in kept.items() if k.startswith(USER_METADATA_PREFIX))
+    if user_bytes > MAX_USER_METADATA_BYTES:
+        raise InvalidArgument(
+            f"Your metadata headers exceed the maximum allowed metadata size ({user_bytes} > "
+            f"{MAX_USER_METADATA_BYTES} bytes)"
+        )
+    if "content-encoding" in kept:
+        # aws-chunked is a transfer detail of SigV4 streaming, not the object's encoding.
+        codings = [c.strip() for c in kept["content-encoding"].split(",")]
+        codings = [c for c in codings if c and c != "aws-chunked"]
+        if codings:
+            kept["content-encoding"] = ", ".join(codings)
+        else:
+            del kept["content-encoding"]
+    return kept
+
+
+def response_headers(version: ObjectVersion) -> dict[str, str]:
+    """The headers of a GET or HEAD of `version` (without length and range)."""
+    headers = {
+        "ETag": f'"{version.etag}"',
+        "Last-Modified": http_date(version.modified),
+        "Content-Type": version.content_type or DEFAULT_CONTENT_TYPE,
+        "Accept-Ranges": "bytes",
+    }
+    for name, value in version.headers.items():
+        if value is not None:
+            headers[name] = value
+    parts = version.properties.get("parts")
+    if parts is not None:
+        headers["x-amz-mp-parts-count"] = str(len(parts))
+    return headers
+
+
+def checksum_headers(version: ObjectVersion) -> dict[str, str]:
+    return {
+        f"x-amz-checksum-{name}": value
+        for name, value in version.properties.get("checksums", {}).items()
+    }
+
+
+def http_date(moment: datetime) -> str:
+    return format_datetime(moment.astimezone(UTC), usegmt=True)
+
+
+def parse_http_date(value: str | None) -> datetime | None:
+    """An HTTP date header, or None if absent or unreadable (S3 ignores a bad date)."""
+    if not value:
+        return None
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix: str = "") -> None:
+    """If-Match, If-None-Match, If-Modified-Since, If-Unmodified-Since, with S3's precedence.
+
+    `prefix` is "x-amz-copy-source-" for a copy's conditions on its source (where a failed
+    If-None-Match or If-Modified-Since is 412, not 304).
+    """
+    lowered = _lower(headers)
+    if_match = lowered.get(prefix + "if-match")
+    if_none_match = lowered.get(prefix + "if-none-match")
+    modified_since = parse_http_date(lowered.get(prefix + "if-modified-since"))
+    unmodified_since = parse_http_date(lowered.get(prefix + "if-unmodified-since"))
+    modified = version.modified.replace(microsecond=0)
+    if if_match is not None:
+        if not etag_matches(version.etag, if_match):
+            raise PreconditionFailed()
+    elif unmodified_since is not None and modified > unmodified_since:
+        raise PreconditionFailed()
+    not_modified = PreconditionFailed() if prefix else NotModified()
+    if if_none_match is not None:
+        if etag_matches(version.etag, if_none_match):
+            raise not_modified
+    elif modified_since is not None and modified <= modified_since:
+        raise not_modified
+
+
+def etag_matches(etag: str, header: str) -> bool:
+    candidates = [c.strip().removeprefix("W/").strip('"') for c in header.split(",")]
+    return "*" in candidates or etag in candidates
+
+
+def etag_bytes(header: str) -> bytes:
+    """The MD5 bytes of an ETag in a header (`"hex"` or `"hex-N"`), for conditional writes."""
+    value = header.strip().strip('"').split("-")[0]
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise PreconditionFailed()
+    return raw
+
+
+def content_md5(headers: Mapping[str, str]) -> bytes | None:
+    value = _lower(headers).get("content-md5")
+    if value is None:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raw = b""
+    if len(raw) != 16:
+        raise InvalidDigest()
+    return raw
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) of a Range header; None for the whole object (absent or multi-range)."""
+    if header is None:
+        return None
+    match = _RANGE.match(header.strip())
+    if not match:
+        return None  # S3 ignores ranges it does not understand, such as several ranges
+    first, last = match.groups()
+    if first == "" and last == "":
+        return None
+    if first == "":
+        length = int(last)
+        if length == 0:
+            raise InvalidRange(ActualObjectSize=str(size))
+        return max(0, size - length), size
+    start = int(first)
+    end = size if last == "" else min(size, int(last) + 1)
+    if last != "" and int(last) < start:
+        return None  # not a valid range: S3 ignores it and sends the whole object
+    if start >= size:
+        raise InvalidRange(ActualObjectSize=str(size))
+    return start, end
+
+
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}

@@ -1,0 +1,176 @@
+"""Listing operations: ListObjects, ListObjectsV2, ListObjectVersions."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from shoal.metadata import ListingPage
+from shoal.s3 import xml as s3xml
+from shoal.s3.app import Call, handles
+from shoal.s3.bucket import owner_tree
+from shoal.s3.errors import InvalidArgument
+from shoal.s3.router import Endpoint
+
+XML = "application/xml"
+MAX_KEYS = 1000
+
+
+def max_keys(call: Call, parameter: str = "max-keys") -> int:
+    raw = call.query.get(parameter, str(MAX_KEYS))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(
+            f"Provided {parameter} not an integer or within integer range"
+        ) from None
+    if value < 0:
+        raise InvalidArgument(f"{parameter} must not be negative")
+    return min(value, MAX_KEYS)
+
+
+def encoder(call: Call) -> Any:
+    """encoding-type=url: keys and prefixes percent-encoded in the response."""
+    kind = call.query.get("encoding-type")
+    if kind is None:
+        return lambda text: text
+    if kind != "url":
+        raise InvalidArgument("Invalid Encoding Method specified in Request")
+    return lambda text: None if text is None else quote(text, safe="/")
+
+
+async def page_of(call: Call, marker: str, limit: int) -> ListingPage:
+    return await call.store.objects.list(
+        call.account,
+        call.bucket,
+        prefix=call.query.get("prefix", ""),
+        delimiter=call.query.get("delimiter", ""),
+        marker=marker,
+        limit=limit,
+    )
+
+
+def contents(call: Call, page: ListingPage, encode: Any, with_owner: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "Key": encode(o.name),
+            "LastModified": o.modified,
+            "ETag": f'"{o.etag}"',
+            "Size": o.content_length,
+            "StorageClass": "STANDARD",
+            "Owner": owner_tree(call) if with_owner else None,
+        }
+        for o in page.objects
+    ]
+
+
+def common_prefixes(page: ListingPage, encode: Any) -> list[dict[str, Any]]:
+    return [{"Prefix": encode(p)} for p in page.common_prefixes]
+
+
+@handles(Endpoint.ListObjects)
+async def list_objects(call: Call) -> web.Response:
+    encode = encoder(call)
+    marker = call.query.get("marker", "")
+    page = await page_of(call, marker, max_keys(call))
+    body = s3xml.document(
+        "ListBucketResult",
+        {
+            "Name": call.bucket,
+            "Prefix": encode(call.query.get("prefix", "")),
+            "Marker": encode(marker),
+            "MaxKeys": max_keys(call),
+            "Delimiter": encode(call.query.get("delimiter")),
+            "IsTruncated": page.is_truncated,
+            "NextMarker": encode(page.next_marker) if page.is_truncated else None,
+            "EncodingType": call.query.get("encoding-type"),
+            "Contents": contents(call, page, encode, with_owner=True),
+            "CommonPrefixes": common_prefixes(page, encode),
+        },
+    )
+    return web.Response(body=body, content_type=XML)
+
+
+@handles(Endpoint.ListObjectsV2)
+async def list_objects_v2(call: Call) -> web.Response:
+    encode = encoder(call)
+    token = call.query.get("continuation-token")
+    start_after = call.query.get("start-after", "")
+    marker = decode_token(token) if token is not None else start_after
+    page = await page_of(call, marker, max_keys(call))
+    body = s3xml.document(
+        "ListBucketResult",
+        {
+            "Name": call.bucket,
+            "Prefix": encode(call.query.get("prefix", "")),
+            "KeyCount": len(page.entries),
+            "MaxKeys": max_keys(call),
+            "Delimiter": encode(call.query.get("delimiter")),
+            "IsTruncated": page.is_truncated,
+            "ContinuationToken": token,
+            "NextContinuationToken": encode_token(page.next_marker) if page.is_truncated else None,
+            "StartAfter": encode(start_after) or None,
+            "EncodingType": call.query.get("encoding-type"),
+            "Contents": contents(
+                call, page, encode, with_owner=call.query.get("fetch-owner") == "true"
+            ),
+            "CommonPrefixes": common_prefixes(page, encode),
+        },
+    )
+    return web.Response(body=body, content_type=XML)
+
+
+@handles(Endpoint.ListObjectVersions)
+async def list_object_versions(call: Call) -> web.Response:
+    """An unversioned bucket as S3 shows it: each object is its only, "null", version."""
+    encode = encoder(call)
+    key_marker = call.query.get("key-marker", "")
+    page = await page_of(call, key_marker, max_keys(call))
+    versions = [
+        {
+            "Key": encode(o.name),
+            "VersionId": "null",
+            "IsLatest": True,
+            "LastModified": o.modified,
+            "ETag": f'"{o.etag}"',
+            "Size": o.content_length,
+            "StorageClass": "STANDARD",
+            "Owner": owner_tree(call),
+        }
+        for o in page.objects
+    ]
+    body = s3xml.document(
+        "ListVersionsResult",
+        {
+            "Name": call.bucket,
+            "Prefix": encode(call.query.get("prefix", "")),
+            "KeyMarker": encode(key_marker),
+            "VersionIdMarker": call.query.get("version-id-marker", ""),
+            "NextKeyMarker": encode(page.next_marker) if page.is_truncated else None,
+            "NextVersionIdMarker": "null" if page.is_truncated else None,
+            "MaxKeys": max_keys(call),
+            "Delimiter": encode(call.query.get("delimiter")),
+            "IsTruncated": page.is_truncated,
+            "EncodingType": call.query.get("encoding-type"),
+            "Version": versions,
+            "CommonPrefixes": common_prefixes(page, encode),
+        },
+    )
+    return web.Response(body=body, content_type=XML)
+
+
+def encode_token(marker: str | None) -> str | None:
+    if marker is None:
+        return None
+    return base64.urlsafe_b64encode(marker.encode("utf-8", "surrogateescape")).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidArgument("The continuation token provided is incorrect") from None

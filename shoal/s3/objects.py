@@ -1,0 +1,246 @@
+"""Object operations: PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects,
+CopyObject."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from shoal.metadata import InvalidName, ObjectVersion, ObjectWrite
+from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
+from shoal.s3 import headers as h
+from shoal.s3 import payload
+from shoal.s3 import xml as s3xml
+from shoal.s3.app import Call, handles
+from shoal.s3.errors import (
+    InvalidArgument,
+    InvalidRequest,
+    KeyTooLongError,
+    MalformedXML,
+    NoSuchKey,
+    S3Error,
+    from_domain,
+)
+from shoal.s3.router import Endpoint
+from shoal.storage import block_runs
+
+XML = "application/xml"
+MAX_DELETE_KEYS = 1000
+MAX_DELETE_BODY = 2 * 1024 * 1024
+
+
+def check_key(key: str) -> None:
+    """S3's codes for bad keys: KeyTooLongError past 1024 bytes, InvalidArgument otherwise."""
+    try:
+        check_object_name(key)
+    except InvalidName as exc:
+        if len(key.encode("utf-8", "surrogateescape")) > MAX_OBJECT_NAME_BYTES:
+            raise KeyTooLongError() from None
+        raise InvalidArgument(str(exc)) from None
+
+
+def check_null_version(call: Call) -> None:
+    """Buckets are unversioned: every object is its "null" version, and only that exists."""
+    version = call.query.get("versionId")
+    if version is not None and version != "null":
+        raise InvalidArgument("Invalid version id specified")
+
+
+def conditional_write(call: Call) -> dict[str, object]:
+    """If-None-Match: * and If-Match on a write, as put/complete arguments."""
+    if_none_match = call.request.headers.get("If-None-Match")
+    if_match = call.request.headers.get("If-Match")
+    if if_none_match is not None and if_none_match.strip() != "*":
+        raise InvalidArgument("If-None-Match on a write must be *")
+    return {
+        "if_none_match": if_none_match is not None,
+        "if_match": h.etag_bytes(if_match) if if_match is not None else None,
+    }
+
+
+@handles(Endpoint.PutObject)
+async def put_object(call: Call) -> web.Response:
+    check_key(call.key)
+    await call.store.buckets.get(call.account, call.bucket)
+    length = payload.declared_length(call.request.headers)
+    kept = h.object_headers(call.request.headers)
+    checksums = payload.requested_checksums(call.request.headers)
+    stored = await payload.store_body(
+        call.data, call.body(), call.request.headers, call.verified.trailers, length, checksums
+    )
+    write = ObjectWrite(
+        id=stored.version_id,
+        content_length=stored.result.size,
+        content_md5=stored.result.md5,
+        sharks=stored.result.sharks,
+        content_type=call.request.headers.get("Content-Type") or None,
+        headers=kept,
+        properties={"block_size": stored.result.block_size, "checksums": stored.checksums},
+    )
+    await _commit(call, write, stored)
+    response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
+    response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
+    return web.Response(headers=response_headers)
+
+
+async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> None:
+    """Commit the row that makes the stored blocks visible; if it fails, drop the blocks."""
+    try:
+        await call.store.objects.put(
+            call.account, call.bucket, call.key, write, **conditional_write(call)
+        )  # type: ignore[arg-type]
+    except BaseException:
+        await payload.discard(call.data, stored.version_id, stored.result)
+        raise
+
+
+@handles(Endpoint.HeadObject)
+async def head_object(call: Call) -> web.StreamResponse:
+    return await _get(call, send_body=False)
+
+
+@handles(Endpoint.GetObject)
+async def get_object(call: Call) -> web.StreamResponse:
+    return await _get(call, send_body=True)
+
+
+async def _get(call: Call, send_body: bool) -> web.StreamResponse:
+    check_key(call.key)
+    check_null_version(call)
+    version = await call.store.objects.get(call.account, call.bucket, call.key)
+    headers = h.response_headers(version)
+    if call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+        headers |= h.checksum_headers(version)
+    try:
+        h.check_conditions(version, call.request.headers)
+    except h.NotModified:
+        kept = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
+        return web.Response(status=304, headers=kept)
+    for parameter, header in h.RESPONSE_OVERRIDES.items():
+        if parameter in call.query:
+            headers[header] = call.query[parameter]
+    size = version.content_length
+    wanted = h.byte_range(call.request.headers.get("Range"), size)
+    start, end = wanted or (0, size)
+    response = web.StreamResponse(status=206 if wanted else 200, headers=headers)
+    response.content_length = end - start
+    if wanted:
+        response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    response.content_type = headers["Content-Type"]
+    if not send_body:
+        return response
+    await response.prepare(call.request)
+    runs = block_runs(version.id, size, version.sharks, version.properties)
+    async for chunk in call.data.read(runs, start, end):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+@handles(Endpoint.DeleteObject)
+async def delete_object(call: Call) -> web.Response:
+    check_key(call.key)
+    check_null_version(call)
+    await call.store.objects.delete(call.account, call.bucket, call.key)
+    return web.Response(status=204)
+
+
+@handles(Endpoint.DeleteObjects)
+async def delete_objects(call: Call) -> web.Response:
+    await call.store.buckets.get(call.account, call.bucket)
+    request = s3xml.parse(await call.read_body(MAX_DELETE_BODY), "Delete")
+    quiet = (s3xml.text_of(request, "Quiet", required=False) or "false").lower() == "true"
+    targets = request.findall("Object")
+    if not targets or len(targets) > MAX_DELETE_KEYS:
+        raise MalformedXML(f"Delete names 1 to {MAX_DELETE_KEYS} objects")
+    deleted, errors = [], []
+    for target in targets:
+        key = s3xml.text_of(target, "Key") or ""
+        version = s3xml.text_of(target, "VersionId", required=False)
+        try:
+            if version not in (None, "null"):
+                raise NoSuchKey("The specified version does not exist.")
+            check_key(key)
+            await call.store.objects.delete(call.account, call.bucket, key)
+            deleted.append({"Key": key, "VersionId": version})
+        except Exception as exc:
+            error = exc if isinstance(exc, S3Error) else from_domain(exc)
+            if error is None:
+                raise
+            errors.append(
+                {"Key": key, "VersionId": version, "Code": error.code, "Message": error.message}
+            )
+    body = s3xml.document(
+        "DeleteResult",
+        {
+            "Deleted": [] if quiet else deleted,
+            "Error": errors,
+        },
+    )
+    return web.Response(body=body, content_type=XML)
+
+
+@handles(Endpoint.CopyObject)
+async def copy_object(call: Call) -> web.Response:
+    check_key(call.key)
+    await call.store.buckets.get(call.account, call.bucket)
+    source = await copy_source(call)
+    directive = call.request.headers.get("x-amz-metadata-directive", "COPY").upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise InvalidArgument("Unknown metadata directive.")
+    same_object = (source.bucket_id, source.name) == (
+        (await call.store.buckets.get(call.account, call.bucket)).id,
+        call.key,
+    )
+    if same_object and directive == "COPY":
+        raise InvalidRequest(
+            "This copy request is illegal because it is trying to copy an object to itself "
+            "without changing the object's metadata, storage class, website redirect location "
+            "or encryption attributes."
+        )
+    if directive == "REPLACE":
+        content_type = call.request.headers.get("Content-Type") or None
+        kept = h.object_headers(call.request.headers)
+    else:
+        content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
+    runs = block_runs(source.id, source.content_length, source.sharks, source.properties)
+    checksums = sorted(source.properties.get("checksums", {}))
+    stored = await payload.store_body(
+        call.data, call.data.read(runs), {}, {}, source.content_length, checksums
+    )
+    write = ObjectWrite(
+        id=stored.version_id,
+        content_length=stored.result.size,
+        content_md5=stored.result.md5,
+        sharks=stored.result.sharks,
+        content_type=content_type,
+        headers=kept,
+        properties={"block_size": stored.result.block_size, "checksums": stored.checksums},
+    )
+    await _commit(call, write, stored)
+    copied = await call.store.objects.get(call.account, call.bucket, call.key)
+    body = s3xml.document(
+        "CopyObjectResult",
+        {
+            "LastModified": copied.modified,
+            "ETag": f'"{copied.etag}"',
+            **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
+        },
+    )
+    return web.Response(body=body, content_type=XML)
+
+
+async def copy_source(call: Call) -> ObjectVersion:
+    """The object named by x-amz-copy-source, with the copy-source conditions checked."""
+    raw = call.request.headers["x-amz-copy-source"]
+    path, _, query = raw.partition("?")
+    if query and query not in ("versionId=null",):
+        raise InvalidArgument("Invalid version id specified")
+    bucket, _, key = unquote(path, errors="surrogateescape").lstrip("/").partition("/")
+    if not bucket or not key:
+        raise InvalidArgument("Copy Source must mention the source bucket and key: bucket/key")
+    check_key(key)
+    source = await call.store.objects.get(call.account, bucket, key)
+    h.check_conditions(source, call.request.headers, prefix="x-amz-copy-source-")
+    return source

@@ -1,0 +1,153 @@
+"""Which S3 operation a request is: addressing (path or virtual-hosted style) and routing.
+
+Operations are named as AWS names them (Endpoint.PutObject); the handlers carry the same names.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from shoal.s3.errors import MethodNotAllowed, NotImplementedByShoal
+
+
+class Endpoint(enum.Enum):
+    ListBuckets = enum.auto()
+    CreateBucket = enum.auto()
+    HeadBucket = enum.auto()
+    DeleteBucket = enum.auto()
+    GetBucketLocation = enum.auto()
+    GetBucketVersioning = enum.auto()
+    ListObjects = enum.auto()
+    ListObjectsV2 = enum.auto()
+    ListObjectVersions = enum.auto()
+    ListMultipartUploads = enum.auto()
+    DeleteObjects = enum.auto()
+    PutObject = enum.auto()
+    CopyObject = enum.auto()
+    GetObject = enum.auto()
+    HeadObject = enum.auto()
+    DeleteObject = enum.auto()
+    CreateMultipartUpload = enum.auto()
+    UploadPart = enum.auto()
+    UploadPartCopy = enum.auto()
+    CompleteMultipartUpload = enum.auto()
+    AbortMultipartUpload = enum.auto()
+    ListParts = enum.auto()
+
+
+# Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
+UNSUPPORTED = frozenset(
+    {
+        "acl",
+        "policy",
+        "policyStatus",
+        "cors",
+        "tagging",
+        "website",
+        "logging",
+        "notification",
+        "replication",
+        "encryption",
+        "lifecycle",
+        "object-lock",
+        "retention",
+        "legal-hold",
+        "requestPayment",
+        "accelerate",
+        "analytics",
+        "inventory",
+        "metrics",
+        "ownershipControls",
+        "publicAccessBlock",
+        "intelligent-tiering",
+        "restore",
+        "select",
+        "torrent",
+        "attributes",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Address:
+    bucket: str | None
+    key: str | None
+
+
+def address(host: str, raw_path: str, domains: Sequence[str]) -> Address:
+    """Bucket and key of a request: `bucket.<domain>/key` or `/bucket/key`.
+
+    Keys are percent-decoded as UTF-8; bytes that are not UTF-8 stay as surrogates, which
+    the metadata tier refuses with a clear error.
+    """
+    hostname = host.rsplit(":", 1)[0].lower() if host and not host.startswith("[") else ""
+    path = raw_path[1:] if raw_path.startswith("/") else raw_path
+    for domain in domains:
+        if hostname.endswith("." + domain):
+            bucket = hostname[: -len(domain) - 1]
+            return Address(bucket, _decoded(path) or None)
+    bucket, _, key = path.partition("/")
+    return Address(_decoded(bucket) or None, _decoded(key) or None)
+
+
+def route(method: str, where: Address, query: Mapping[str, str], copy_source: bool) -> Endpoint:
+    unsupported = UNSUPPORTED.intersection(query)
+    if unsupported:
+        raise NotImplementedByShoal(f"?{sorted(unsupported)[0]} is not implemented by Shoal")
+    if where.bucket is None:
+        if method == "GET":
+            return Endpoint.ListBuckets
+        raise MethodNotAllowed()
+    if where.key is None:
+        return _bucket_endpoint(method, query)
+    return _object_endpoint(method, query, copy_source)
+
+
+def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
+    if method == "HEAD":
+        return Endpoint.HeadBucket
+    if method == "GET":
+        for parameter, endpoint in (
+            ("location", Endpoint.GetBucketLocation),
+            ("versioning", Endpoint.GetBucketVersioning),
+            ("versions", Endpoint.ListObjectVersions),
+            ("uploads", Endpoint.ListMultipartUploads),
+        ):
+            if parameter in query:
+                return endpoint
+        return Endpoint.ListObjectsV2 if query.get("list-type") == "2" else Endpoint.ListObjects
+    if method == "PUT" and "versioning" in query:
+        raise NotImplementedByShoal("Shoal's buckets are unversioned")
+    simple = {"PUT": Endpoint.CreateBucket, "DELETE": Endpoint.DeleteBucket}
+    if method in simple:
+        return simple[method]
+    if method == "POST" and "delete" in query:
+        return Endpoint.DeleteObjects
+    raise MethodNotAllowed()
+
+
+def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -> Endpoint:
+    upload = "uploadId" in query
+    if method == "GET":
+        return Endpoint.ListParts if upload else Endpoint.GetObject
+    if method == "HEAD":
+        return Endpoint.HeadObject
+    if method == "PUT":
+        if upload or "partNumber" in query:
+            return Endpoint.UploadPartCopy if copy_source else Endpoint.UploadPart
+        return Endpoint.CopyObject if copy_source else Endpoint.PutObject
+    if method == "POST":
+        if "uploads" in query:
+            return Endpoint.CreateMultipartUpload
+        if upload:
+            return Endpoint.CompleteMultipartUpload
+    if method == "DELETE":
+        return Endpoint.AbortMultipartUpload if upload else Endpoint.DeleteObject
+    raise MethodNotAllowed()
+
+
+def _decoded(text: str) -> str:
+    return unquote(text, encoding="utf-8", errors="surrogateescape")
