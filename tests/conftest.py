@@ -4,4 +4,4 @@ The server is the embedded one (started once, in a temporary folder), or an exis
 given as an admin DSN in SHOAL_TEST_DSN. Each test cluster is a set of fresh databases on it.
 """
 
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.storage"]
+pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.storage", "tests.fixtures.serve"]

@@ -93,6 +93,13 @@ class Buckets(Component):
             await conn.execute(queries.RELEASE_BUCKET_NAME, {"name": name, "id": bucket.id})
         return bucket
 
+    async def owner_of(self, name: str) -> uuid.UUID | None:
+        """Who holds a bucket name across the ring (S3 names are global), if anyone."""
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.SELECT_BUCKET_NAME, {"name": name})
+            row = await cur.fetchone()
+        return row[0] if row else None
+
     async def has_content(self, owner: uuid.UUID, bucket_id: uuid.UUID) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id}
         answers = await asyncio.gather(

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from shoal.config import S3Config
 from shoal.credentials import Credentials
-from shoal.metadata import MetadataError, MetadataStore
+from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
 from shoal.s3 import sigv4
 from shoal.s3 import xml as s3xml
-from shoal.s3.errors import InternalError, S3Error, by_code, from_domain
+from shoal.s3.errors import AccessDenied, InternalError, S3Error, by_code, from_domain
 from shoal.s3.router import Address, Endpoint, address, route
 from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 
@@ -123,7 +123,14 @@ async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
     call: Call | None = None
     try:
         call = await _authenticated_call(gateway, request, request_id)
-        response = await HANDLERS[call.endpoint](call)
+        try:
+            response = await HANDLERS[call.endpoint](call)
+        except BucketNotFound:
+            # Someone else's bucket is AccessDenied in S3, not NoSuchBucket.
+            owner = await gateway.store.buckets.owner_of(call.bucket)
+            if owner is not None and owner != call.account:
+                raise AccessDenied() from None
+            raise
     except Exception as exc:
         if isinstance(exc, web.HTTPException):
             raise

@@ -110,8 +110,6 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     check_null_version(call)
     version = await call.store.objects.get(call.account, call.bucket, call.key)
     headers = h.response_headers(version)
-    if call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
-        headers |= h.checksum_headers(version)
     try:
         h.check_conditions(version, call.request.headers)
     except h.NotModified:
@@ -123,6 +121,9 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     size = version.content_length
     wanted = h.byte_range(call.request.headers.get("Range"), size)
     start, end = wanted or (0, size)
+    checksum_mode = call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+    if checksum_mode and wanted is None:
+        headers |= h.checksum_headers(version)  # whole-object checksums fit only whole reads
     response = web.StreamResponse(status=206 if wanted else 200, headers=headers)
     response.content_length = end - start
     if wanted:

@@ -59,6 +59,18 @@ MAX_CHUNK_SIZE = 64 * 1024 * 1024
 MAX_TRAILER_SECTION = 16 * 1024
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+__all__ = [
+    "MAX_CLOCK_SKEW",
+    "Credentials",
+    "PayloadMode",
+    "SigV4Error",
+    "SignedRequest",
+    "Verified",
+    "check_sha256",
+    "parse",
+    "verify",
+]
+
 _AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SCOPE_DATE = re.compile(r"[0-9]{8}")
@@ -190,8 +202,8 @@ def verify(credentials: Credentials, request: SignedRequest, secret_key: str | N
             "The AWS Access Key Id you provided does not exist in our records.",
             {"AWSAccessKeyId": credentials.access_key_id},
         )
-    key = signing_key(secret_key, credentials.scope)
-    canonical = canonical_request(credentials, request)
+    key = _signing_key(secret_key, credentials.scope)
+    canonical = _canonical_request(credentials, request)
     to_sign = "\n".join(
         [ALGORITHM, credentials.amz_date, credentials.scope, _sha256_hex(canonical)]
     )
@@ -270,7 +282,7 @@ async def check_sha256(stream: AsyncIterable[bytes], expected: str) -> AsyncIter
         )
 
 
-def signing_key(secret_key: str, scope: str) -> bytes:
+def _signing_key(secret_key: str, scope: str) -> bytes:
     """The SigV4 signing key for a credential scope "YYYYMMDD/region/service/aws4_request"."""
     key = _utf8("AWS4" + secret_key)
     for part in scope.split("/"):
@@ -278,13 +290,13 @@ def signing_key(secret_key: str, scope: str) -> bytes:
     return key
 
 
-def canonical_request(credentials: Credentials, request: SignedRequest) -> str:
+def _canonical_request(credentials: Credentials, request: SignedRequest) -> str:
     """The canonical request S3 signs, as the documentation defines it."""
     return "\n".join(
         [
             request.method,
-            canonical_uri(request.raw_path),
-            canonical_query(request.query, presigned=credentials.presigned),
+            _canonical_uri(request.raw_path),
+            _canonical_query(request.query, presigned=credentials.presigned),
             _canonical_headers(credentials.signed_headers, request.headers),
             ";".join(credentials.signed_headers),
             credentials.payload,
@@ -292,7 +304,7 @@ def canonical_request(credentials: Credentials, request: SignedRequest) -> str:
     )
 
 
-def canonical_uri(raw_path: str) -> str:
+def _canonical_uri(raw_path: str) -> str:
     """The path as sent, re-encoded the SigV4 way; S3 neither normalises nor double-encodes.
 
     Decoding first makes the result independent of how the client chose to escape: '~' sent
@@ -301,7 +313,7 @@ def canonical_uri(raw_path: str) -> str:
     return quote_from_bytes(unquote_to_bytes(_utf8(raw_path)), safe="/") or "/"
 
 
-def canonical_query(query: Iterable[tuple[str, str]], *, presigned: bool = False) -> str:
+def _canonical_query(query: Iterable[tuple[str, str]], *, presigned: bool = False) -> str:
     """Every parameter encoded (including '/'), sorted by name then value."""
     pairs = sorted(
         (_uri_encode(name), _uri_encode(value))
@@ -325,17 +337,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
     signature = _parse_signature(fields["Signature"], code)
     request_time = _header_request_time(request.headers)
     _check_scope_date(scope_date, request_time, code)
-    skew = abs(request_time - now)
-    if skew > MAX_CLOCK_SKEW:
-        raise SigV4Error(
-            "RequestTimeTooSkewed",
-            "The difference between the request time and the current time is too large.",
-            {
-                "RequestTime": request_time.strftime(_AMZ_DATE_FORMAT),
-                "ServerTime": now.strftime(_AMZ_DATE_FORMAT),
-                "MaxAllowedSkewMilliseconds": str(int(MAX_CLOCK_SKEW.total_seconds() * 1000)),
-            },
-        )
+    _check_clock_skew(request_time, now)
     content_sha256 = request.headers.get("x-amz-content-sha256")
     if content_sha256 is None:
         raise SigV4Error(
@@ -553,6 +555,19 @@ def _parse_expires(value: str) -> int:
     if seconds < 1:
         raise SigV4Error(code, "X-Amz-Expires must be at least 1 second.")
     return seconds
+
+
+def _check_clock_skew(request_time: datetime, now: datetime) -> None:
+    if abs(request_time - now) > MAX_CLOCK_SKEW:
+        raise SigV4Error(
+            "RequestTimeTooSkewed",
+            "The difference between the request time and the current time is too large.",
+            {
+                "RequestTime": request_time.strftime(_AMZ_DATE_FORMAT),
+                "ServerTime": now.strftime(_AMZ_DATE_FORMAT),
+                "MaxAllowedSkewMilliseconds": str(int(MAX_CLOCK_SKEW.total_seconds() * 1000)),
+            },
+        )
 
 
 def _check_presigned_window(request_time: datetime, expires: datetime, now: datetime) -> None:
@@ -819,7 +834,7 @@ class _ChunkedDecoder:
 
     async def _trailer_section(self, reader: _Reader) -> None:
         """Everything after the last chunk: trailer lines, blank lines, then the end."""
-        received: list[tuple[str, str]] = []
+        received: dict[str, str] = {}
         signature = None
         total = 0
         while (line := await reader.line()) is not None:
@@ -830,19 +845,19 @@ class _ChunkedDecoder:
                 continue
             name, colon, value = line.decode("latin-1").partition(":")
             name, value = name.strip().lower(), value.strip()
-            if not colon or not name or not self.trailers_allowed:
+            if not colon or not self.trailers_allowed:
                 raise _malformed_body("unexpected data after the last chunk")
             if name == _TRAILER_SIGNATURE and self.chain is not None and signature is None:
                 signature = value
-            elif name in self.declared_trailers and name not in self.trailers:
-                received.append((name, value))
-                self.trailers[name] = value
+            elif name in self.declared_trailers and name not in received:
+                received[name] = value
             else:
                 raise _malformed_body(f"unexpected or repeated trailer {name[:64]!r}")
         self._check_trailers(received, signature)
+        self.trailers.update(received)
 
-    def _check_trailers(self, received: list[tuple[str, str]], signature: str | None) -> None:
-        missing = [name for name in self.declared_trailers if name not in self.trailers]
+    def _check_trailers(self, received: dict[str, str], signature: str | None) -> None:
+        missing = [name for name in self.declared_trailers if name not in received]
         if missing:
             raise SigV4Error(
                 "IncompleteBody",
@@ -851,4 +866,5 @@ class _ChunkedDecoder:
         if self.chain is not None and self.trailers_allowed:
             if signature is None or _HEX64.fullmatch(signature) is None:
                 raise SigV4Error("SignatureDoesNotMatch", "The trailer has no valid signature.")
-            self.chain.check_trailer("".join(f"{n}:{v}\n" for n, v in received), signature)
+            canonical = "".join(f"{name}:{value}\n" for name, value in received.items())
+            self.chain.check_trailer(canonical, signature)

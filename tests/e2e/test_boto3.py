@@ -1,0 +1,354 @@
+"""boto3, unmodified and with its default checksum settings, against `shoal serve`."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from tests.fixtures.postgres import unique
+from tests.fixtures.serve import Served
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def s3(served: Served) -> Any:
+    return served.client()
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = unique("b3")
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+def error_code(call: Any, **kwargs: Any) -> str:
+    with pytest.raises(ClientError) as raised:
+        call(**kwargs)
+    return str(raised.value.response["Error"]["Code"])
+
+
+def test_put_get_head_with_metadata(s3: Any, bucket: str) -> None:
+    body = os.urandom(3 * MiB + 17)
+    put = s3.put_object(
+        Bucket=bucket,
+        Key="a/b c/ü.bin",
+        Body=body,
+        ContentType="application/x-test",
+        Metadata={"colour": "blue"},
+        CacheControl="max-age=60",
+        ContentDisposition='attachment; filename="x.bin"',
+        ContentEncoding="identity",
+        Expires=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    assert put["ETag"] == f'"{hashlib.md5(body).hexdigest()}"'
+    got = s3.get_object(Bucket=bucket, Key="a/b c/ü.bin")
+    assert got["Body"].read() == body
+    assert got["ContentType"] == "application/x-test"
+    assert got["Metadata"] == {"colour": "blue"}
+    assert got["CacheControl"] == "max-age=60"
+    assert got["ContentDisposition"] == 'attachment; filename="x.bin"'
+    assert got["ContentEncoding"] == "identity"
+    assert got["ContentLength"] == len(body)
+    head = s3.head_object(Bucket=bucket, Key="a/b c/ü.bin")
+    assert head["ETag"] == put["ETag"] and head["ContentLength"] == len(body)
+
+
+def test_default_checksums_are_verified_and_returned(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=b"checked", ChecksumAlgorithm="SHA256")
+    head = s3.head_object(Bucket=bucket, Key="k", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(b"checked").digest()).decode()
+
+
+def test_ranges(s3: Any, bucket: str) -> None:
+    body = os.urandom(2 * MiB + 5)
+    s3.put_object(Bucket=bucket, Key="r", Body=body)
+    for header, expected in [
+        ("bytes=0-0", body[:1]),
+        (f"bytes={MiB - 2}-{MiB + 2}", body[MiB - 2 : MiB + 3]),
+        ("bytes=-7", body[-7:]),
+        (f"bytes={2 * MiB}-", body[2 * MiB :]),
+    ]:
+        got = s3.get_object(Bucket=bucket, Key="r", Range=header)
+        assert got["Body"].read() == expected
+        assert got["ResponseMetadata"]["HTTPStatusCode"] == 206
+        assert got["ContentRange"].endswith(f"/{len(body)}")
+    assert (
+        error_code(s3.get_object, Bucket=bucket, Key="r", Range=f"bytes={len(body)}-")
+        == "InvalidRange"
+    )
+
+
+def test_get_conditionals_and_response_overrides(s3: Any, bucket: str) -> None:
+    put = s3.put_object(Bucket=bucket, Key="c", Body=b"x")
+    etag = put["ETag"]
+    with pytest.raises(ClientError) as raised:
+        s3.get_object(Bucket=bucket, Key="c", IfNoneMatch=etag)
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    assert (
+        error_code(s3.get_object, Bucket=bucket, Key="c", IfMatch='"0000"') == "PreconditionFailed"
+    )
+    past = datetime.now(UTC) - timedelta(days=1)
+    assert (
+        error_code(s3.get_object, Bucket=bucket, Key="c", IfUnmodifiedSince=past)
+        == "PreconditionFailed"
+    )
+    assert s3.get_object(Bucket=bucket, Key="c", IfModifiedSince=past)["Body"].read() == b"x"
+    got = s3.get_object(
+        Bucket=bucket,
+        Key="c",
+        ResponseContentType="text/x-override",
+        ResponseContentDisposition="inline",
+    )
+    assert got["ContentType"] == "text/x-override" and got["ContentDisposition"] == "inline"
+
+
+def test_conditional_writes(s3: Any, bucket: str) -> None:
+    first = s3.put_object(Bucket=bucket, Key="once", Body=b"1", IfNoneMatch="*")
+    assert (
+        error_code(s3.put_object, Bucket=bucket, Key="once", Body=b"2", IfNoneMatch="*")
+        == "PreconditionFailed"
+    )
+    assert (
+        error_code(
+            s3.put_object, Bucket=bucket, Key="once", Body=b"2", IfMatch='"' + "0" * 32 + '"'
+        )
+        == "PreconditionFailed"
+    )
+    s3.put_object(Bucket=bucket, Key="once", Body=b"3", IfMatch=first["ETag"])
+    assert s3.get_object(Bucket=bucket, Key="once")["Body"].read() == b"3"
+
+
+def test_list_with_delimiter_and_pagination(s3: Any, bucket: str) -> None:
+    keys = [f"dir{d}/file{f:03d}" for d in range(3) for f in range(40)] + ["top1", "top2"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"")
+    v2 = s3.get_paginator("list_objects_v2")
+    listed = [
+        o["Key"]
+        for page in v2.paginate(Bucket=bucket, PaginationConfig={"PageSize": 7})
+        for o in page.get("Contents", [])
+    ]
+    assert listed == sorted(keys)
+    pages = list(v2.paginate(Bucket=bucket, Delimiter="/", PaginationConfig={"PageSize": 2}))
+    prefixes = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+    top = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    assert prefixes == ["dir0/", "dir1/", "dir2/"] and top == ["top1", "top2"]
+    v1 = s3.get_paginator("list_objects")
+    listed_v1 = [
+        o["Key"]
+        for page in v1.paginate(Bucket=bucket, Prefix="dir1/", PaginationConfig={"PageSize": 9})
+        for o in page.get("Contents", [])
+    ]
+    assert listed_v1 == [k for k in sorted(keys) if k.startswith("dir1/")]
+    encoded = s3.list_objects_v2(Bucket=bucket, Prefix="top", EncodingType="url")
+    assert [o["Key"] for o in encoded["Contents"]] == ["top1", "top2"]
+
+
+def test_multipart_upload_of_30_mib_through_the_transfer_manager(
+    s3: Any, bucket: str, tmp_path: Any
+) -> None:
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(30 * MiB))
+    config = TransferConfig(
+        multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB, max_concurrency=4
+    )
+    s3.upload_file(str(source), bucket, "big.bin", Config=config)
+    head = s3.head_object(Bucket=bucket, Key="big.bin")
+    assert head["ContentLength"] == 30 * MiB and head["ETag"].endswith('-4"')
+    target = tmp_path / "back.bin"
+    s3.download_file(bucket, "big.bin", str(target), Config=config)
+    assert target.read_bytes() == source.read_bytes()
+
+
+def test_multipart_errors_parts_and_abort(s3: Any, bucket: str) -> None:
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
+    small = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=1, Body=b"a" * 100)
+    last = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=2, Body=b"b" * 100)
+    parts = s3.list_parts(Bucket=bucket, Key="mp", UploadId=upload)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, 100), (2, 100)]
+    uploads = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [("mp", upload)]
+
+    def complete(chosen: list[dict[str, Any]]) -> str:
+        return error_code(
+            s3.complete_multipart_upload,
+            Bucket=bucket,
+            Key="mp",
+            UploadId=upload,
+            MultipartUpload={"Parts": chosen},
+        )
+
+    one = {"PartNumber": 1, "ETag": small["ETag"]}
+    two = {"PartNumber": 2, "ETag": last["ETag"]}
+    assert complete([one, two]) == "EntityTooSmall"
+    assert complete([two, one]) == "InvalidPartOrder"
+    assert complete([{"PartNumber": 3, "ETag": last["ETag"]}]) == "InvalidPart"
+    s3.abort_multipart_upload(Bucket=bucket, Key="mp", UploadId=upload)
+    assert error_code(s3.list_parts, Bucket=bucket, Key="mp", UploadId=upload) == "NoSuchUpload"
+
+
+def test_upload_part_copy(s3: Any, bucket: str) -> None:
+    body = os.urandom(6 * MiB)
+    s3.put_object(Bucket=bucket, Key="src", Body=body)
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="dst")["UploadId"]
+    first = s3.upload_part_copy(
+        Bucket=bucket,
+        Key="dst",
+        UploadId=upload,
+        PartNumber=1,
+        CopySource={"Bucket": bucket, "Key": "src"},
+        CopySourceRange=f"bytes=0-{5 * MiB - 1}",
+    )
+    second = s3.upload_part_copy(
+        Bucket=bucket,
+        Key="dst",
+        UploadId=upload,
+        PartNumber=2,
+        CopySource={"Bucket": bucket, "Key": "src"},
+        CopySourceRange=f"bytes={5 * MiB}-{6 * MiB - 1}",
+    )
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="dst",
+        UploadId=upload,
+        MultipartUpload={
+            "Parts": [
+                {"PartNumber": 1, "ETag": first["CopyPartResult"]["ETag"]},
+                {"PartNumber": 2, "ETag": second["CopyPartResult"]["ETag"]},
+            ]
+        },
+    )
+    assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == body
+
+
+def test_copy_object(s3: Any, bucket: str) -> None:
+    other = unique("copyto")
+    s3.create_bucket(Bucket=other)
+    s3.put_object(
+        Bucket=bucket, Key="orig", Body=b"payload", ContentType="text/plain", Metadata={"m": "1"}
+    )
+    s3.copy_object(Bucket=other, Key="same", CopySource={"Bucket": bucket, "Key": "orig"})
+    copied = s3.get_object(Bucket=other, Key="same")
+    assert copied["Body"].read() == b"payload" and copied["Metadata"] == {"m": "1"}
+    assert copied["ContentType"] == "text/plain"
+    s3.copy_object(
+        Bucket=bucket,
+        Key="orig",
+        CopySource={"Bucket": bucket, "Key": "orig"},
+        MetadataDirective="REPLACE",
+        Metadata={"m": "2"},
+        ContentType="text/csv",
+    )
+    replaced = s3.head_object(Bucket=bucket, Key="orig")
+    assert replaced["Metadata"] == {"m": "2"} and replaced["ContentType"] == "text/csv"
+    assert (
+        error_code(
+            s3.copy_object, Bucket=bucket, Key="orig", CopySource={"Bucket": bucket, "Key": "orig"}
+        )
+        == "InvalidRequest"
+    )
+    assert (
+        error_code(
+            s3.copy_object,
+            Bucket=bucket,
+            Key="x",
+            CopySource={"Bucket": bucket, "Key": "orig"},
+            CopySourceIfMatch='"nope"',
+        )
+        == "PreconditionFailed"
+    )
+
+
+def test_batch_delete(s3: Any, bucket: str) -> None:
+    keys = [f"d/{i}" for i in range(120)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"")
+    result = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[:100]]})
+    assert sorted(d["Key"] for d in result["Deleted"]) == sorted(keys[:100])
+    quiet = s3.delete_objects(
+        Bucket=bucket,
+        Delete={"Quiet": True, "Objects": [{"Key": k, "VersionId": "null"} for k in keys[100:]]},
+    )
+    assert "Deleted" not in quiet and "Errors" not in quiet
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def test_versions_of_an_unversioned_bucket(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="v", Body=b"1")
+    assert "Status" not in s3.get_bucket_versioning(Bucket=bucket)
+    versions = s3.list_object_versions(Bucket=bucket)["Versions"]
+    assert [(v["Key"], v["VersionId"], v["IsLatest"]) for v in versions] == [("v", "null", True)]
+    s3.delete_object(Bucket=bucket, Key="v", VersionId="null")
+    assert "Versions" not in s3.list_object_versions(Bucket=bucket)
+    assert s3.delete_object(Bucket=bucket, Key="never")["ResponseMetadata"]["HTTPStatusCode"] == 204
+
+
+def test_presigned_get_and_put(s3: Any, bucket: str) -> None:
+    put_url = s3.generate_presigned_url(
+        "put_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60
+    )
+    request = urllib.request.Request(put_url, data=b"presigned body", method="PUT")
+    with urllib.request.urlopen(request) as response:
+        assert response.status == 200
+    get_url = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60
+    )
+    with urllib.request.urlopen(get_url) as response:
+        assert response.read() == b"presigned body"
+
+
+def test_buckets(served: Served, s3: Any) -> None:
+    name = unique("bk")
+    s3.create_bucket(Bucket=name)
+    s3.create_bucket(Bucket=name)  # yours already: success, as S3 in us-east-1
+    assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.head_bucket(Bucket=name)
+    assert s3.get_bucket_location(Bucket=name).get("LocationConstraint") is None
+    other = served.client(served.other)
+    assert error_code(other.create_bucket, Bucket=name) == "BucketAlreadyExists"
+    assert error_code(other.get_object, Bucket=name, Key="k") == "AccessDenied"
+    assert name not in [b["Name"] for b in other.list_buckets()["Buckets"]]
+    s3.put_object(Bucket=name, Key="k", Body=b"")
+    assert error_code(s3.delete_bucket, Bucket=name) == "BucketNotEmpty"
+    s3.delete_object(Bucket=name, Key="k")
+    s3.delete_bucket(Bucket=name)
+    assert error_code(s3.head_bucket, Bucket=name) == "404"
+    assert error_code(s3.create_bucket, Bucket="Bad_Name") == "InvalidBucketName"
+
+
+def test_missing_things(s3: Any, bucket: str) -> None:
+    assert error_code(s3.get_object, Bucket=bucket, Key="none") == "NoSuchKey"
+    assert error_code(s3.get_object, Bucket=unique("none"), Key="k") == "NoSuchBucket"
+    assert error_code(s3.put_object, Bucket=bucket, Key="k" * 1025, Body=b"") == "KeyTooLongError"
+
+
+def test_bad_content_md5(s3: Any, bucket: str) -> None:
+    wrong = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    assert (
+        error_code(s3.put_object, Bucket=bucket, Key="m", Body=b"data", ContentMD5=wrong)
+        == "BadDigest"
+    )
+    assert (
+        error_code(s3.put_object, Bucket=bucket, Key="m", Body=b"data", ContentMD5="bm90LW1kNQ==")
+        == "InvalidDigest"
+    )
+    assert error_code(s3.head_object, Bucket=bucket, Key="m") == "404"
+
+
+def test_streamed_body_from_a_file_object(s3: Any, bucket: str) -> None:
+    body = os.urandom(5 * MiB)
+    s3.upload_fileobj(
+        io.BytesIO(body), bucket, "stream", Config=TransferConfig(multipart_threshold=64 * MiB)
+    )
+    assert s3.get_object(Bucket=bucket, Key="stream")["Body"].read() == body
