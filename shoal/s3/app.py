@@ -144,7 +144,7 @@ async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
 
 async def _authenticated_call(gateway: Gateway, request: web.Request, request_id: str) -> Call:
     raw_path, _, raw_query = request.raw_path.partition("?")
-    query_pairs = parse_qsl(raw_query, keep_blank_values=True)
+    query_pairs = parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape")
     where = address(request.host, raw_path, gateway.config.domains)
     endpoint = route(
         request.method, where, dict(query_pairs), "x-amz-copy-source" in request.headers

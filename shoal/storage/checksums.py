@@ -7,13 +7,14 @@ import hashlib
 import zlib
 from collections.abc import Iterable
 
-import crc32c
+from awscrt import checksums as crt
 
-S3_CHECKSUMS = ("crc32", "crc32c", "sha1", "sha256")
+S3_CHECKSUMS = ("crc32", "crc32c", "crc64nvme", "sha1", "sha256")
+_CRC_BYTES = {"crc32": 4, "crc32c": 4, "crc64nvme": 8}
 
 
 class Digests:
-    """Running MD5 plus any of CRC32, CRC32C, SHA1, SHA256 over one stream."""
+    """Running MD5 plus any of CRC32, CRC32C, CRC64NVME, SHA1, SHA256 over one stream."""
 
     def __init__(self, checksums: Iterable[str] = S3_CHECKSUMS) -> None:
         wanted = list(checksums)
@@ -31,7 +32,9 @@ class Digests:
         if "crc32" in self._crcs:
             self._crcs["crc32"] = zlib.crc32(data, self._crcs["crc32"])
         if "crc32c" in self._crcs:
-            self._crcs["crc32c"] = crc32c.crc32c(data, self._crcs["crc32c"])
+            self._crcs["crc32c"] = crt.crc32c(data, self._crcs["crc32c"])
+        if "crc64nvme" in self._crcs:
+            self._crcs["crc64nvme"] = crt.crc64nvme(data, self._crcs["crc64nvme"])
 
     @property
     def md5(self) -> bytes:
@@ -40,5 +43,5 @@ class Digests:
     def s3_values(self) -> dict[str, str]:
         """Each checksum as S3 shows it (x-amz-checksum-*): base64 of the big-endian bytes."""
         values = {name: d.digest() for name, d in self._hashes.items()}
-        values |= {name: crc.to_bytes(4, "big") for name, crc in self._crcs.items()}
+        values |= {name: crc.to_bytes(_CRC_BYTES[name], "big") for name, crc in self._crcs.items()}
         return {name: base64.b64encode(raw).decode() for name, raw in sorted(values.items())}

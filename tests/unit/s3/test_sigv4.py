@@ -15,7 +15,7 @@ import base64
 import hashlib
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -42,6 +42,13 @@ from shoal.s3.sigv4 import (
     verify,
 )
 
+try:
+    import botocore.crt.auth
+
+    _SIGNER_MODULES: tuple[Any, ...] = (botocore.auth, botocore.crt.auth)
+except ImportError:  # awscrt is not installed: botocore signs in Python only
+    _SIGNER_MODULES = (botocore.auth,)
+
 AKID = "AKIDSHOALTEST0000001"
 SECRET = "shoal/secret+key=with/odd+chars"
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -60,9 +67,19 @@ EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
 
 @contextmanager
 def botocore_time(when: datetime = T0) -> Iterator[None]:
-    """Make botocore sign at ``when`` instead of the wall clock."""
-    naive = when.astimezone(UTC).replace(tzinfo=None)
-    with mock.patch.object(botocore.auth, "get_current_datetime", lambda *a, **k: naive):
+    """Make botocore sign at ``when`` instead of the wall clock.
+
+    With awscrt installed, boto3 clients sign with botocore's CRT signers (as the aws cli v2
+    does), which read the clock through their own module: both are patched.
+    """
+
+    def fake_now(remove_tzinfo: bool = True) -> datetime:
+        aware = when.astimezone(UTC)
+        return aware.replace(tzinfo=None) if remove_tzinfo else aware
+
+    with ExitStack() as stack:
+        for module in _SIGNER_MODULES:
+            stack.enter_context(mock.patch.object(module, "get_current_datetime", fake_now))
         yield
 
 

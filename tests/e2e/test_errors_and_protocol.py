@@ -1,0 +1,137 @@
+"""Authentication failures, malformed requests, addressing styles and protocol details."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.fixtures.postgres import unique
+from tests.fixtures.serve import Keys, Served, raw_request
+
+
+@pytest.fixture(scope="module")
+def bucket(served: Served) -> str:
+    name = unique("err")
+    client = served.client()
+    client.create_bucket(Bucket=name)
+    client.put_object(Bucket=name, Key="k", Body=b"value")
+    return name
+
+
+def code_of(body: bytes) -> str:
+    return body.split(b"<Code>")[1].split(b"</Code>")[0].decode()
+
+
+def test_wrong_secret_and_unknown_key(served: Served, bucket: str) -> None:
+    wrong = Keys(served.root.access_key_id, "not-the-secret")
+    response = raw_request(served, "GET", f"/{bucket}/k", keys=wrong)
+    assert (response.status, code_of(response.body)) == (403, "SignatureDoesNotMatch")
+    unknown = Keys("SHNOSUCHKEY000000000", "whatever")
+    response = raw_request(served, "GET", f"/{bucket}/k", keys=unknown)
+    assert (response.status, code_of(response.body)) == (403, "InvalidAccessKeyId")
+
+
+def test_anonymous_requests_are_refused(served: Served, bucket: str) -> None:
+    response = raw_request(served, "GET", f"/{bucket}/k", sign=False)
+    assert (response.status, code_of(response.body)) == (403, "AccessDenied")
+    assert response.headers.get("x-amz-request-id")
+
+
+def test_skewed_clock(served: Served, bucket: str) -> None:
+    past = datetime.now(UTC) - timedelta(minutes=20)
+    response = raw_request(served, "GET", f"/{bucket}/k", signed_at=past)
+    assert (response.status, code_of(response.body)) == (403, "RequestTimeTooSkewed")
+    recent = datetime.now(UTC) - timedelta(minutes=5)
+    assert raw_request(served, "GET", f"/{bucket}/k", signed_at=recent).status == 200
+
+
+def test_expired_presigned_url(served: Served, bucket: str) -> None:
+    url = served.client().generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=1
+    )
+    time.sleep(2)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url)
+    assert refused.value.code == 403 and code_of(refused.value.read()) == "AccessDenied"
+
+
+def test_malformed_xml(served: Served, bucket: str) -> None:
+    response = raw_request(served, "POST", f"/{bucket}?delete", b"<Delete><Object><Key>k</Key>")
+    assert (response.status, code_of(response.body)) == (400, "MalformedXML")
+    response = raw_request(served, "POST", f"/{bucket}?delete", b"<Delete></Delete>")
+    assert code_of(response.body) == "MalformedXML"
+    upload = served.client().create_multipart_upload(Bucket=bucket, Key="m")["UploadId"]
+    response = raw_request(served, "POST", f"/{bucket}/m?uploadId={upload}", b"<Complete")
+    assert (response.status, code_of(response.body)) == (400, "MalformedXML")
+    bomb = (
+        b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;">]>'
+        b"<Delete><Object><Key>&b;</Key></Object></Delete>"
+    )
+    assert code_of(raw_request(served, "POST", f"/{bucket}?delete", bomb).body) == "MalformedXML"
+
+
+def test_error_bodies_name_the_resource_and_request(served: Served, bucket: str) -> None:
+    response = raw_request(served, "GET", f"/{bucket}/missing")
+    assert response.status == 404
+    assert b"<Code>NoSuchKey</Code>" in response.body
+    assert f"<Resource>/{bucket}/missing</Resource>".encode() in response.body
+    request_id = response.headers["x-amz-request-id"]
+    assert f"<RequestId>{request_id}</RequestId>".encode() in response.body
+
+
+def test_virtual_hosted_style(served: Served, bucket: str) -> None:
+    host = f"{bucket}.localhost:{served.port}"
+    response = raw_request(served, "GET", "/k", host=host)
+    assert (response.status, response.body) == (200, b"value")
+    listing = raw_request(served, "GET", "/?list-type=2", host=host)
+    assert b"<Key>k</Key>" in listing.body
+
+
+def test_expect_100_continue(served: Served, bucket: str) -> None:
+    body = b"x" * 100_000
+    response = raw_request(
+        served,
+        "PUT",
+        f"/{bucket}/expect",
+        body,
+        headers={"Expect": "100-continue", "Content-Length": str(len(body))},
+    )
+    assert response.status == 200
+    assert served.client().get_object(Bucket=bucket, Key="expect")["Body"].read() == body
+
+
+def test_unsupported_subresources_say_not_implemented(served: Served, bucket: str) -> None:
+    response = raw_request(served, "GET", f"/{bucket}?policy")
+    assert (response.status, code_of(response.body)) == (501, "NotImplemented")
+
+
+def test_one_access_log_line_per_request(served: Served, bucket: str) -> None:
+    response = raw_request(served, "GET", f"/{bucket}/k")
+    request_id = response.headers["x-amz-request-id"]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = [line for line in served.log.read_text().splitlines() if request_id in line]
+        if lines:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 1
+    assert "op=GetObject status=200" in lines[0] and "account=" in lines[0]
+
+
+def test_other_accounts_see_nothing_of_mine(served: Served, bucket: str) -> None:
+    other = served.client(served.other)
+    with pytest.raises(ClientError) as refused:
+        other.list_objects_v2(Bucket=bucket)
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    with pytest.raises(ClientError):
+        other.put_object(Bucket=bucket, Key="intruder", Body=b"")
+    names: list[Any] = [
+        o["Key"] for o in served.client().list_objects_v2(Bucket=bucket)["Contents"]
+    ]
+    assert "intruder" not in names
