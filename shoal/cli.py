@@ -17,11 +17,13 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from shoal.cluster import LocalNodes, NodeSettings, run_gateway, run_storage_node
+from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
 from shoal.config import Config, ConfigError, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
+from shoal.gc import Collector, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
 from shoal.metadata.deployment import shard_configs
+from shoal.metadata.garbage import GcRun
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
 
@@ -63,6 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
     serve.add_argument("--port", type=int, help="S3 port on 127.0.0.1 (default 9000)")
     serve.set_defaults(run=_serve)
+
+    gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(title="gc commands")
+    gc_run = gc.add_parser("run", parents=[common], help="one GC pass now")
+    gc_run.add_argument("--leeway", help="only garbage older than this (0s, 15m, 24h; default 24h)")
+    gc_run.set_defaults(run=_gc_run)
+    gc_status = gc.add_parser("status", parents=[common], help="backlog and last runs")
+    gc_status.add_argument("--json", action="store_true", help="print JSON")
+    gc_status.set_defaults(run=_gc_status)
+    gc.add_parser("pause", parents=[common], help="pause the GC daemon").set_defaults(
+        run=lambda config, args: _gc_pause(config, True)
+    )
+    gc.add_parser("resume", parents=[common], help="resume the GC daemon").set_defaults(
+        run=lambda config, args: _gc_pause(config, False)
+    )
 
     account = verbs.add_parser("account", help="accounts and their access keys")
     accounts = account.add_subparsers(title="account commands")
@@ -219,6 +235,83 @@ async def _run_until_stopped(start: Callable[[asyncio.Event], Awaitable[None]]) 
         raise CommandError(str(exc)) from None
 
 
+def _gc_run(config: Config, args: argparse.Namespace) -> int:
+    try:
+        leeway = parse_leeway(args.leeway) if args.leeway else config.gc.leeway
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+    async def run(store: MetadataStore) -> GcRun:
+        path = data_path(config, store)
+        try:
+            collector = Collector(
+                store, path, leeway, config.gc.batch_size, config.gc.workers, kind="cli"
+            )
+            return await collector.run_once()
+        finally:
+            await path.client.close()
+
+    done = _with_store(config, run)
+    print(
+        f"reclaimed {done.records_reclaimed} of {done.records_found} records "
+        f"({done.records_failed} failed), {done.blocks_deleted} blocks, "
+        f"{done.bytes_reclaimed:,} bytes; dropped {done.windows_dropped} windows"
+    )
+    return 0 if done.records_failed == 0 else 1
+
+
+def _gc_status(config: Config, args: argparse.Namespace) -> int:
+    async def gather(store: MetadataStore) -> tuple[bool, list, list]:  # type: ignore[type-arg]
+        book = store.gc_book
+        return await book.paused(), await book.backlog(), await book.last_runs()
+
+    paused, backlog, runs = _with_store(config, gather)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "paused": paused,
+                    "backlog": [b.__dict__ for b in backlog],
+                    "runs": [r.__dict__ for r in runs],
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        return 0
+    print(f"gc daemon: {'PAUSED' if paused else 'running'}")
+    print("backlog (deletion records, bytes, oldest):")
+    for b in backlog:
+        oldest = b.oldest.isoformat(timespec="seconds") if b.oldest else "-"
+        print(f"  {b.shard:<12} {b.records:>10,} records {b.bytes:>16,} bytes  oldest {oldest}")
+    print("last runs:")
+    for r in runs:
+        seconds = (r.finished - r.started).total_seconds()
+        print(
+            f"  {r.started:%Y-%m-%d %H:%M:%S} {r.kind:<6} found {r.records_found:,} "
+            f"reclaimed {r.records_reclaimed:,} failed {r.records_failed:,} "
+            f"blocks {r.blocks_deleted:,} windows {r.windows_dropped} in {seconds:.1f}s"
+        )
+    return 0
+
+
+def _gc_pause(config: Config, paused: bool) -> int:
+    _with_store(config, lambda store: store.gc_book.set_paused(paused))
+    print("gc daemon paused" if paused else "gc daemon resumed")
+    return 0
+
+
+def _with_store(config: Config, action):  # type: ignore[no-untyped-def]
+    """Run `action(store)` against the metadata tier (beside `shoal serve` or alone)."""
+
+    async def run(shards: list) -> object:  # type: ignore[type-arg]
+        async with await MetadataStore.open(shards, 4) as store:
+            return await action(store)
+
+    with shard_configs(config) as shards:
+        return asyncio.run(run(shards))
+
+
 def _account_create(config: Config, args: argparse.Namespace) -> int:
     pair = _with_credentials(config, lambda c: c.create_account(args.name))
     _print_key(pair, args.json)
@@ -255,14 +348,8 @@ def _account_list(config: Config, args: argparse.Namespace) -> int:
 
 def _with_credentials(config: Config, action):  # type: ignore[no-untyped-def]
     """Run `action(credentials)` against the metadata tier (beside `shoal serve` or alone)."""
-
-    async def run(shards: list) -> object:  # type: ignore[type-arg]
-        async with await MetadataStore.open(shards, 2) as store:
-            key = load_encryption_key(config.credentials_key_file)
-            return await action(Credentials(store, key))
-
-    with shard_configs(config) as shards:
-        return asyncio.run(run(shards))
+    key = load_encryption_key(config.credentials_key_file)
+    return _with_store(config, lambda store: action(Credentials(store, key)))
 
 
 def _print_key(pair: KeyPair, as_json: bool) -> None:

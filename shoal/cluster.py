@@ -180,7 +180,9 @@ async def run_gateway(
     stop: asyncio.Event,
     on_ready: Callable[[KeyPair], None] | None = None,
 ) -> None:
-    """Serve the S3 API on config.s3.host:port until `stop` is set."""
+    """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon and
+    the upkeep of deleted-table windows beside it."""
+    from shoal.gc import Collector
     from shoal.s3.app import Gateway, make_app
 
     async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
@@ -195,10 +197,18 @@ async def run_gateway(
             await site.start()
             if on_ready is not None:
                 on_ready(root)
+            collector = Collector(
+                store, path, config.gc.leeway, config.gc.batch_size, config.gc.workers
+            )
+            daemon = None
+            if config.gc.enabled:
+                daemon = asyncio.create_task(collector.run_forever(config.gc.interval, stop))
             while not stop.is_set():
                 await store.ensure_windows(config.metadata.partitions_ahead)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), WINDOW_MAINTENANCE_SECONDS)
+            if daemon is not None:
+                await daemon
         finally:
             await runner.cleanup()
             await path.client.close()

@@ -69,11 +69,22 @@ class S3Config:
 
 
 @dataclass(frozen=True)
+class GcConfig:
+    # The GC daemon inside `shoal serve`; `shoal gc pause` stops it without a restart.
+    enabled: bool = True
+    interval: timedelta = timedelta(minutes=15)
+    leeway: timedelta = timedelta(hours=24)
+    workers: int = 4
+    batch_size: int = 100
+
+
+@dataclass(frozen=True)
 class Config:
     data_dir: Path = DEFAULT_DATA_DIR
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     s3: S3Config = field(default_factory=S3Config)
+    gc: GcConfig = field(default_factory=GcConfig)
 
     @property
     def secret_file(self) -> Path:
@@ -98,7 +109,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata", "storage", "s3"}
+    known = {"data_dir", "metadata", "storage", "s3", "gc"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -132,6 +143,23 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         metadata=metadata,
         storage=_parse_storage(raw.get("storage", {}), base),
         s3=_parse_s3(raw.get("s3", {}), base),
+        gc=_parse_gc(raw.get("gc", {})),
+    )
+
+
+def _parse_gc(raw: Any) -> GcConfig:
+    _reject_unknown(
+        raw, {"enabled", "interval_minutes", "leeway_hours", "workers", "batch_size"}, "[gc]"
+    )
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError("[gc] enabled must be true or false")
+    return GcConfig(
+        enabled=enabled,
+        interval=timedelta(minutes=_positive_int(raw, "interval_minutes", 15, "[gc]")),
+        leeway=timedelta(hours=_non_negative_int(raw, "leeway_hours", 24)),
+        workers=_positive_int(raw, "workers", 4, "[gc]"),
+        batch_size=_positive_int(raw, "batch_size", 100, "[gc]"),
     )
 
 
@@ -188,7 +216,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
 def _non_negative_int(raw: dict[str, Any], key: str, default: int) -> int:
     value = raw.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"[storage] {key} must be a non-negative integer, not {value!r}")
+        raise ConfigError(f"{key} must be a non-negative integer, not {value!r}")
     return value
 
 

@@ -13,14 +13,17 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg import sql
+from psycopg.rows import class_row, dict_row
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row
 from shoal.metadata.models import DeletedBucket, ObjectVersion
+from shoal.metadata.partitions import window_end
+from shoal.metadata.ring import vnode_schema
 from shoal.metadata.shards import render, render_arms
 
 
@@ -116,3 +119,100 @@ class Garbage(Component):
                     queries.REMOVE_BUCKET_UPLOADS,
                 ):
                     await conn.execute(render(statement, vnode), params)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    shard: str
+    records: int
+    bytes: int
+    oldest: datetime | None
+
+
+@dataclass(frozen=True)
+class GcRun:
+    kind: str
+    leeway: timedelta
+    started: datetime
+    finished: datetime
+    records_found: int
+    records_reclaimed: int
+    records_failed: int
+    blocks_deleted: int
+    bytes_reclaimed: int
+    windows_dropped: int
+
+
+PAUSED_SETTING = "gc_paused"
+# A window is dropped only this long after its end: a transaction that began before the end
+# still writes deleted_at inside it (current_timestamp is the transaction's start).
+WINDOW_DROP_GRACE = timedelta(minutes=10)
+
+
+class GarbageBook(Component):
+    """GC's bookkeeping: backlog, runs, pause switch, and dropping reclaimed windows."""
+
+    async def backlog(self) -> list[Backlog]:
+        results = []
+        for shard in self.shards.placed():
+            statement = render_arms(queries.GC_BACKLOG, queries.GC_BACKLOG_ARM, tuple(shard.vnodes))
+            row = (await self.shard_rows(shard, statement, {}))[0]
+            results.append(
+                Backlog(shard.name, row["records"] or 0, row["bytes"] or 0, row["oldest"])
+            )
+        return results
+
+    async def record_run(self, run: GcRun) -> None:
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(
+                queries.RECORD_GC_RUN, {k: v for k, v in run.__dict__.items() if k != "finished"}
+            )
+
+    async def last_runs(self, limit: int = 10) -> list[GcRun]:
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(GcRun))
+            await cur.execute(queries.LAST_GC_RUNS, {"limit": limit})
+            return await cur.fetchall()
+
+    async def set_paused(self, paused: bool) -> None:
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.SET_SETTING, {"key": PAUSED_SETTING, "value": str(paused)})
+
+    async def paused(self) -> bool:
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.SELECT_SETTING, {"key": PAUSED_SETTING})
+            row = await cur.fetchone()
+        return row is not None and row[0] == "True"
+
+    async def drop_empty_windows(self, vnode: int) -> int:
+        """Detach and drop each past window of the vnode's deleted tables that is empty.
+
+        Dropping a window whole leaves no dead tuples, where deleting rows leaves vacuum work.
+        """
+        schema = vnode_schema(vnode)
+        dropped = 0
+        async with self.shards.of_vnode(vnode).pool.connection() as conn:
+            now = (await (await conn.execute(queries.DATABASE_NOW)).fetchone())[0]  # type: ignore[index]
+            windows = await (await conn.execute(queries.OLD_WINDOWS, {"schema": schema})).fetchall()
+            for name, parent in windows:
+                end = window_end(name, self.window)
+                if end is None or end > now - WINDOW_DROP_GRACE:
+                    continue
+                async with conn.transaction():
+                    table = sql.Identifier(schema, name)
+                    await conn.execute(
+                        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table)
+                    )
+                    cur = await conn.execute(
+                        sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table)
+                    )
+                    if (await cur.fetchone())[0]:  # type: ignore[index]
+                        continue
+                    await conn.execute(
+                        sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                            sql.Identifier(schema, parent), table
+                        )
+                    )
+                    await conn.execute(sql.SQL("DROP TABLE {}").format(table))
+                    dropped += 1
+        return dropped

@@ -31,6 +31,15 @@ def window_name(table: str, start: datetime) -> str:
     return f"{table}_w{start.astimezone(UTC):%Y%m%dt%H%M}"
 
 
+def window_end(name: str, width: timedelta) -> datetime | None:
+    """The end of the window a partition name stands for (None if it is not a window)."""
+    try:
+        start = datetime.strptime(name.rsplit("_w", 1)[1], "%Y%m%dt%H%M").replace(tzinfo=UTC)
+    except (IndexError, ValueError):
+        return None
+    return start + width
+
+
 async def ensure_windows(
     conn: psycopg.AsyncConnection, vnodes: list[int], width: timedelta, ahead: int
 ) -> int:

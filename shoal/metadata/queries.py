@@ -530,3 +530,48 @@ RETURNING access_key_id
 """
 
 LIST_ACCOUNTS = "SELECT id, name, created FROM shoal.account ORDER BY name"
+
+# -- garbage collection bookkeeping --------------------------------------------------------
+
+SET_SETTING = """
+INSERT INTO shoal.settings (key, value) VALUES (%(key)s, %(value)s)
+ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
+"""
+
+RECORD_GC_RUN = """
+INSERT INTO shoal.gc_run (kind, leeway, started, records_found, records_reclaimed,
+                          records_failed, blocks_deleted, bytes_reclaimed, windows_dropped)
+VALUES (%(kind)s, %(leeway)s, %(started)s, %(records_found)s, %(records_reclaimed)s,
+        %(records_failed)s, %(blocks_deleted)s, %(bytes_reclaimed)s, %(windows_dropped)s)
+"""
+
+LAST_GC_RUNS = """
+SELECT kind, leeway, started, finished, records_found, records_reclaimed, records_failed,
+       blocks_deleted, bytes_reclaimed, windows_dropped
+FROM shoal.gc_run ORDER BY id DESC LIMIT %(limit)s
+"""
+
+# The backlog of one vnode: records, bytes and the oldest record, all from the deleted table.
+GC_BACKLOG_ARM = """
+SELECT count(*) AS records, coalesce(sum(content_length), 0) AS bytes,
+       min(deleted_at) AS oldest
+FROM {schema}.manta_bucket_deleted_object
+UNION ALL
+SELECT count(*), 0, min(deleted_at) FROM {schema}.manta_bucket_deleted_bucket
+"""
+
+GC_BACKLOG = """
+SELECT sum(records)::bigint AS records, sum(bytes)::bigint AS bytes, min(oldest) AS oldest
+FROM ({arms}) AS backlog
+"""
+
+# The windows of a vnode's deleted tables whose whole range is older than `before`.
+OLD_WINDOWS = """
+SELECT c.relname AS name, p.relname AS parent
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+  AND p.relname IN ('manta_bucket_deleted_object', 'manta_bucket_deleted_bucket')
+"""

@@ -120,6 +120,26 @@ CREATE TABLE shoal.storage_node (
 );
 """,
     ),
+    Migration(
+        2,
+        "garbage collection runs",
+        """
+-- One row per GC run (daemon or pipeline), for `shoal gc status`.
+CREATE TABLE shoal.gc_run (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    leeway interval NOT NULL,
+    started timestamptz NOT NULL,
+    finished timestamptz DEFAULT current_timestamp NOT NULL,
+    records_found bigint NOT NULL,
+    records_reclaimed bigint NOT NULL,
+    records_failed bigint NOT NULL,
+    blocks_deleted bigint NOT NULL,
+    bytes_reclaimed bigint NOT NULL,
+    windows_dropped int NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

@@ -17,7 +17,7 @@ from types import TracebackType
 from shoal.config import ShardConfig
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
-from shoal.metadata.garbage import Garbage
+from shoal.metadata.garbage import Garbage, GarbageBook
 from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
 from shoal.metadata.objects import Objects
@@ -36,6 +36,7 @@ class MetadataStore:
         self.objects = Objects(shards, window)
         self.uploads = Uploads(shards, window)
         self.garbage = Garbage(shards, window)
+        self.gc_book = GarbageBook(shards, window)
         self.nodes = Nodes(shards, window)
         self.keys = Keys(shards, window)
 
