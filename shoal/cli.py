@@ -80,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
         run=lambda config, args: _gc_pause(config, False)
     )
 
+    pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
+    pipeline.add_argument("job", help="gc, inventory or meter")
+    pipeline.add_argument("--master", help="Spark master URL (default local[*])")
+    pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
+    pipeline.add_argument("--leeway", help="gc: only garbage older than this (default 24h)")
+    pipeline.add_argument("--plot", type=Path, help="meter: draw usage over time to FILE.png")
+    pipeline.add_argument("--json", action="store_true", help="print the summary as JSON")
+    pipeline.set_defaults(run=_pipeline)
+
     account = verbs.add_parser("account", help="accounts and their access keys")
     accounts = account.add_subparsers(title="account commands")
     create = accounts.add_parser("create", parents=[common], help="new account and key")
@@ -293,6 +302,43 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
             f"blocks {r.blocks_deleted:,} windows {r.windows_dropped} in {seconds:.1f}s"
         )
     return 0
+
+
+def _pipeline(config: Config, args: argparse.Namespace) -> int:
+    from shoal.pipeline import JOBS, run_job
+
+    if args.job not in JOBS:
+        raise CommandError(f"unknown job {args.job!r}; jobs are {', '.join(JOBS)}")
+    options: dict[str, object] = {"plot": args.plot}
+    if args.leeway:
+        try:
+            options["leeway"] = parse_leeway(args.leeway)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+    with shard_configs(config) as shards:
+        try:
+            summary = run_job(
+                args.job, config, shards, master=args.master, output=args.output, options=options
+            )
+        except Exception as exc:  # Spark's errors are pages long; the log has the details
+            if isinstance(exc, MetadataError):
+                raise
+            logging.getLogger("shoal.pipeline").debug("job failed", exc_info=exc)
+            raise CommandError(f"pipeline {args.job} failed: {_first_line(exc)}") from None
+    if args.json:
+        print(
+            json.dumps(
+                {"job": summary.job, **summary.figures, "output": str(summary.output)}, default=str
+            )
+        )
+    else:
+        print(summary.table())
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _gc_pause(config: Config, paused: bool) -> int:

@@ -22,7 +22,7 @@ from aiohttp import web
 from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
-from shoal.s3 import sigv4
+from shoal.s3 import sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import AccessDenied, InternalError, S3Error, by_code, from_domain
 from shoal.s3.router import Address, Endpoint, address, route
@@ -63,7 +63,7 @@ class Call:
     endpoint: Endpoint
     where: Address
     account: uuid.UUID
-    verified: sigv4.Verified
+    verified: sigv4.Verified | UnsignedBody
 
     @property
     def bucket(self) -> str:
@@ -153,12 +153,31 @@ async def _authenticated_call(gateway: Gateway, request: web.Request, request_id
         method=request.method,
         raw_path=raw_path,
         query=query_pairs,
-        headers={name.lower(): ",".join(request.headers.getall(name)) for name in request.headers},
+        headers={
+            name.lower(): ",".join(value.strip() for value in request.headers.getall(name))
+            for name in request.headers
+        },
     )
-    credentials = sigv4.parse(signed, datetime.now(UTC))
+    now = datetime.now(UTC)
+    if sigv2.is_sigv2(signed):
+        # Version 2 still signs the presigned URLs of boto3's default client in us-east-1.
+        v2 = sigv2.parse(signed, now)
+        account, secret = await gateway.credentials.secret_of(v2.access_key_id)
+        sigv2.verify(v2, signed, secret, host_bucket=where.bucket if where.virtual else None)
+        return Call(gateway, request, request_id, endpoint, where, account, UnsignedBody())
+    credentials = sigv4.parse(signed, now)
     account, secret = await gateway.credentials.secret_of(credentials.access_key_id)
     verified = sigv4.verify(credentials, signed, secret)
     return Call(gateway, request, request_id, endpoint, where, account, verified)
+
+
+class UnsignedBody:
+    """The body of a SigV2 request: not signed, passed through as sent."""
+
+    trailers: dict[str, str] = {}  # noqa: RUF012 - never filled: SigV2 has no trailers
+
+    def body(self, raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return raw
 
 
 def _as_s3_error(error: Exception, request_id: str) -> S3Error:

@@ -75,6 +75,7 @@ UNSUPPORTED = frozenset(
 class Address:
     bucket: str | None
     key: str | None
+    virtual: bool = False  # the bucket came from the Host header
 
 
 def address(host: str, raw_path: str, domains: Sequence[str]) -> Address:
@@ -88,7 +89,7 @@ def address(host: str, raw_path: str, domains: Sequence[str]) -> Address:
     for domain in domains:
         if hostname.endswith("." + domain):
             bucket = hostname[: -len(domain) - 1]
-            return Address(bucket, _decoded(path) or None)
+            return Address(bucket, _decoded(path) or None, virtual=True)
     bucket, _, key = path.partition("/")
     return Address(_decoded(bucket) or None, _decoded(key) or None)
 

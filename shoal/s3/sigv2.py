@@ -21,9 +21,10 @@ The flow, for a request that `is_sigv2` recognises (the gateway sends every othe
 
    and compares ``base64(HMAC-SHA1(secret, StringToSign))`` with the signature, in constant
    time. The resource is the path exactly as sent (still percent-encoded), prefixed with
-   ``/bucket`` for virtual-hosted-style requests, followed by the S3 sub-resources among the
-   query parameters (``?acl``, ``?uploadId=..&partNumber=..``, ``?response-content-type=..``),
-   sorted by name, their values not encoded.
+   ``/bucket`` for virtual-hosted-style requests (a bucket itself is ``/bucket/``), followed
+   by the S3 sub-resources among the query parameters (``?acl``,
+   ``?uploadId=..&partNumber=..``, ``?response-content-type=..``), sorted by name, their
+   values not encoded.
 
 What SigV2 does not protect, by design: the body (the gateway treats it as unsigned, like
 SigV4's ``UNSIGNED-PAYLOAD``; a ``Content-MD5`` is signed here and checked against the body
@@ -43,7 +44,7 @@ import base64
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -119,8 +120,6 @@ _EPOCH_SECONDS = re.compile(r"[0-9]{1,19}")
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-# Header lines folded over several lines (obsolete in HTTP/1.1, still in the SigV2 rules).
-_FOLDING = re.compile(r"\s*\r?\n\s*")
 _SECURITY_TOKEN = "x-amz-security-token"
 
 
@@ -197,11 +196,13 @@ def verify(
     ``/bucket/key``. Leave it None for path-style requests, whose path already starts with the
     bucket. Raises SignatureDoesNotMatch, with S3's diagnostic details, if the signature fails.
     """
-    to_sign = string_to_sign(credentials, request, host_bucket=host_bucket)
-    expected = base64.b64encode(
-        hmac.new(_utf8(secret_key), _utf8(to_sign), hashlib.sha1).digest()
-    ).decode("ascii")
-    if not hmac.compare_digest(_utf8(expected), _utf8(credentials.signature)):
+    candidates = _strings_to_sign(credentials, request, host_bucket)
+    key, provided = _utf8(secret_key), _utf8(credentials.signature)
+    matched = False
+    for to_sign in candidates:  # every candidate is computed: the time does not tell which one
+        matched |= hmac.compare_digest(_sign(key, to_sign), provided)
+    if not matched:
+        to_sign = candidates[0]
         raise SigV4Error(
             "SignatureDoesNotMatch",
             "The request signature we calculated does not match the signature you provided. "
@@ -215,21 +216,28 @@ def verify(
         )
 
 
-def string_to_sign(
-    credentials: V2Credentials, request: SignedRequest, *, host_bucket: str | None = None
-) -> str:
-    """The StringToSign S3 computes for this request (see `verify` for ``host_bucket``)."""
+def _strings_to_sign(
+    credentials: V2Credentials, request: SignedRequest, host_bucket: str | None
+) -> list[str]:
+    """The StringToSign S3 computes for this request; more than one only where S3's resource
+    for the request is ambiguous (see `_canonical_resources`), S3's own first."""
     headers = _signed_headers(request, presigned=credentials.presigned)
     amz_headers = "".join(f"{name}:{headers[name]}\n" for name in sorted(headers) if _amz(name))
-    return "\n".join(
+    head = "\n".join(
         [
             request.method,
             headers.get("content-md5", ""),
             headers.get("content-type", ""),
             credentials.date_line,
-            amz_headers + _canonical_resource(request, host_bucket),
+            amz_headers,
         ]
     )
+    return [head + resource for resource in _canonical_resources(request, host_bucket)]
+
+
+def _sign(key: bytes, to_sign: str) -> bytes:
+    """base64(HMAC-SHA1(key, StringToSign)), as ASCII bytes."""
+    return base64.b64encode(hmac.new(key, _utf8(to_sign), hashlib.sha1).digest())
 
 
 # --- Parsing the two forms of authentication ---------------------------------------------------
@@ -376,7 +384,15 @@ def _signed_headers(request: SignedRequest, *, presigned: bool) -> dict[str, str
     for name, value in request.headers.items():
         if _signable(name.lower()):
             found[name.lower()] = value
-    return {name: _FOLDING.sub(" ", value).strip() for name, value in found.items()}
+    return {name: _unfold(value) for name, value in found.items()}
+
+
+def _unfold(value: str) -> str:
+    """The value trimmed, a header folded over several lines (obsolete since RFC 7230, still
+    in the SigV2 rules) joined by single spaces."""
+    if "\n" not in value:
+        return value.strip()
+    return " ".join(part.strip() for part in value.split("\n") if part.strip())
 
 
 def _signable(name: str) -> bool:
@@ -387,22 +403,30 @@ def _amz(name: str) -> bool:
     return name.startswith("x-amz-")
 
 
-def _canonical_resource(request: SignedRequest, host_bucket: str | None) -> str:
-    """The path as sent (percent-encoded as on the wire; S3 does not re-encode it), with
-    ``/bucket`` in front for virtual-hosted style, then the sub-resources sorted by name, their
-    values decoded (the documentation: "must not be URL-encoded"), a blank one without '='."""
+def _canonical_resources(request: SignedRequest, host_bucket: str | None) -> list[str]:
+    """The CanonicalizedResource: the path as sent (percent-encoded as on the wire; S3 does not
+    re-encode it), with ``/bucket`` in front for virtual-hosted style, then the sub-resources
+    sorted by name, their values decoded (the documentation: "must not be URL-encoded"), a
+    blank one without '='.
+
+    A path-style request on a bucket itself ("/bucket") has the resource "/bucket/", as a
+    virtual-hosted one has: botocore signs that (its ``auth_path``), because S3 does. The path
+    as sent is the second candidate, for clients that sign it unchanged; both name the same
+    resource, so accepting either grants nothing more.
+    """
     path = request.raw_path or "/"
     if host_bucket is not None:
-        path = f"/{host_bucket}{path if path.startswith('/') else '/' + path}"
+        paths = [f"/{host_bucket}{path if path.startswith('/') else '/' + path}"]
+    elif len(path) > 1 and path.count("/") == 1 and path.startswith("/"):
+        paths = [path + "/", path]
+    else:
+        paths = [path]
     subresources = sorted(
         ((name, value) for name, value in request.query if name in SUBRESOURCES),
         key=lambda pair: pair[0],  # stable: repeated names keep the order they were sent in
     )
-    if not subresources:
-        return path
-    return (
-        path + "?" + "&".join(f"{name}={value}" if value else name for name, value in subresources)
-    )
+    suffix = "&".join(f"{name}={value}" if value else name for name, value in subresources)
+    return [f"{path}?{suffix}" if suffix else path for path in paths]
 
 
 def _utf8(value: str) -> bytes:

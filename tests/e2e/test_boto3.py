@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import os
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -110,6 +111,7 @@ def test_get_conditionals_and_response_overrides(s3: Any, bucket: str) -> None:
         ResponseContentType="text/x-override",
         ResponseContentDisposition="inline",
     )
+    got["Body"].close()
     assert got["ContentType"] == "text/x-override" and got["ContentDisposition"] == "inline"
 
 
@@ -352,3 +354,34 @@ def test_streamed_body_from_a_file_object(s3: Any, bucket: str) -> None:
         io.BytesIO(body), bucket, "stream", Config=TransferConfig(multipart_threshold=64 * MiB)
     )
     assert s3.get_object(Bucket=bucket, Key="stream")["Body"].read() == body
+
+
+def test_presigned_urls_of_a_client_with_default_settings(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    """boto3 with no signature_version signs presigned URLs with SigV2 in us-east-1."""
+    import boto3
+
+    default = boto3.client(
+        "s3",
+        endpoint_url=served.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=served.root.access_key_id,
+        aws_secret_access_key=served.root.secret_access_key,
+    )
+    put_url = default.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "v2"})
+    assert "Signature=" in put_url and "X-Amz-Signature" not in put_url
+    # SigV2 signs Content-Type: send the (empty) one the URL was signed with, as S3 requires.
+    upload = urllib.request.Request(
+        put_url, data=b"v2 body", method="PUT", headers={"Content-Type": ""}
+    )
+    with urllib.request.urlopen(upload):
+        pass
+    get_url = default.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "v2"})
+    with urllib.request.urlopen(get_url) as response:
+        assert response.read() == b"v2 body"
+    tampered = get_url.replace("Signature=", "Signature=A")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(tampered)
+    refused.value.close()
+    assert refused.value.code == 403

@@ -58,7 +58,9 @@ def test_expired_presigned_url(served: Served, bucket: str) -> None:
     time.sleep(2)
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url)
-    assert refused.value.code == 403 and code_of(refused.value.read()) == "AccessDenied"
+    body = refused.value.read()
+    refused.value.close()
+    assert refused.value.code == 403 and code_of(body) == "AccessDenied"
 
 
 def test_malformed_xml(served: Served, bucket: str) -> None:

@@ -1,0 +1,56 @@
+"""The Spark pipeline: `shoal pipeline JOB` runs one PySpark job and prints its summary."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shoal.config import Config, ShardConfig
+from shoal.metadata import MetadataStore
+from shoal.pipeline.context import JobContext, Summary
+
+JOBS = ("gc", "inventory", "meter")
+
+
+def run_job(
+    job: str,
+    config: Config,
+    shards: list[ShardConfig],
+    *,
+    master: str | None = None,
+    output: Path | None = None,
+    options: dict[str, Any] | None = None,
+) -> Summary:
+    """Run one job on Spark; its detailed output goes under `output/<job>/<timestamp>/`."""
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}; jobs are {', '.join(JOBS)}")
+    from shoal.pipeline.session import spark_session
+
+    module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
+    ring = asyncio.run(_ring(shards))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder = (output or config.data_dir / "pipeline") / job / stamp
+    spark = spark_session(job, master)
+    try:
+        context = JobContext(
+            spark=spark,
+            config=config,
+            shards=shards,
+            ring=ring,
+            output=folder,
+            options=dict(options or {}),
+        )
+        return module.run(context)  # type: ignore[no-any-return]
+    finally:
+        spark.stop()
+
+
+async def _ring(shards: list[ShardConfig]) -> Any:
+    async with await MetadataStore.open(shards, 1) as store:
+        return store.ring
+
+
+__all__ = ["JOBS", "Summary", "run_job"]

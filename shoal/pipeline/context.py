@@ -1,0 +1,58 @@
+"""What every job gets: the Spark session, the shards and ring, the registry, the output."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from shoal.config import Config, ShardConfig
+from shoal.metadata import MetadataStore
+from shoal.metadata.ring import Ring
+
+
+@dataclass
+class JobContext:
+    spark: SparkSession
+    config: Config
+    shards: list[ShardConfig]
+    ring: Ring
+    output: Path  # this run's folder of Parquet output
+    options: dict[str, Any] = field(default_factory=dict)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def dsns(self) -> dict[str, str]:
+        return {s.name: s.dsn for s in self.shards}
+
+    def with_store(self, action: Any) -> Any:
+        """Run `action(store)` with a metadata store, from the driver."""
+
+        async def run() -> Any:
+            async with await MetadataStore.open(self.shards, 4) as store:
+                return await action(store)
+
+        return asyncio.run(run())
+
+
+@dataclass
+class Summary:
+    """What a job did: rows for the summary table, and the same as JSON for machines."""
+
+    job: str
+    figures: dict[str, Any]
+    output: Path
+
+    def table(self) -> str:
+        width = max(len(k) for k in self.figures) if self.figures else 0
+        lines = [f"shoal pipeline {self.job}"]
+        lines += [
+            f"  {k:<{width}}  {v:>,}" if isinstance(v, int) else f"  {k:<{width}}  {v}"
+            for k, v in self.figures.items()
+        ]
+        lines.append(f"  {'output':<{width}}  {self.output}")
+        return "\n".join(lines)

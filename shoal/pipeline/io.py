@@ -1,0 +1,352 @@
+"""How Spark reads Shoal: metadata rows from one consistent snapshot per shard, block
+inventories from the storage nodes; and how executors delete blocks and records.
+
+Metadata: the driver opens one REPEATABLE READ transaction per shard and exports its snapshot
+(`pg_export_snapshot()`); each partition reader (one Spark task per vnode) imports it with
+`SET TRANSACTION SNAPSHOT`, so all readers of a shard see the same instant while reading in
+parallel. Values keep their meaning: uuid as text, hstore as a map, arrays as arrays, bytea as
+binary, timestamptz as timestamps (UTC), jsonb as JSON text.
+
+Everything an executor does is batched and idempotent, so a task that is retried or a job
+that is run again after a crash converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from shoal.config import ShardConfig
+from shoal.metadata.ring import Ring, vnode_schema
+
+# Columns of a deletion record (or of a row of a deleted bucket, read as one).
+RECORD_SCHEMA = T.StructType(
+    [
+        T.StructField("shard", T.StringType(), False),
+        T.StructField("vnode", T.IntegerType(), False),
+        T.StructField("kind", T.StringType(), False),  # record | bucket_object | bucket_part
+        T.StructField("id", T.StringType(), False),
+        T.StructField("owner", T.StringType(), False),
+        T.StructField("bucket_id", T.StringType(), False),
+        T.StructField("name", T.StringType(), False),
+        T.StructField("created", T.TimestampType(), True),
+        T.StructField("content_length", T.LongType(), True),
+        T.StructField("content_md5", T.BinaryType(), True),
+        T.StructField("content_type", T.StringType(), True),
+        T.StructField("headers", T.MapType(T.StringType(), T.StringType()), True),
+        T.StructField("sharks", T.ArrayType(T.StringType()), True),
+        T.StructField("properties", T.StringType(), True),
+        T.StructField("deleted_at", T.TimestampType(), True),
+    ]
+)
+
+OBJECT_COLUMNS = """
+    id::text, owner::text, bucket_id::text, name, created, content_length, content_md5,
+    content_type, hstore_to_json(headers)::text, sharks, properties::text
+"""
+
+DELETION_RECORDS = """
+SELECT 'record', {columns}, deleted_at FROM {schema}.manta_bucket_deleted_object
+WHERE deleted_at < {cutoff}
+"""
+
+LIVE_OBJECTS = """
+SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
+"""
+
+# Rows of bucket incarnations deleted before the cutoff (buckets of any vnode: the list of
+# dead incarnations is passed in, since bucket and object rows live on different vnodes).
+DEAD_BUCKET_CONTENTS = """
+SELECT 'bucket_object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
+WHERE bucket_id = ANY({dead}::uuid[])
+UNION ALL
+SELECT 'bucket_part', id::text, owner::text, bucket_id::text, name, created, content_length,
+       content_md5, NULL, NULL, sharks,
+       (coalesce(properties, '{}'::jsonb) || jsonb_build_object(
+           'upload_id', upload_id, 'part_number', part_number))::text,
+       NULL::timestamptz
+FROM {schema}.manta_bucket_upload_part WHERE bucket_id = ANY({dead}::uuid[])
+"""
+
+DEAD_BUCKETS = """
+SELECT id::text, owner::text, name FROM {schema}.manta_bucket_deleted_bucket
+WHERE deleted_at < {cutoff}
+"""
+
+ALL_DELETED_BUCKETS = """
+SELECT id::text, owner::text, name FROM {schema}.manta_bucket_deleted_bucket
+"""
+
+BUCKETS = """
+SELECT id::text, owner::text, name FROM {schema}.manta_bucket
+"""
+
+ACCOUNTS = "SELECT id::text, name FROM shoal.account"
+
+OPEN_PARTS = """
+SELECT 'part', id::text, owner::text, bucket_id::text, name, created, content_length,
+       content_md5, NULL, NULL, sharks, properties::text, NULL::timestamptz
+FROM {schema}.manta_bucket_upload_part
+"""
+
+ALL_DELETION_RECORDS = """
+SELECT 'record', {columns}, deleted_at FROM {schema}.manta_bucket_deleted_object
+"""
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    shard: str
+    dsn: str
+    snapshot: str
+    vnode: int
+    query: str  # with {schema}
+
+
+@contextlib.contextmanager
+def exported_snapshots(shards: Sequence[ShardConfig]) -> Iterator[dict[str, str]]:
+    """One snapshot per shard, held open by the driver while the executors read."""
+    connections = []
+    try:
+        snapshots = {}
+        for shard in shards:
+            conn = psycopg.connect(shard.dsn, autocommit=True)
+            connections.append(conn)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshots[shard.name] = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        yield snapshots
+    finally:
+        for conn in connections:
+            conn.close()
+
+
+def driver_rows(
+    shards: Sequence[ShardConfig],
+    ring: Ring,
+    snapshots: dict[str, str],
+    template: str,
+    **literals: Any,
+) -> list[tuple[Any, ...]]:
+    """Small reads (bucket lists) done by the driver itself, in the same snapshots."""
+    rows: list[tuple[Any, ...]] = []
+    for shard in shards:
+        vnodes = ring.vnodes_of(shard.name)
+        if not vnodes:
+            continue
+        with psycopg.connect(shard.dsn, autocommit=True) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(
+                sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshots[shard.name]))
+            )
+            for vnode in vnodes:
+                query = template.replace(
+                    "{schema}", sql.Identifier(vnode_schema(vnode)).as_string(None)
+                )
+                for name, value in literals.items():
+                    query = query.replace("{" + name + "}", sql.Literal(value).as_string(None))
+                rows += conn.execute(query).fetchall()
+            conn.execute("COMMIT")
+    return rows
+
+
+def catalog_rows(shards: Sequence[ShardConfig], query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(shards[0].dsn) as conn:
+        return conn.execute(query).fetchall()
+
+
+def database_time_minus(dsn: str, seconds: float) -> Any:
+    """`now - seconds` by the database's clock (ages are never judged by a worker's clock)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT current_timestamp - make_interval(secs => %s)", (seconds,)
+        ).fetchone()
+    return row[0]  # type: ignore[index]
+
+
+def read_rows(
+    spark: SparkSession,
+    shards: Sequence[ShardConfig],
+    ring: Ring,
+    snapshots: dict[str, str],
+    template: str,
+    **literals: Any,
+) -> DataFrame:
+    """Rows of RECORD_SCHEMA from every vnode, one Spark task per vnode, in one snapshot.
+
+    Templates hold `{schema}`, `{columns}` and `{name}` placeholders for `literals`; they are
+    replaced as text (no str.format), so SQL braces such as '{}'::jsonb stay as they are.
+    """
+    dsns = {s.name: s.dsn for s in shards}
+    query = template.replace("{columns}", OBJECT_COLUMNS)
+    for name, value in literals.items():
+        query = query.replace("{" + name + "}", sql.Literal(value).as_string(None))
+    tasks = [
+        ReadTask(ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query)
+        for v in range(ring.vnodes)
+    ]
+    # A few vnodes per Spark task: a task costs more than reading a small vnode.
+    slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
+    rdd = spark.sparkContext.parallelize(tasks, slices).mapPartitions(_read_tasks)
+    return spark.createDataFrame(rdd, RECORD_SCHEMA)
+
+
+def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
+    """Read each task's vnode, on one connection per shard inside the shard's snapshot."""
+    connections: dict[str, psycopg.Connection[Any]] = {}
+    try:
+        for task in tasks:
+            conn = connections.get(task.shard)
+            if conn is None:
+                conn = psycopg.connect(task.dsn, autocommit=True)
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                conn.execute(
+                    sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
+                )
+                connections[task.shard] = conn
+            schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
+            with conn.cursor(name=f"read_{task.vnode}") as cursor:
+                cursor.itersize = 5000
+                cursor.execute(task.query.replace("{schema}", schema))
+                for row in cursor:
+                    yield _record_row(task, row)
+    finally:
+        for conn in connections.values():
+            conn.close()
+
+
+def _record_row(task: ReadTask, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    (
+        kind,
+        id_,
+        owner,
+        bucket_id,
+        name,
+        created,
+        length,
+        md5,
+        content_type,
+        headers,
+        sharks,
+        properties,
+        deleted_at,
+    ) = row
+    return (
+        task.shard,
+        task.vnode,
+        kind,
+        id_,
+        owner,
+        bucket_id,
+        name,
+        created,
+        length,
+        bytes(md5) if md5 is not None else None,
+        content_type,
+        json.loads(headers) if headers else None,
+        list(sharks) if sharks else [],
+        properties,
+        deleted_at,
+    )
+
+
+def run_async(coroutine: Any) -> Any:
+    """Executors are plain Python processes: each batch of node I/O gets its own loop."""
+    return asyncio.run(coroutine)
+
+
+# -- executor-side effects --------------------------------------------------------------------
+
+FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
+DELETE_BATCH = 1000
+
+
+def delete_blocks(
+    rows: Iterable[tuple[str, str, str, str]], secret: bytes
+) -> Iterator[tuple[str, bool]]:
+    """(shark, url, block name, record key) -> (record key, gone) for every block.
+
+    Batched per node; a node that fails a batch marks its blocks not gone, so their records
+    stay for a later run. A block already missing counts as gone.
+    """
+    from shoal.storage import NodeError
+
+    by_node: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for shark, url, name, key in rows:
+        by_node.setdefault((shark, url), []).append((name, key))
+    fault_after = _fault_after()
+    calls = 0
+    for (_shark, url), blocks in by_node.items():
+        for first in range(0, len(blocks), DELETE_BATCH):
+            batch = blocks[first : first + DELETE_BATCH]
+            gone = bool(url)  # a node unknown to the registry cannot be asked
+            if url:
+                try:
+                    run_async(_delete_batch(secret, url, [name for name, _ in batch]))
+                except NodeError:
+                    gone = False
+            calls += 1
+            if fault_after is not None and calls >= fault_after:
+                import os
+
+                os._exit(3)  # fault injection: a crash between two batches
+            for _, key in batch:
+                yield key, gone
+
+
+async def _delete_batch(secret: bytes, url: str, names: list[str]) -> None:
+    from shoal.storage import BlockClient
+
+    client = BlockClient(secret)
+    try:
+        await client.delete_blocks(url, names)
+    finally:
+        await client.close()
+
+
+def remove_rows(
+    rows: Iterable[tuple[str, int, str, str, str, str]], dsns: dict[str, str]
+) -> Iterator[int]:
+    """(shard, vnode, kind, id, owner, bucket id) -> delete the rows whose blocks are gone."""
+    from shoal.metadata import queries
+    from shoal.metadata.shards import render
+
+    statements = {
+        "record": queries.REMOVE_DELETED_OBJECTS,
+        "bucket_object": queries.REMOVE_BUCKET_OBJECTS,
+        "bucket_part": queries.REMOVE_BUCKET_PARTS,
+    }
+    groups: dict[tuple[str, int, str, str, str], list[str]] = {}
+    for shard, vnode, kind, id_, owner, bucket_id in rows:
+        groups.setdefault((shard, vnode, kind, owner, bucket_id), []).append(id_)
+    removed = 0
+    for (shard, vnode, kind, owner, bucket_id), ids in groups.items():
+        with psycopg.connect(dsns[shard]) as conn:
+            for first in range(0, len(ids), DELETE_BATCH):
+                params = {
+                    "ids": ids[first : first + DELETE_BATCH],
+                    "owner": owner,
+                    "bucket_id": bucket_id,
+                }
+                removed += conn.execute(render(statements[kind], vnode), params).rowcount
+            if kind == "bucket_part":
+                conn.execute(
+                    render(queries.REMOVE_BUCKET_UPLOADS, vnode),
+                    {"owner": owner, "bucket_id": bucket_id},
+                )
+    yield removed
+
+
+def _fault_after() -> int | None:
+    import os
+
+    value = os.environ.get(FAULT_AFTER_ENV)
+    return int(value) if value else None

@@ -1,0 +1,1 @@
+"""The pipeline's jobs: each module has `run(context) -> Summary`."""

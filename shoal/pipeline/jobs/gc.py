@@ -1,0 +1,175 @@
+"""`shoal pipeline gc`: reclaim all garbage in parallel across shards and storage nodes.
+
+Phases: (1) read, from one snapshot per shard, every deletion record older than the leeway
+and every row of a bucket incarnation deleted before it; (2) expand each to its blocks and
+delete them node by node, in batches; (3) remove the rows whose blocks are all gone;
+(4) drop deleted-bucket records with nothing left, and every past window left empty.
+Each phase is idempotent: run again after a crash, the job converges.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from shoal.gc.rules import DEFAULT_LEEWAY
+from shoal.metadata.garbage import GcRun
+from shoal.pipeline import io
+from shoal.pipeline.context import JobContext, Summary
+from shoal.storage import block_runs
+from shoal.storage.auth import load_or_create_secret
+
+
+def run(ctx: JobContext) -> Summary:
+    leeway: timedelta = ctx.options.get("leeway") or DEFAULT_LEEWAY
+    phases: dict[str, float] = {}
+    clock = time.monotonic()
+    cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
+    urls = ctx.with_store(_registry)
+    secret = load_or_create_secret(ctx.config.secret_file)
+
+    with io.exported_snapshots(ctx.shards) as snapshots:
+        records = io.read_rows(
+            ctx.spark, ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff
+        )
+        dead = _dead_buckets(ctx, snapshots, cutoff)
+        garbage = records
+        if dead:
+            contents = io.read_rows(
+                ctx.spark,
+                ctx.shards,
+                ctx.ring,
+                snapshots,
+                io.DEAD_BUCKET_CONTENTS,
+                dead=[d[0] for d in dead],
+            )
+            garbage = records.unionByName(contents)
+        garbage = garbage.cache()
+        found = garbage.count()
+    phases["read"] = _lap(clock)
+
+    keyed = garbage.rdd.map(lambda r: ((r.shard, r.vnode, r.kind, r.id), r))
+    blocks = keyed.flatMap(lambda kv: _blocks(kv[0], kv[1], urls)).cache()
+    outcomes = (
+        blocks.map(lambda b: (b[0], b))
+        .partitionBy(max(1, len(urls)))
+        .values()
+        .mapPartitions(lambda rows: io.delete_blocks(rows, secret))
+        .reduceByKey(lambda a, b: a and b)
+    )
+    # A record without blocks (an empty object) has nothing to wait for.
+    status = keyed.leftOuterJoin(outcomes).map(lambda kv: (kv[1][0], kv[1][1] is not False))
+    status = status.cache()
+    status.count()
+    blocks_deleted = blocks.count()
+    reclaimable = status.filter(lambda s: s[1]).map(lambda s: s[0])
+    phases["delete blocks"] = _lap(clock, sum(phases.values()))
+
+    dsns = ctx.dsns
+    removed = sum(
+        reclaimable.map(
+            lambda r: ((r.shard, r.vnode), (r.shard, r.vnode, r.kind, r.id, r.owner, r.bucket_id))
+        )
+        .partitionBy(max(1, ctx.ring.vnodes))
+        .values()
+        .mapPartitions(lambda rows: io.remove_rows(rows, dsns))
+        .collect()
+    )
+    reclaimed_bytes = reclaimable.map(lambda r: r.content_length or 0).sum()
+    phases["remove records"] = _lap(clock, sum(phases.values()))
+
+    buckets_dropped, windows = ctx.with_store(lambda store: _finish(store, dead))
+    phases["buckets and windows"] = _lap(clock, sum(phases.values()))
+
+    report_schema = T.StructType(
+        [*io.RECORD_SCHEMA.fields, T.StructField("reclaimed", T.BooleanType())]
+    )
+    report = ctx.spark.createDataFrame(status.map(lambda s: (*s[0], s[1])), report_schema)
+    report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
+        str(ctx.output / "records")
+    )
+    failed = found - removed
+    ctx.with_store(
+        lambda store: store.gc_book.record_run(
+            GcRun(
+                kind="spark",
+                leeway=leeway,
+                started=ctx.started,
+                finished=datetime.now(UTC),
+                records_found=found,
+                records_reclaimed=removed,
+                records_failed=failed,
+                blocks_deleted=blocks_deleted,
+                bytes_reclaimed=int(reclaimed_bytes or 0),
+                windows_dropped=windows,
+            )
+        )
+    )
+    figures: dict[str, Any] = {
+        "records found": found,
+        "records reclaimed": removed,
+        "records kept (node down)": failed,
+        "blocks deleted": blocks_deleted,
+        "bytes reclaimed": int(reclaimed_bytes or 0),
+        "deleted buckets finished": buckets_dropped,
+        "windows dropped": windows,
+    }
+    figures |= {f"seconds: {name}": round(seconds, 2) for name, seconds in phases.items()}
+    if phases.get("delete blocks"):
+        figures["records per second"] = round(found / max(sum(phases.values()), 1e-9))
+    return Summary("gc", figures, ctx.output)
+
+
+def _blocks(key: tuple[Any, ...], row: Row, urls: dict[str, str]) -> list[tuple[Any, ...]]:
+    properties = json.loads(row.properties) if row.properties else {}
+    runs = block_runs(uuid.UUID(row.id), row.content_length or 0, row.sharks or [], properties)
+    return [
+        (shark, urls.get(shark, ""), name, key)
+        for run in runs
+        for shark in run.sharks
+        for name in run.block_names()
+    ]
+
+
+async def _registry(store: Any) -> dict[str, str]:
+    nodes = await store.nodes.list(timedelta(days=3650))
+    return {n.shark: n.url for n in nodes}
+
+
+def _dead_buckets(
+    ctx: JobContext, snapshots: dict[str, str], cutoff: Any
+) -> list[tuple[str, str, str]]:
+    """Deleted bucket incarnations older than the cutoff, read in each shard's snapshot."""
+    rows = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.DEAD_BUCKETS, cutoff=cutoff)
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def _finish(store: Any, dead: list[tuple[str, str, str]]) -> tuple[int, int]:
+    """Drop the records of dead buckets that have nothing left, then empty past windows."""
+    finished = 0
+    for bucket_id, owner, name in dead:
+        owner_id, incarnation = uuid.UUID(owner), uuid.UUID(bucket_id)
+        if await store.buckets.has_content(owner_id, incarnation):
+            continue
+        vnode = store.ring.vnode_for_bucket(owner_id, name)
+        async with store.garbage.claim_deleted_buckets(vnode, timedelta(0), limit=10_000) as claim:
+            for bucket in claim.buckets:
+                if bucket.id == incarnation:
+                    await claim.remove(bucket)
+                    finished += 1
+    windows = 0
+    for shard in store.shards.placed():
+        for vnode in shard.vnodes:
+            windows += await store.gc_book.drop_empty_windows(vnode)
+    return finished, windows
+
+
+def _lap(start: float, before: float = 0.0) -> float:
+    return time.monotonic() - start - before
