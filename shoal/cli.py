@@ -38,11 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    # Shoal's own INFO lines (the access log among them); only warnings from libraries.
     logging.basicConfig(
-        level=logging.INFO,
+        level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("shoal").setLevel(logging.INFO)
     try:
         config = load_config(args.config, args.data_dir)
         return int(args.run(config, args) or 0)

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import SparkSession
+
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.pipeline.context import JobContext, Summary
@@ -23,20 +25,25 @@ def run_job(
     master: str | None = None,
     output: Path | None = None,
     options: dict[str, Any] | None = None,
+    spark: SparkSession | None = None,
 ) -> Summary:
-    """Run one job on Spark; its detailed output goes under `output/<job>/<timestamp>/`."""
+    """Run one job on Spark; its detailed output goes under `output/<job>/<timestamp>/`.
+
+    With `spark`, the job runs in that session (tests share one); otherwise it makes its own.
+    """
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}; jobs are {', '.join(JOBS)}")
     from shoal.pipeline.session import spark_session
 
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
     ring = asyncio.run(_ring(shards))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     folder = (output or config.data_dir / "pipeline") / job / stamp
-    spark = spark_session(job, master)
+    log_file = folder.parent / "spark.log"
+    session = spark if spark is not None else spark_session(job, master, log_file)
     try:
         context = JobContext(
-            spark=spark,
+            spark=session,
             config=config,
             shards=shards,
             ring=ring,
@@ -45,7 +52,8 @@ def run_job(
         )
         return module.run(context)  # type: ignore[no-any-return]
     finally:
-        spark.stop()
+        if spark is None:
+            session.stop()
 
 
 async def _ring(shards: list[ShardConfig]) -> Any:

@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
 
 
-def spark_session(app: str, master: str | None = None) -> SparkSession:
+# Spark's own log goes to a file, so that a person at the terminal sees the job's progress and
+# one line per failure, not pages of JVM stack traces.
+LOG4J2 = """
+status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss}} %p %c{{1}}: %m%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+"""
+
+
+def spark_session(
+    app: str, master: str | None = None, log_file: Path | None = None
+) -> SparkSession:
     """A session whose Python workers use this interpreter (the venv that has Shoal)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -28,4 +45,11 @@ def spark_session(app: str, master: str | None = None) -> SparkSession:
         # A failed task is a failed job: GC must stop, not retry half-done work blindly.
         .config("spark.task.maxFailures", "1")
     )
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        settings = log_file.with_suffix(".log4j2.properties")
+        settings.write_text(LOG4J2.format(log_file=log_file))
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{settings}"
+        )
     return builder.getOrCreate()

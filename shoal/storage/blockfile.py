@@ -24,7 +24,9 @@ T = TypeVar("T")
 
 HEADER = struct.Struct(">8sQ32s")  # magic, data size, sha256 of the data
 MAGIC = b"SHOALBK1"
-READ_CHUNK_BYTES = 256 * 1024
+# Reads hand the disk thread 1 MiB at a time: one hop per default-sized block.
+READ_CHUNK_BYTES = 1024 * 1024
+WRITE_BATCH_BYTES = 256 * 1024
 MAX_BLOCK_BYTES = 64 * 1024 * 1024
 _BLOCK_NAME = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|[1-9][0-9]{0,8})$"
@@ -108,7 +110,7 @@ class BlockStore:
             digest = hashlib.sha256()
             written = 0
             await in_thread(handle.write, HEADER.pack(MAGIC, size, bytes.fromhex(sha256)))
-            async for chunk in _batched(chunks, READ_CHUNK_BYTES):
+            async for chunk in _batched(chunks, WRITE_BATCH_BYTES):
                 written += len(chunk)
                 if written > size:
                     raise ChecksumMismatch(f"block {name} is longer than {size} bytes")
@@ -122,7 +124,7 @@ class BlockStore:
         finally:
             if not handle.closed:
                 handle.close()
-            tmp.unlink(missing_ok=True)
+            await in_thread(tmp.unlink, True)
 
     def info(self, name: str) -> BlockInfo:
         path = self.path_of(name)

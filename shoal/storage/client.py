@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from shoal.storage import auth
-from shoal.storage.blockfile import BlockInfo
+from shoal.storage.blockfile import BlockInfo, in_thread
 from shoal.storage.server import SHA256_HEADER
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -82,7 +82,7 @@ class BlockClient:
 
     async def put_block(self, url: str, name: str, data: bytes, sha256: str | None = None) -> bool:
         """Store a block on one node; True if it was new there."""
-        sha256 = sha256 or hashlib.sha256(data).hexdigest()
+        sha256 = sha256 or await in_thread(_sha256_hex, data)
         async with self._request(
             "PUT", url, f"/blocks/{name}", data=data, headers={SHA256_HEADER: sha256}
         ) as response:
@@ -96,7 +96,7 @@ class BlockClient:
                 data = await response.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise NodeUnavailable(url, f"read of {name} failed: {exc!r}") from None
-        if hashlib.sha256(data).hexdigest() != expected:
+        if await in_thread(_sha256_hex, data) != expected:
             raise BlockCorrupted(url, f"block {name} does not match its checksum")
         return data
 
@@ -146,6 +146,10 @@ class BlockClient:
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = auth.sign(self.secret, method, path)
         return _Call(self.session, method, url, path, headers, kwargs)
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class _Call:

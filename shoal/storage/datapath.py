@@ -355,8 +355,13 @@ async def _blocks(stream: AsyncIterator[bytes], size: int) -> AsyncIterator[byte
     async for chunk in stream:
         pending += chunk
         while len(pending) >= size:
-            yield bytes(pending[:size])
-            del pending[:size]
+            if len(pending) == size:  # the common case: one copy, not two
+                block = bytes(pending)
+                pending.clear()
+            else:
+                block = bytes(pending[:size])
+                del pending[:size]
+            yield block
     if pending:
         yield bytes(pending)
 

@@ -76,7 +76,7 @@ def make_app(
             raise web.HTTPBadRequest(text=f"{SHA256_HEADER} must be 64 hex digits")
         if request.content_length is None:
             raise web.HTTPLengthRequired(text="Content-Length is required")
-        _, free = store.usage()
+        _, free = await in_thread(store.usage)
         if free - request.content_length < RESERVED_FREE_BYTES:
             raise web.HTTPInsufficientStorage(text="node is out of space")
         created = await store.write(

@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,125 +16,15 @@ from typing import Any
 import pytest
 
 from shoal.gc import Collector, blocks_of
-from shoal.metadata import MetadataStore, ObjectWrite, PartWrite
 from shoal.metadata.partitions import ensure_windows
 from shoal.metadata.ring import vnode_schema
-from shoal.storage import DataPath, block_runs
+from shoal.storage import block_runs
+from tests.fixtures.garbage import World, block_ids, build_garbage, check_live, put
 from tests.fixtures.postgres import unique
 from tests.fixtures.storage import MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 KiB = 1024
-
-
-async def once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-@dataclass
-class World:
-    """Objects that must survive, and version ids whose blocks are garbage."""
-
-    owner: uuid.UUID
-    bucket: str
-    live: dict[str, bytes] = field(default_factory=dict)
-    garbage: set[uuid.UUID] = field(default_factory=set)
-
-
-async def put(
-    store: MetadataStore,
-    path: DataPath,
-    world: World,
-    key: str,
-    data: bytes,
-    bucket: str | None = None,
-) -> uuid.UUID:
-    from shoal.ids import uuid7
-
-    version = uuid7()
-    written = await path.write(version, once(data))
-    write = ObjectWrite(
-        id=version,
-        content_length=written.size,
-        content_md5=written.md5,
-        sharks=written.sharks,
-        properties={"block_size": written.block_size},
-    )
-    await store.objects.put(world.owner, bucket or world.bucket, key, write)
-    return version
-
-
-async def build_garbage(store: MetadataStore, path: DataPath) -> World:
-    """Overwrites, deletes, a deleted full bucket, an aborted and a half-used upload."""
-    from shoal.ids import uuid7
-
-    owner = (await store.accounts.create(unique("gc"))).id
-    world = World(owner=owner, bucket=unique("gc"))
-    await store.buckets.create(owner, world.bucket)
-    for i in range(5):
-        old = await put(store, path, world, f"over{i}", os.urandom(3 * KiB))
-        world.garbage.add(old)
-        data = os.urandom(70 * KiB)
-        await put(store, path, world, f"over{i}", data)
-        world.live[f"over{i}"] = data
-    world.garbage.add(await put(store, path, world, "deleted", os.urandom(10 * KiB)))
-    await store.objects.delete(owner, world.bucket, "deleted")
-
-    doomed = unique("doomed")
-    await store.buckets.create(owner, doomed)
-    for i in range(4):
-        world.garbage.add(await put(store, path, world, f"k{i}", os.urandom(5 * KiB), doomed))
-    await store.buckets.delete(owner, doomed, force=True)
-
-    async def part(key: str, upload: uuid.UUID, number: int) -> PartWrite:
-        part_id = uuid7()
-        written = await path.write(part_id, once(os.urandom(20 * KiB)))
-        write = PartWrite(
-            id=part_id,
-            part_number=number,
-            content_length=written.size,
-            content_md5=written.md5,
-            sharks=written.sharks,
-            properties={"block_size": written.block_size},
-        )
-        await store.uploads.put_part(owner, world.bucket, key, upload, write)
-        return write
-
-    aborted = await store.uploads.create(owner, world.bucket, "aborted")
-    for number in (1, 2):
-        world.garbage.add((await part("aborted", aborted.id, number)).id)
-    await store.uploads.abort(owner, world.bucket, "aborted", aborted.id)
-
-    half = await store.uploads.create(owner, world.bucket, "half")
-    kept = await part("half", half.id, 1)
-    world.garbage.add((await part("half", half.id, 2)).id)
-    await store.uploads.complete(
-        owner, world.bucket, "half", half.id, [(1, kept.content_md5)], min_part_size=0
-    )
-    world.live["half"] = b""  # checked by length below (parts are random)
-    return world
-
-
-def block_ids(cluster: StorageCluster) -> set[uuid.UUID]:
-    return {uuid.UUID(f.name.split(".")[0]) for n in cluster.nodes for f in n.block_files()}
-
-
-async def read_all(store: MetadataStore, path: DataPath, world: World) -> dict[str, bytes]:
-    found = {}
-    for key in world.live:
-        version = await store.objects.get(world.owner, world.bucket, key)
-        runs = block_runs(version.id, version.content_length, version.sharks, version.properties)
-        found[key] = b"".join([c async for c in path.read(runs)])
-    return found
-
-
-def check_live(store: MetadataStore, path: DataPath, world: World, run: Any) -> None:
-    found = run(read_all(store, path, world))
-    for key, data in world.live.items():
-        if key == "half":
-            assert len(found[key]) == 20 * KiB
-        else:
-            assert found[key] == data, key
 
 
 @pytest.fixture

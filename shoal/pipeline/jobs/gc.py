@@ -19,7 +19,6 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shoal.gc.rules import DEFAULT_LEEWAY
 from shoal.metadata.garbage import GcRun
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
@@ -28,7 +27,7 @@ from shoal.storage.auth import load_or_create_secret
 
 
 def run(ctx: JobContext) -> Summary:
-    leeway: timedelta = ctx.options.get("leeway") or DEFAULT_LEEWAY
+    leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
     phases: dict[str, float] = {}
     clock = time.monotonic()
     cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())

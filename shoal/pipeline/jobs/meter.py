@@ -20,13 +20,18 @@ from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 
 
-@F.udf(T.LongType())
-def stored_bytes(length: int | None, sharks: list[str] | None, properties: str | None) -> int:
+def stored_bytes_of(length: int | None, sharks: list[str] | None, properties: str | None) -> int:
     """Bytes on disk: each part (or the object) times the nodes that hold it."""
     parts = json.loads(properties).get("parts") if properties else None
     if parts:
         return sum(int(p["size"]) * len(p.get("sharks", [])) for p in parts)
     return (length or 0) * len(sharks or [])
+
+
+# A plain UDF (Spark reads type hints as a pandas UDF's, so the lambda has none).
+stored_bytes = F.udf(
+    lambda length, sharks, props: stored_bytes_of(length, sharks, props), T.LongType()
+)
 
 
 def run(ctx: JobContext) -> Summary:

@@ -1,0 +1,184 @@
+"""The Spark jobs on local[2], against real PostgreSQL and real storage nodes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from shoal.config import load_config
+from shoal.pipeline import run_job
+from shoal.pipeline.jobs.meter import meter
+from shoal.pipeline.session import spark_session
+from tests.fixtures.garbage import block_ids, build_garbage, check_live
+from tests.fixtures.storage import MakeStorage, StorageCluster
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+KiB = 1024
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    session = spark_session("tests", "local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def cluster(make_storage: MakeStorage) -> StorageCluster:
+    return make_storage(nodes=3)
+
+
+def job(cluster: StorageCluster, spark: Any, name: str, tmp_path: Path, **options: Any) -> Any:
+    config = load_config(cluster.config_file, None)
+    return run_job(
+        name, config, _configs(cluster), spark=spark, output=tmp_path / "out", options=options
+    )
+
+
+def _configs(cluster: StorageCluster) -> list[Any]:
+    return list(load_config(cluster.config_file, None).metadata.shards)
+
+
+def test_gc_job_reclaims_exactly_the_garbage(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    young = job(cluster, spark, "gc", tmp_path, leeway=timedelta(hours=1))
+    assert young.figures["records found"] == 0 and world.garbage <= block_ids(cluster)
+
+    done = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
+    assert done.figures["records found"] == 13
+    assert done.figures["records reclaimed"] == 13
+    assert done.figures["records kept (node down)"] == 0
+    assert done.figures["deleted buckets finished"] == 1
+    assert not world.garbage & block_ids(cluster)
+    check_live(cluster.store, path, world, run)
+    table = pq.read_table(str(done.output / "records"))
+    assert table.num_rows == 13 and all(table.column("reclaimed").to_pylist())
+    runs = run(cluster.store.gc_book.last_runs(1))
+    assert runs[0].kind == "spark" and runs[0].records_reclaimed == 13
+    again = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
+    assert again.figures["records found"] == 0
+
+
+def test_gc_job_keeps_records_of_a_node_that_is_down(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    down = cluster.nodes[1]
+    down.kill()
+    partial = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
+    assert partial.figures["records kept (node down)"] > 0
+    cluster.restart(down, run)
+    final = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
+    assert final.figures["records kept (node down)"] == 0
+    assert not world.garbage & block_ids(cluster)
+    check_live(cluster.store, path, world, run)
+
+
+def test_killed_gc_job_converges(cluster: StorageCluster, run: Any) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    command = [
+        SHOAL,
+        "pipeline",
+        "gc",
+        "--config",
+        str(cluster.config_file),
+        "--leeway",
+        "0s",
+        "--master",
+        "local[2]",
+    ]
+    crashed = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SHOAL_GC_FAULT_AFTER": "1"},
+    )
+    assert crashed.returncode == 1
+    assert crashed.stderr.strip().splitlines()[-1].startswith("shoal: error: pipeline gc failed")
+    assert world.garbage & block_ids(cluster)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "records reclaimed" in again.stdout
+    assert not world.garbage & block_ids(cluster)
+    check_live(cluster.store, path, world, run)
+
+
+def test_inventory_lists_every_live_object(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    summary = job(cluster, spark, "inventory", tmp_path)
+    rows = pq.read_table(str(summary.output / "parquet")).to_pylist()
+    mine = {r["key"]: r for r in rows if r["bucket"] == world.bucket}
+    assert set(mine) == set(world.live)
+    assert mine["over0"]["size"] == 70 * KiB
+    assert mine["half"]["etag"].endswith("-1")
+    assert len(mine["over0"]["storage_nodes"].split()) == 2
+    csvs = list((summary.output / "csv").glob(f"bucket={world.bucket}/*.csv"))
+    assert csvs and "key,size,etag" in csvs[0].read_text()
+
+
+def test_meter_counts_usage_per_bucket(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    open_upload = run(cluster.store.uploads.create(world.owner, world.bucket, "open"))
+    del open_upload
+    plot = tmp_path / "usage.png"
+    summary = job(cluster, spark, "meter", tmp_path, plot=plot)
+    line = next(v for k, v in summary.figures.items() if k.endswith(world.bucket))
+    live_bytes = sum(len(d) for k, d in world.live.items() if k != "half") + 20 * KiB
+    assert f"{len(world.live)} objects, {live_bytes:,} B logical" in line
+    assert f"{2 * live_bytes:,} B stored" in line
+    assert plot.exists() and plot.stat().st_size > 1000
+
+
+def test_meter_transform_on_inline_rows(spark: Any) -> None:
+    from pyspark.sql import Row
+
+    def obj(bucket: str, size: int, sharks: list[str], props: str = "{}") -> Row:
+        return Row(
+            owner="o1", bucket_id=bucket, content_length=size, sharks=sharks, properties=props
+        )
+
+    live = spark.createDataFrame(
+        [obj("b1", 10, ["a", "b"]), obj("b1", 5, ["a"]), obj("b2", 7, ["a", "b"])]
+    )
+    waiting = spark.createDataFrame([Row(owner="o1", bucket_id="b1", content_length=3)])
+    parts = spark.createDataFrame([Row(owner="o1", bucket_id="b2", content_length=100)])
+    names = spark.createDataFrame(
+        [
+            Row(bucket_id="b1", owner="o1", bucket="one", deleted=False),
+            Row(bucket_id="b2", owner="o1", bucket="two", deleted=True),
+        ]
+    )
+    people = spark.createDataFrame([Row(owner="o1", account="alice")])
+    rows = {r.bucket: r.asDict() for r in meter(live, waiting, parts, names, people).collect()}
+    assert rows["one"] == {
+        "account": "alice",
+        "bucket": "one",
+        "objects": 2,
+        "logical_bytes": 15,
+        "stored_bytes": 25,
+        "gc_bytes": 3,
+        "multipart_bytes": 0,
+    }
+    # A deleted bucket's objects are waiting for GC, not in use.
+    assert rows["two"]["objects"] == 0 and rows["two"]["gc_bytes"] == 7
+    assert rows["two"]["multipart_bytes"] == 100
