@@ -83,11 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
-    pipeline.add_argument("job", help="gc, inventory or meter")
+    pipeline.add_argument("job", help="gc, audit, orphans, meter or inventory")
     pipeline.add_argument("--master", help="Spark master URL (default local[*])")
     pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
     pipeline.add_argument("--leeway", help="gc: only garbage older than this (default 24h)")
     pipeline.add_argument("--plot", type=Path, help="meter: draw usage over time to FILE.png")
+    pipeline.add_argument("--repair", action="store_true", help="audit: copy good replicas")
+    pipeline.add_argument("--delete", action="store_true", help="orphans: delete them")
     pipeline.add_argument("--json", action="store_true", help="print the summary as JSON")
     pipeline.set_defaults(run=_pipeline)
 
@@ -311,7 +313,7 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
 
     if args.job not in JOBS:
         raise CommandError(f"unknown job {args.job!r}; jobs are {', '.join(JOBS)}")
-    options: dict[str, object] = {"plot": args.plot}
+    options: dict[str, object] = {"plot": args.plot, "repair": args.repair, "delete": args.delete}
     if args.leeway:
         try:
             options["leeway"] = parse_leeway(args.leeway)

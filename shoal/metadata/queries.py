@@ -575,3 +575,9 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relkind = 'r'
   AND p.relname IN ('manta_bucket_deleted_object', 'manta_bucket_deleted_bucket')
 """
+
+# Is this id a part of an upload still open? (the audit re-checks findings with it)
+PART_IS_OPEN = """
+SELECT 1 FROM {schema}.manta_bucket_upload_part
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = %(id)s
+"""

@@ -14,7 +14,7 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.pipeline.context import JobContext, Summary
 
-JOBS = ("gc", "inventory", "meter")
+JOBS = ("gc", "audit", "orphans", "meter", "inventory")
 
 
 def run_job(

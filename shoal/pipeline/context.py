@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,14 @@ class JobContext:
     @property
     def dsns(self) -> dict[str, str]:
         return {s.name: s.dsn for s in self.shards}
+
+    def node_urls(self) -> dict[str, str]:
+        """Where each storage node answers, live or not (its blocks may still be there)."""
+
+        async def read(store: MetadataStore) -> dict[str, str]:
+            return {n.shark: n.url for n in await store.nodes.list(timedelta(days=3650))}
+
+        return self.with_store(read)  # type: ignore[no-any-return]
 
     def with_store(self, action: Any) -> Any:
         """Run `action(store)` with a metadata store, from the driver."""

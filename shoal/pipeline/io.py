@@ -350,3 +350,80 @@ def _fault_after() -> int | None:
 
     value = os.environ.get(FAULT_AFTER_ENV)
     return int(value) if value else None
+
+
+# -- storage node inventories and block checks -----------------------------------------------
+
+INVENTORY_SCHEMA = T.StructType(
+    [
+        T.StructField("shark", T.StringType(), False),
+        T.StructField("name", T.StringType(), False),
+        T.StructField("size", T.LongType(), False),
+        T.StructField("sha256", T.StringType(), False),
+        T.StructField("mtime", T.DoubleType(), False),
+    ]
+)
+
+# Rows of open multipart uploads' parts, as records (their blocks are live).
+LIVE_PARTS = OPEN_PARTS
+
+
+def read_inventories(spark: SparkSession, urls: dict[str, str], secret: bytes) -> DataFrame:
+    """Every block of every node, one Spark task per node."""
+    nodes = sorted(urls.items())
+    rdd = spark.sparkContext.parallelize(nodes, max(1, len(nodes))).mapPartitions(
+        lambda part: _inventory(part, secret)
+    )
+    return spark.createDataFrame(rdd, INVENTORY_SCHEMA)
+
+
+def _inventory(nodes: Iterable[tuple[str, str]], secret: bytes) -> Iterator[tuple[Any, ...]]:
+    from shoal.storage import BlockClient
+
+    async def collect(shark: str, url: str) -> list[tuple[Any, ...]]:
+        client = BlockClient(secret)
+        try:
+            return [
+                (shark, b.name, b.size, b.sha256, b.mtime)
+                async for b in client.inventory(url, page_size=5000)
+            ]
+        finally:
+            await client.close()
+
+    for shark, url in nodes:
+        yield from run_async(collect(shark, url))
+
+
+def verify_blocks(
+    rows: Iterable[tuple[str, str, str]], secret: bytes
+) -> Iterator[tuple[str, str, str]]:
+    """(shark, url, name) -> (shark, name, verdict): ok, corrupt, missing or unreachable."""
+    from shoal.storage import BlockClient, BlockCorrupted, BlockMissing, NodeError
+
+    async def check(batch: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        client = BlockClient(secret)
+        verdicts = []
+        try:
+            for shark, url, name in batch:
+                try:
+                    await client.get_block(url, name)
+                    verdict = "ok"
+                except BlockCorrupted:
+                    verdict = "corrupt"
+                except BlockMissing:
+                    verdict = "missing"
+                except NodeError:
+                    verdict = "unreachable"
+                verdicts.append((shark, name, verdict))
+        finally:
+            await client.close()
+        return verdicts
+
+    batch: list[tuple[str, str, str]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= DELETE_BATCH:
+            yield from run_async(check(batch))
+            batch = []
+    if batch:
+        yield from run_async(check(batch))

@@ -182,3 +182,61 @@ def test_meter_transform_on_inline_rows(spark: Any) -> None:
     # A deleted bucket's objects are waiting for GC, not in use.
     assert rows["two"]["objects"] == 0 and rows["two"]["gc_bytes"] == 7
     assert rows["two"]["multipart_bytes"] == 100
+
+
+def test_audit_finds_missing_and_corrupt_blocks_and_repairs_them(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    clean = job(cluster, spark, "audit", tmp_path)
+    assert clean.figures["blocks missing"] == 0 and clean.figures["blocks corrupt"] == 0
+    assert clean.figures["blocks checked"] > 0
+
+    version = run(cluster.store.objects.get(world.owner, world.bucket, "over0"))
+    first, second = (cluster.node(s) for s in version.sharks)
+    missing = next(f for f in first.block_files() if f.name == f"{version.id}.0")
+    missing.unlink()
+    corrupt = next(f for f in second.block_files() if f.name == f"{version.id}.1")
+    with open(corrupt, "r+b") as handle:
+        handle.seek(48 + 7)
+        byte = handle.read(1)
+        handle.seek(48 + 7)
+        handle.write(bytes([byte[0] ^ 0x55]))
+
+    found = job(cluster, spark, "audit", tmp_path)
+    assert found.figures["blocks missing"] == 1 and found.figures["blocks corrupt"] == 1
+    findings = pq.read_table(str(found.output / "findings")).to_pylist()
+    assert {(f["shark"], f["name"], f["problem"]) for f in findings} == {
+        (first.shark, f"{version.id}.0", "missing"),
+        (second.shark, f"{version.id}.1", "corrupt"),
+    }
+
+    repaired = job(cluster, spark, "audit", tmp_path, repair=True)
+    assert repaired.figures["repaired"] == 2
+    after = job(cluster, spark, "audit", tmp_path)
+    assert after.figures["blocks missing"] == 0 and after.figures["blocks corrupt"] == 0
+    check_live(cluster.store, path, world, run)
+
+
+def test_orphans_are_found_and_deleted(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    from shoal.ids import uuid7
+    from tests.fixtures.garbage import once
+
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    leaked = uuid7()  # a write that died before its row committed
+    run(path.write(leaked, once(os.urandom(40 * KiB))))
+    young = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(hours=1))
+    assert young.figures["orphan blocks"] == 0
+
+    dry = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0))
+    assert dry.figures["orphan blocks"] == 6  # 3 blocks on 2 nodes; garbage is not orphaned
+    assert leaked in block_ids(cluster)
+    done = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0), delete=True)
+    assert done.figures["deleted"] == 6
+    assert leaked not in block_ids(cluster)
+    assert world.garbage <= block_ids(cluster)  # records still name these: GC's, not orphans
+    check_live(cluster.store, path, world, run)

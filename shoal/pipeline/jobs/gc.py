@@ -31,7 +31,7 @@ def run(ctx: JobContext) -> Summary:
     phases: dict[str, float] = {}
     clock = time.monotonic()
     cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
-    urls = ctx.with_store(_registry)
+    urls = ctx.node_urls()
     secret = load_or_create_secret(ctx.config.secret_file)
 
     with io.exported_snapshots(ctx.shards) as snapshots:
@@ -135,11 +135,6 @@ def _blocks(key: tuple[Any, ...], row: Row, urls: dict[str, str]) -> list[tuple[
         for shark in run.sharks
         for name in run.block_names()
     ]
-
-
-async def _registry(store: Any) -> dict[str, str]:
-    nodes = await store.nodes.list(timedelta(days=3650))
-    return {n.shark: n.url for n in nodes}
 
 
 def _dead_buckets(

@@ -1,0 +1,155 @@
+"""`shoal pipeline audit`: every block that a live object or part names is on every node its
+row names, with the right size and checksum. `--repair` copies a good replica over.
+
+Metadata is read before the inventories, so a block written after the snapshot is never
+missed by mistake; each finding is re-checked against the live row before it is reported,
+so a version replaced (and collected) meanwhile is not a finding.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from pyspark.sql import functions as F
+
+from shoal.pipeline import io
+from shoal.pipeline.context import JobContext, Summary
+from shoal.storage import block_runs
+from shoal.storage.auth import load_or_create_secret
+
+
+def run(ctx: JobContext) -> Summary:
+    started = time.monotonic()
+    urls = ctx.node_urls()
+    secret = load_or_create_secret(ctx.config.secret_file)
+    with io.exported_snapshots(ctx.shards) as snapshots:
+        live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
+        parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_PARTS)
+        expected = (
+            live.unionByName(parts)
+            .rdd.flatMap(_expected_blocks)
+            .toDF(
+                "shark string, name string, size long, owner string, bucket_id string, key string, "
+                "version string"
+            )
+            .cache()
+        )
+        blocks_checked = expected.count()
+    inventory = io.read_inventories(ctx.spark, urls, secret)
+    joined = expected.join(
+        inventory.select("shark", "name", F.col("size").alias("found_size")),
+        ["shark", "name"],
+        "left",
+    )
+    present = joined.where("found_size = size")
+    verdicts = (
+        present.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name))
+        .mapPartitions(lambda rows: io.verify_blocks(rows, secret))
+        .toDF("shark string, name string, verdict string")
+    )
+    candidates = (
+        joined.where("found_size IS NULL")
+        .withColumn("problem", F.lit("missing"))
+        .unionByName(joined.where("found_size != size").withColumn("problem", F.lit("wrong size")))
+        .unionByName(
+            present.join(verdicts.where("verdict != 'ok'"), ["shark", "name"])
+            .withColumn("problem", F.col("verdict"))
+            .drop("verdict")
+        )
+    )
+    findings = [r.asDict() for r in candidates.collect()]
+    confirmed = ctx.with_store(lambda store: _still_live(store, findings))
+    repaired = 0
+    if ctx.options.get("repair") and confirmed:
+        repaired = ctx.with_store(lambda store: _repair(store, confirmed, urls, secret))
+    ctx.spark.createDataFrame(
+        confirmed or [],
+        "shark string, name string, size long, owner string, bucket_id string, "
+        "key string, version string, found_size long, problem string",
+    ).write.mode("overwrite").parquet(str(ctx.output / "findings"))
+    seconds = time.monotonic() - started
+    counts = {
+        p: sum(1 for f in confirmed if f["problem"] == p)
+        for p in ("missing", "wrong size", "corrupt", "unreachable")
+    }
+    return Summary(
+        "audit",
+        {
+            "blocks checked": blocks_checked,
+            **{f"blocks {k}": v for k, v in counts.items()},
+            "repaired": repaired,
+            "seconds": round(seconds, 2),
+            "blocks per second": round(blocks_checked / max(seconds, 1e-9)),
+        },
+        ctx.output,
+    )
+
+
+def _expected_blocks(row: Any) -> list[tuple[Any, ...]]:
+    properties = json.loads(row.properties) if row.properties else {}
+    expected = []
+    for run in block_runs(uuid.UUID(row.id), row.content_length or 0, row.sharks or [], properties):
+        for index, name in enumerate(run.block_names()):
+            size = min(run.block_size, run.size - index * run.block_size)
+            for shark in run.sharks:
+                expected.append((shark, name, size, row.owner, row.bucket_id, row.name, row.id))
+    return expected
+
+
+async def _still_live(store: Any, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep the findings whose object (or open part) is still the version the snapshot saw."""
+    from shoal.metadata import queries
+    from shoal.metadata.shards import render
+
+    confirmed = []
+    for finding in findings:
+        owner, bucket_id = uuid.UUID(finding["owner"]), uuid.UUID(finding["bucket_id"])
+        vnode = store.ring.vnode_for_object(owner, bucket_id, finding["key"])
+        params = {"owner": owner, "bucket_id": bucket_id, "name": finding["key"]}
+        rows = await store.objects.rows(vnode, queries.SELECT_OBJECT, params)
+        live_ids = {str(r["id"]) for r in rows}
+        async with store.shards.of_vnode(vnode).pool.connection() as conn:
+            cur = await conn.execute(
+                render(queries.PART_IS_OPEN, vnode),
+                {"owner": owner, "bucket_id": bucket_id, "id": uuid.UUID(finding["version"])},
+            )
+            open_part = await cur.fetchone() is not None
+        if finding["version"] in live_ids or open_part:
+            confirmed.append(finding)
+    return confirmed
+
+
+async def _repair(
+    store: Any, findings: list[dict[str, Any]], urls: dict[str, str], secret: bytes
+) -> int:
+    """Copy a good replica onto each node that lacks a block or holds a bad one."""
+    from shoal.storage import BlockClient, NodeError
+
+    client = BlockClient(secret)
+    repaired = 0
+    try:
+        bad = {(f["shark"], f["name"]) for f in findings}
+        for finding in findings:
+            sources = [s for s in urls if (s, finding["name"]) not in bad and s != finding["shark"]]
+            data = None
+            for source in sources:
+                try:
+                    data = await client.get_block(urls[source], finding["name"])
+                    break
+                except NodeError:
+                    continue
+            target = urls.get(finding["shark"])
+            if data is None or target is None:
+                continue
+            try:
+                await client.delete_block(target, finding["name"])  # a bad copy goes first
+                await client.put_block(target, finding["name"], data)
+                repaired += 1
+            except NodeError:
+                continue
+    finally:
+        await client.close()
+    return repaired

@@ -1,0 +1,92 @@
+"""`shoal pipeline orphans`: blocks no row names (Riak CS's block leak, Manta's cruft).
+
+Inventory first, then metadata: a block that a row names is found in the snapshot taken after
+the block was listed. A block is an orphan when no live row, deletion record, row of a deleted
+bucket or open upload names its version id, and both its version id's time (UUIDv7) and its
+file's mtime are older than the leeway, by the database clock: a write still in progress is
+younger than that. Dry run by default; `--delete` reclaims them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from shoal.ids import uuid7_time
+from shoal.pipeline import io
+from shoal.pipeline.context import JobContext, Summary
+from shoal.storage.auth import load_or_create_secret
+
+
+def run(ctx: JobContext) -> Summary:
+    started = time.monotonic()
+    leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
+    urls = ctx.node_urls()
+    secret = load_or_create_secret(ctx.config.secret_file)
+    inventory = io.read_inventories(ctx.spark, urls, secret).cache()
+    blocks = inventory.count()
+    cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
+    with io.exported_snapshots(ctx.shards) as snapshots:
+        rows = [
+            io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, template)
+            for template in (io.LIVE_OBJECTS, io.ALL_DELETION_RECORDS, io.LIVE_PARTS)
+        ]
+        named = rows[0].unionByName(rows[1]).unionByName(rows[2]).rdd.flatMap(_named_ids)
+        referenced = ctx.spark.createDataFrame(named.map(lambda v: (v,)), "version string")
+        referenced = referenced.distinct().cache()
+        referenced.count()
+    cutoff_seconds = cutoff.timestamp()
+    candidates = inventory.withColumn("version", F.split("name", r"\.").getItem(0))
+    orphans = (
+        candidates.join(referenced, "version", "left_anti")
+        .withColumn("made", _uuid_seconds("version"))
+        .where((F.col("made") < cutoff_seconds) & (F.col("mtime") < cutoff_seconds))
+        .cache()
+    )
+    found = orphans.count()
+    found_bytes = orphans.agg(F.sum("size")).first()[0] or 0
+    deleted = 0
+    if ctx.options.get("delete") and found:
+        deleted = sum(
+            ok
+            for _, ok in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
+            .mapPartitions(lambda part: io.delete_blocks(part, secret))
+            .collect()
+        )
+    orphans.write.mode("overwrite").parquet(str(ctx.output / "orphans"))
+    seconds = time.monotonic() - started
+    return Summary(
+        "orphans",
+        {
+            "blocks listed": blocks,
+            "orphan blocks": found,
+            "orphan bytes": int(found_bytes),
+            "deleted": deleted,
+            "mode": "delete" if ctx.options.get("delete") else "dry run",
+            "seconds": round(seconds, 2),
+            "blocks per second": round(blocks / max(seconds, 1e-9)),
+        },
+        ctx.output,
+    )
+
+
+def _named_ids(row: Any) -> list[str]:
+    """Every version id whose blocks a row names: its own, or its parts'."""
+    properties = json.loads(row.properties) if row.properties else {}
+    parts = properties.get("parts")
+    return [p["id"] for p in parts] if parts else [row.id]
+
+
+@F.udf(T.DoubleType())
+def _uuid_seconds(version):  # type: ignore[no-untyped-def]
+    """When a block's UUIDv7 version id was made (a name that is not one is never an orphan)."""
+    try:
+        return uuid7_time(uuid.UUID(version)).timestamp()
+    except ValueError:
+        return None
