@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
-    pipeline.add_argument("job", help="gc, audit, orphans, meter or inventory")
+    pipeline.add_argument("job", help="gc, audit, orphans, meter, lifecycle or inventory")
     pipeline.add_argument("--master", help="Spark master URL (default local[*])")
     pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
     pipeline.add_argument("--leeway", help="gc: only garbage older than this (default 24h)")

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
 
 from shoal.metadata import queries
 from shoal.metadata.accounts import Accounts
@@ -92,6 +95,31 @@ class Buckets(Component):
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.RELEASE_BUCKET_NAME, {"name": name, "id": bucket.id})
         return bucket
+
+    async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: list[dict[str, Any]]) -> None:
+        """Store a bucket's lifecycle rules (already validated by the caller)."""
+        bucket = await self.bucket(owner, name)
+        params = {"bucket_id": bucket.id, "owner": owner, "bucket": name, "rules": Jsonb(rules)}
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.PUT_LIFECYCLE, params)
+
+    async def get_lifecycle(self, owner: uuid.UUID, name: str) -> list[dict[str, Any]] | None:
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.GET_LIFECYCLE, {"bucket_id": bucket.id})
+            row = await cur.fetchone()
+        return None if row is None else list(row[0])
+
+    async def delete_lifecycle(self, owner: uuid.UUID, name: str) -> None:
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.DELETE_LIFECYCLE, {"bucket_id": bucket.id})
+
+    async def lifecycles(self) -> list[tuple[uuid.UUID, uuid.UUID, str, list[dict[str, Any]]]]:
+        """(bucket id, owner, bucket name, rules) of every bucket with rules."""
+        async with self.shards.catalog.pool.connection() as conn:
+            rows = await (await conn.execute(queries.ALL_LIFECYCLES)).fetchall()
+        return [(r[0], r[1], r[2], list(r[3])) for r in rows]
 
     async def owner_of(self, name: str) -> uuid.UUID | None:
         """Who holds a bucket name across the ring (S3 names are global), if anyone."""

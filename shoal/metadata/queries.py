@@ -581,3 +581,17 @@ PART_IS_OPEN = """
 SELECT 1 FROM {schema}.manta_bucket_upload_part
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = %(id)s
 """
+
+# -- bucket lifecycle (catalog shard) ---------------------------------------------------------
+
+PUT_LIFECYCLE = """
+INSERT INTO shoal.bucket_lifecycle (bucket_id, owner, bucket, rules)
+VALUES (%(bucket_id)s, %(owner)s, %(bucket)s, %(rules)s)
+ON CONFLICT (bucket_id) DO UPDATE SET rules = EXCLUDED.rules, updated = current_timestamp
+"""
+
+GET_LIFECYCLE = "SELECT rules FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucket_id)s"
+
+DELETE_LIFECYCLE = "DELETE FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucket_id)s"
+
+ALL_LIFECYCLES = "SELECT bucket_id, owner, bucket, rules FROM shoal.bucket_lifecycle"

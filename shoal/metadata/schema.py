@@ -140,6 +140,20 @@ CREATE TABLE shoal.gc_run (
 );
 """,
     ),
+    Migration(
+        3,
+        "bucket lifecycle configurations",
+        """
+-- S3 lifecycle rules of a bucket incarnation, as JSON (the pipeline's lifecycle job reads it).
+CREATE TABLE shoal.bucket_lifecycle (
+    bucket_id uuid PRIMARY KEY,
+    owner uuid NOT NULL,
+    bucket text COLLATE "C" NOT NULL,
+    rules jsonb NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

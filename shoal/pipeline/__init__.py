@@ -14,7 +14,7 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.pipeline.context import JobContext, Summary
 
-JOBS = ("gc", "audit", "orphans", "meter", "inventory")
+JOBS = ("gc", "audit", "orphans", "meter", "lifecycle", "inventory")
 
 
 def run_job(

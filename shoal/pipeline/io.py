@@ -427,3 +427,10 @@ def verify_blocks(
             batch = []
     if batch:
         yield from run_async(check(batch))
+
+
+OPEN_UPLOADS = """
+SELECT 'upload', id::text, owner::text, bucket_id::text, name, created, 0::bigint, NULL::bytea,
+       content_type, NULL::text, NULL::text[], properties::text, NULL::timestamptz
+FROM {schema}.manta_bucket_upload
+"""

@@ -103,7 +103,7 @@ class Call:
 
 def make_app(gateway: Gateway) -> web.Application:
     # Import the handler modules so that they register themselves.
-    from shoal.s3 import bucket, listing, multipart, objects  # noqa: F401
+    from shoal.s3 import bucket, lifecycle, listing, multipart, objects  # noqa: F401
 
     app = web.Application(client_max_size=s3xml.MAX_REQUEST_XML_BYTES)
     app["gateway"] = gateway

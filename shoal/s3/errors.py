@@ -177,6 +177,12 @@ class NoSuchBucket(S3Error, status=404, message="The specified bucket does not e
     pass
 
 
+class NoSuchLifecycleConfiguration(
+    S3Error, status=404, message="The lifecycle configuration does not exist"
+):
+    pass
+
+
 class NoSuchKey(S3Error, status=404, message="The specified key does not exist."):
     pass
 

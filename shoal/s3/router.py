@@ -36,6 +36,9 @@ class Endpoint(enum.Enum):
     CompleteMultipartUpload = enum.auto()
     AbortMultipartUpload = enum.auto()
     ListParts = enum.auto()
+    PutBucketLifecycleConfiguration = enum.auto()
+    GetBucketLifecycleConfiguration = enum.auto()
+    DeleteBucketLifecycle = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -51,7 +54,6 @@ UNSUPPORTED = frozenset(
         "notification",
         "replication",
         "encryption",
-        "lifecycle",
         "object-lock",
         "retention",
         "legal-hold",
@@ -108,6 +110,15 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
 
 
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
+    if "lifecycle" in query:
+        lifecycle = {
+            "PUT": Endpoint.PutBucketLifecycleConfiguration,
+            "GET": Endpoint.GetBucketLifecycleConfiguration,
+            "DELETE": Endpoint.DeleteBucketLifecycle,
+        }
+        if method not in lifecycle:
+            raise MethodNotAllowed()
+        return lifecycle[method]
     if method == "HEAD":
         return Endpoint.HeadBucket
     if method == "GET":

@@ -385,3 +385,48 @@ def test_presigned_urls_of_a_client_with_default_settings(
         urllib.request.urlopen(tampered)
     refused.value.close()
     assert refused.value.code == 403
+
+
+def test_lifecycle_configuration(s3: Any, bucket: str) -> None:
+    assert error_code(s3.get_bucket_lifecycle_configuration, Bucket=bucket) == (
+        "NoSuchLifecycleConfiguration"
+    )
+    rules = [
+        {
+            "ID": "logs",
+            "Filter": {"Prefix": "logs/"},
+            "Status": "Enabled",
+            "Expiration": {"Days": 30},
+        },
+        {
+            "ID": "uploads",
+            "Filter": {"Prefix": ""},
+            "Status": "Enabled",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
+        },
+    ]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    got = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert [(r["ID"], r["Status"]) for r in got] == [("logs", "Enabled"), ("uploads", "Enabled")]
+    assert got[0]["Expiration"] == {"Days": 30} and got[0]["Filter"] == {"Prefix": "logs/"}
+    assert got[1]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+    transition = [
+        {
+            "ID": "t",
+            "Filter": {"Prefix": ""},
+            "Status": "Enabled",
+            "Transitions": [{"Days": 1, "StorageClass": "GLACIER"}],
+        }
+    ]
+    assert (
+        error_code(
+            s3.put_bucket_lifecycle_configuration,
+            Bucket=bucket,
+            LifecycleConfiguration={"Rules": transition},
+        )
+        == "NotImplemented"
+    )
+    s3.delete_bucket_lifecycle(Bucket=bucket)
+    assert error_code(s3.get_bucket_lifecycle_configuration, Bucket=bucket) == (
+        "NoSuchLifecycleConfiguration"
+    )

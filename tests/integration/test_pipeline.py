@@ -240,3 +240,94 @@ def test_orphans_are_found_and_deleted(
     assert leaked not in block_ids(cluster)
     assert world.garbage <= block_ids(cluster)  # records still name these: GC's, not orphans
     check_live(cluster.store, path, world, run)
+
+
+def test_lifecycle_expires_and_aborts_by_rule(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    from shoal.metadata import ObjectWrite
+    from shoal.metadata.ring import vnode_schema
+    from tests.fixtures.postgres import unique
+
+    store = cluster.store
+    owner = run(store.accounts.create(unique("lc"))).id
+    bucket = unique("lc")
+    found = run(store.buckets.create(owner, bucket))
+    for key in ("logs/a", "logs/b", "keep/c", "old/d", "old/e"):
+        run(
+            store.objects.put(
+                owner, bucket, key, ObjectWrite(content_length=1, content_md5=bytes(16))
+            )
+        )
+    upload = run(store.uploads.create(owner, bucket, "big"))
+    fresh_upload = run(store.uploads.create(owner, bucket, "fresh"))
+
+    async def backdate(key: str, table: str, days: int) -> None:
+        vnode = store.ring.vnode_for_object(owner, found.id, key)
+        async with store.shards.of_vnode(vnode).pool.connection() as conn:
+            await conn.execute(
+                f"UPDATE {vnode_schema(vnode)}.{table} "
+                "SET created = created - make_interval(days => %s) "
+                "WHERE bucket_id = %s AND name = %s",
+                (days, found.id, key),
+            )
+
+    run(backdate("old/d", "manta_bucket_object", 3))
+    run(backdate("big", "manta_bucket_upload", 3))
+    run(
+        store.buckets.put_lifecycle(
+            owner,
+            bucket,
+            [
+                {
+                    "id": "logs",
+                    "enabled": True,
+                    "prefix": "logs/",
+                    "expiration_days": None,
+                    "expiration_date": "2020-01-01T00:00:00+00:00",
+                    "abort_days": None,
+                },
+                {
+                    "id": "old",
+                    "enabled": True,
+                    "prefix": "old/",
+                    "expiration_days": 2,
+                    "expiration_date": None,
+                    "abort_days": None,
+                },
+                {
+                    "id": "uploads",
+                    "enabled": True,
+                    "prefix": "",
+                    "expiration_days": None,
+                    "expiration_date": None,
+                    "abort_days": 2,
+                },
+                {
+                    "id": "off",
+                    "enabled": False,
+                    "prefix": "keep/",
+                    "expiration_days": None,
+                    "expiration_date": "2020-01-01T00:00:00+00:00",
+                    "abort_days": None,
+                },
+            ],
+        )
+    )
+    summary = job(cluster, spark, "lifecycle", tmp_path)
+    assert summary.figures["objects expired"] == 3
+    left = [o.name for o in run(store.objects.list(owner, bucket)).objects]
+    assert left == ["keep/c", "old/e"]
+    uploads = [u.id for u in run(store.uploads.list(owner, bucket))]
+    assert uploads == [fresh_upload.id] and upload.id not in uploads
+    assert run(store.objects.list(owner, bucket)).objects  # the rest stays readable
+
+
+def test_expiry_rounds_up_to_midnight_utc() -> None:
+    from datetime import UTC, datetime
+
+    from shoal.pipeline.jobs.lifecycle import expires_at
+
+    created = datetime(2024, 3, 1, 15, 30, tzinfo=UTC)
+    assert expires_at(created, 1) == datetime(2024, 3, 3, tzinfo=UTC)
+    assert expires_at(datetime(2024, 3, 1, tzinfo=UTC), 1) == datetime(2024, 3, 2, tzinfo=UTC)
