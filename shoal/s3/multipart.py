@@ -155,7 +155,7 @@ async def complete_multipart_upload(call: Call) -> web.Response:
         chosen.append((number, md5))
     if not chosen:
         raise MalformedXML("CompleteMultipartUpload names no parts")
-    result = await call.store.uploads.complete(
+    await call.store.uploads.complete(
         call.account,
         call.bucket,
         call.key,
@@ -173,7 +173,6 @@ async def complete_multipart_upload(call: Call) -> web.Response:
             "ETag": f'"{version.etag}"',
         },
     )
-    del result
     return web.Response(body=body, content_type=XML)
 
 

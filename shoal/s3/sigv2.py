@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from shoal.s3.sigv4 import MAX_CLOCK_SKEW, SignedRequest, SigV4Error
+from shoal.s3.sigv4 import SignedRequest, SigV4Error, check_clock_skew, utf8
 
 __all__ = [
     "SUBRESOURCES",
@@ -197,7 +197,7 @@ def verify(
     bucket. Raises SignatureDoesNotMatch, with S3's diagnostic details, if the signature fails.
     """
     candidates = _strings_to_sign(credentials, request, host_bucket)
-    key, provided = _utf8(secret_key), _utf8(credentials.signature)
+    key, provided = utf8(secret_key), utf8(credentials.signature)
     matched = False
     for to_sign in candidates:  # every candidate is computed: the time does not tell which one
         matched |= hmac.compare_digest(_sign(key, to_sign), provided)
@@ -211,7 +211,7 @@ def verify(
                 "AWSAccessKeyId": credentials.access_key_id,
                 "StringToSign": to_sign,
                 "SignatureProvided": credentials.signature,
-                "StringToSignBytes": " ".join(f"{byte:02x}" for byte in _utf8(to_sign)),
+                "StringToSignBytes": " ".join(f"{byte:02x}" for byte in utf8(to_sign)),
             },
         )
 
@@ -237,7 +237,7 @@ def _strings_to_sign(
 
 def _sign(key: bytes, to_sign: str) -> bytes:
     """base64(HMAC-SHA1(key, StringToSign)), as ASCII bytes."""
-    return base64.b64encode(hmac.new(key, _utf8(to_sign), hashlib.sha1).digest())
+    return base64.b64encode(hmac.new(key, utf8(to_sign), hashlib.sha1).digest())
 
 
 # --- Parsing the two forms of authentication ---------------------------------------------------
@@ -270,7 +270,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
         raise SigV4Error(
             "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header"
         )
-    _check_clock_skew(request_time, now)
+    check_clock_skew(request_time, now)
     return V2Credentials(
         access_key_id=access_key_id,
         signature=signature,
@@ -352,19 +352,6 @@ def _parse_request_time(value: str) -> datetime | None:
         return None
 
 
-def _check_clock_skew(request_time: datetime, now: datetime) -> None:
-    if abs(request_time - now) > MAX_CLOCK_SKEW:
-        raise SigV4Error(
-            "RequestTimeTooSkewed",
-            "The difference between the request time and the current time is too large.",
-            {
-                "RequestTime": request_time.strftime(_ISO_FORMAT),
-                "ServerTime": now.strftime(_ISO_FORMAT),
-                "MaxAllowedSkewMilliseconds": str(int(MAX_CLOCK_SKEW.total_seconds() * 1000)),
-            },
-        )
-
-
 # --- Canonicalisation --------------------------------------------------------------------------
 
 
@@ -427,11 +414,3 @@ def _canonical_resources(request: SignedRequest, host_bucket: str | None) -> lis
     )
     suffix = "&".join(f"{name}={value}" if value else name for name, value in subresources)
     return [f"{path}?{suffix}" if suffix else path for path in paths]
-
-
-def _utf8(value: str) -> bytes:
-    """UTF-8 bytes; undecodable bytes the server kept as surrogates come back as they were."""
-    try:
-        return value.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "surrogatepass")

@@ -284,7 +284,7 @@ async def check_sha256(stream: AsyncIterable[bytes], expected: str) -> AsyncIter
 
 def _signing_key(secret_key: str, scope: str) -> bytes:
     """The SigV4 signing key for a credential scope "YYYYMMDD/region/service/aws4_request"."""
-    key = _utf8("AWS4" + secret_key)
+    key = utf8("AWS4" + secret_key)
     for part in scope.split("/"):
         key = _hmac(key, part)
     return key
@@ -310,7 +310,7 @@ def _canonical_uri(raw_path: str) -> str:
     Decoding first makes the result independent of how the client chose to escape: '~' sent
     raw or as %7E, a space as %20; every byte outside A-Z a-z 0-9 - _ . ~ and '/' is escaped.
     """
-    return quote_from_bytes(unquote_to_bytes(_utf8(raw_path)), safe="/") or "/"
+    return quote_from_bytes(unquote_to_bytes(utf8(raw_path)), safe="/") or "/"
 
 
 def _canonical_query(query: Iterable[tuple[str, str]], *, presigned: bool = False) -> str:
@@ -337,7 +337,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
     signature = _parse_signature(fields["Signature"], code)
     request_time = _header_request_time(request.headers)
     _check_scope_date(scope_date, request_time, code)
-    _check_clock_skew(request_time, now)
+    check_clock_skew(request_time, now)
     content_sha256 = request.headers.get("x-amz-content-sha256")
     if content_sha256 is None:
         raise SigV4Error(
@@ -557,7 +557,7 @@ def _parse_expires(value: str) -> int:
     return seconds
 
 
-def _check_clock_skew(request_time: datetime, now: datetime) -> None:
+def check_clock_skew(request_time: datetime, now: datetime) -> None:
     if abs(request_time - now) > MAX_CLOCK_SKEW:
         raise SigV4Error(
             "RequestTimeTooSkewed",
@@ -640,10 +640,10 @@ def _canonical_headers(names: Sequence[str], headers: Mapping[str, str]) -> str:
 
 
 def _uri_encode(value: str) -> str:
-    return quote_from_bytes(_utf8(value), safe="")
+    return quote_from_bytes(utf8(value), safe="")
 
 
-def _utf8(value: str) -> bytes:
+def utf8(value: str) -> bytes:
     """UTF-8 bytes; undecodable bytes the server kept as surrogates come back as they were."""
     try:
         return value.encode("utf-8", "surrogateescape")
@@ -652,11 +652,11 @@ def _utf8(value: str) -> bytes:
 
 
 def _hmac(key: bytes, message: str) -> bytes:
-    return hmac.new(key, _utf8(message), hashlib.sha256).digest()
+    return hmac.new(key, utf8(message), hashlib.sha256).digest()
 
 
 def _sha256_hex(value: str) -> str:
-    return hashlib.sha256(_utf8(value)).hexdigest()
+    return hashlib.sha256(utf8(value)).hexdigest()
 
 
 # --- Bodies --------------------------------------------------------------------------------

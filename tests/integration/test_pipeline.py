@@ -138,8 +138,7 @@ def test_meter_counts_usage_per_bucket(
 ) -> None:
     path = cluster.data_path(replicas=2, block_size=16 * KiB)
     world = run(build_garbage(cluster.store, path))
-    open_upload = run(cluster.store.uploads.create(world.owner, world.bucket, "open"))
-    del open_upload
+    run(cluster.store.uploads.create(world.owner, world.bucket, "open"))
     plot = tmp_path / "usage.png"
     summary = job(cluster, spark, "meter", tmp_path, plot=plot)
     line = next(v for k, v in summary.figures.items() if k.endswith(world.bucket))
