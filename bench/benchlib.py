@@ -9,11 +9,15 @@ database on that existing server and drops it at the end.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -44,13 +48,33 @@ def postgres_server(admin_dsn: str | None) -> Iterator[str]:
     if admin_dsn:
         yield admin_dsn
         return
-    with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch, exit_on_sigterm():
         server = EmbeddedPostgres(Path(scratch) / "postgres")
         server.start()
         try:
             yield server.dsn("postgres")
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit, so that `kill PID` still stops the embedded server.
+
+    (A run started in the background by a non-interactive shell ignores SIGINT.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -96,7 +120,25 @@ def machine_summary(dsn: str) -> list[str]:
         f"machine: {os.cpu_count()} cores ({cpu_model()}), {memory_gib():.1f} GiB RAM, "
         f"Linux {platform.release()}, Python {platform.python_version()}",
         "postgres: " + ", ".join(f"{k}={settings.get(k, '?')}" for k in REPORTED_SETTINGS),
+        load_average("at start"),
     ]
+
+
+def source_digest(*modules: str) -> str:
+    """Which version of the measured code ran: the first digits of each file's SHA-256."""
+    digests = []
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        origin = Path(spec.origin) if spec and spec.origin else None
+        digest = hashlib.sha256(origin.read_bytes()).hexdigest()[:12] if origin else "?"
+        digests.append(f"{module} {digest}")
+    return "code: " + ", ".join(digests)
+
+
+def load_average(when: str) -> str:
+    """The machine's load: other work on a 2-core machine shows in every figure."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {when}: {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)"
 
 
 def cpu_model() -> str:

@@ -1,7 +1,7 @@
 """Metadata API operations per second, against the pgbench ceiling of the same SQL.
 
-    .venv/bin/python bench/metadata_bench.py            # about 5 minutes on 2 cores
-    .venv/bin/python bench/metadata_bench.py --quick    # a smoke run, under a minute
+    .venv/bin/python bench/metadata_bench.py            # about 6 minutes on 2 cores
+    .venv/bin/python bench/metadata_bench.py --quick    # a smoke run, about 1.5 minutes
 
 What is measured, on one shard of 64 vnodes (the default):
 
@@ -12,13 +12,15 @@ What is measured, on one shard of 64 vnodes (the default):
   list /  the first page with delimiter '/' (the skip-scan arm, LIST_OBJECTS_DELIMITED_ARM)
 
 Each runs through the async API (asyncio tasks sharing one MetadataStore) at 1 and 16
-concurrent callers for a fixed duration, after a warm-up that lets psycopg prepare the
-statements. Beside each, pgbench runs the exact statement text the API runs (rendered by
-shoal.metadata.shards.render / render_arms) on the same server and tables, `-M prepared`,
-for the same duration: that is the ceiling PostgreSQL allows for the statement, and
-API/pgbench is what the Python layer keeps of it (target for put: >= 50%). A second pgbench
-column runs what one API call actually sends: the bucket lookup (SELECT_BUCKET) and then the
-statement, so the gap splits into "one more round trip" and "Python".
+concurrent callers for a fixed duration, after a warm-up at 16 callers that lets psycopg
+prepare the statements on every pooled connection. Beside each, pgbench runs the exact
+statement text the API runs (rendered by shoal.metadata.shards.render / render_arms) on the
+same server and tables, `-M prepared`, `-c 1` and `-c 16 -j 2`, for the same duration: that is
+the ceiling PostgreSQL allows for the statement, and API/pgbench is what the Python layer keeps
+of it (target for put: >= 50%). A second pgbench column runs what one API call actually sends:
+the bucket lookup (SELECT_BUCKET) and then the statement, so the gap splits into "one more
+round trip" and "Python". The three sides alternate in `--rounds` slices (2 x 5 s by default),
+so that load from other work on the machine falls on all of them alike.
 
 pgbench cannot pick a ring-placed name at random (names hash to vnodes with BLAKE2b), so its
 put/get run on a second bucket whose vnode v holds the keys "v*1000000 + k", as many per vnode
@@ -51,6 +53,7 @@ from pathlib import Path
 
 import psycopg
 from benchlib import (
+    load_average,
     machine_summary,
     markdown_table,
     open_store,
@@ -59,6 +62,7 @@ from benchlib import (
     postgres_server,
     run_tool,
     scratch_shard,
+    source_digest,
 )
 
 from shoal.config import ShardConfig
@@ -66,6 +70,7 @@ from shoal.metadata import Bucket, MetadataStore, ObjectWrite, queries
 from shoal.metadata.shards import render, render_arms
 
 OPS = ("put", "get", "list", "list /")
+SIDES = ("API", "pgbench", "pgbench+lookup")
 CLIENTS = (1, 16)
 PGBENCH_THREADS = 2
 LIST_LIMIT = 1000
@@ -77,6 +82,8 @@ CONTENT_TYPE = "application/octet-stream"
 HEADERS = {"x-amz-meta-bench": "1"}
 SHARKS = ["shark-1.local", "shark-2.local"]
 PARAMETER = re.compile(r"%\((\w+)\)s")
+VARIABLE = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")  # pgbench's :name, not a ::cast
+SET_VARIABLE = re.compile(r"^\\set (\w+)", re.MULTILINE)
 
 # How the pgbench scripts spell each parameter of the statements.
 PGBENCH_VALUES = {
@@ -99,6 +106,9 @@ PGBENCH_VALUES = {
 }
 
 Op = Callable[[random.Random], Awaitable[object]]
+
+# The modules whose code the figures measure (their digests are printed with the figures).
+MEASURED_CODE = ("shoal.metadata.queries", "shoal.metadata.objects", "shoal.metadata.base")
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,6 @@ class TableStats:
     updates: int
     hot_updates: int
     dead: int
-    live: int
     records: int  # rows inserted into the deleted-object windows
 
     def since(self, before: TableStats) -> TableStats:
@@ -145,9 +154,42 @@ class TableStats:
             updates=self.updates - before.updates,
             hot_updates=self.hot_updates - before.hot_updates,
             dead=self.dead,
-            live=self.live,
             records=self.records - before.records,
         )
+
+
+@dataclass(frozen=True)
+class PutRun:
+    label: str
+    puts: int
+    stats: TableStats  # what the run changed; `dead` is the count after it
+
+    def then(self, later: PutRun) -> PutRun:
+        """This run and a later one with the same label, as one."""
+        stats = TableStats(
+            updates=self.stats.updates + later.stats.updates,
+            hot_updates=self.stats.hot_updates + later.stats.hot_updates,
+            dead=later.stats.dead,
+            records=self.stats.records + later.stats.records,
+        )
+        return PutRun(self.label, self.puts + later.puts, stats)
+
+
+def merged_runs(puts: list[PutRun]) -> list[PutRun]:
+    """The runs of each label (the rounds of one side) merged, in order of first appearance."""
+    merged: dict[str, PutRun] = {}
+    for run in puts:
+        merged[run.label] = merged[run.label].then(run) if run.label in merged else run
+    return list(merged.values())
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str
+    clients: int
+    api: Measure
+    pgbench: Measure
+    pgbench_lookup: Measure
 
 
 # -- set-up ------------------------------------------------------------------------------
@@ -288,7 +330,7 @@ def pgbench_sql(statement: str, literals: dict[str, str] | None = None) -> str:
 def bucket_lookup_sql(setup: Setup, bucket: Bucket) -> str:
     """The statement every API object call runs first (Component.bucket)."""
     vnode = setup.store.ring.vnode_for_bucket(setup.owner, bucket.name)
-    return pgbench_sql(render(queries.SELECT_BUCKET, vnode))
+    return pgbench_sql(render(queries.SELECT_BUCKET, vnode), {"name": ":bucket"})
 
 
 def pgbench_scripts(kind: str, setup: Setup, lookup: bool) -> list[tuple[str, int]]:
@@ -343,9 +385,11 @@ async def pgbench(
         "--log",
         f"--log-prefix={run_dir / 'txn'}",
     ]
-    for name, value in pgbench_variables(kind, setup).items():
+    variables = pgbench_variables(kind, setup)
+    for name, value in variables.items():
         command.append(f"--define={name}={value}")
     for index, (text, weight) in enumerate(pgbench_scripts(kind, setup, lookup)):
+        check_variables(text, set(variables))
         path = run_dir / f"script{index}.sql"
         path.write_text(text)
         command.append(f"--file={path}@{weight}")
@@ -354,6 +398,14 @@ async def pgbench(
     result = await asyncio.to_thread(run_tool, command)
     cpu = children_cpu() - before
     return pgbench_measure(result.stdout, run_dir, cpu)
+
+
+def check_variables(script: str, defined: set[str]) -> None:
+    """Every :variable of a script is --define'd or \\set: pgbench binds a missing one as NULL."""
+    used = set(VARIABLE.findall(script))
+    missing = used - defined - set(SET_VARIABLE.findall(script))
+    if missing:
+        raise ValueError(f"pgbench script uses undefined variables {sorted(missing)}")
 
 
 def pgbench_measure(output: str, run_dir: Path, cpu: float) -> Measure:
@@ -380,7 +432,6 @@ SELECT
     coalesce(sum(n_tup_upd) FILTER (WHERE relname = 'manta_bucket_object'), 0),
     coalesce(sum(n_tup_hot_upd) FILTER (WHERE relname = 'manta_bucket_object'), 0),
     coalesce(sum(n_dead_tup) FILTER (WHERE relname = 'manta_bucket_object'), 0),
-    coalesce(sum(n_live_tup) FILTER (WHERE relname = 'manta_bucket_object'), 0),
     coalesce(sum(n_tup_ins) FILTER (WHERE relname LIKE 'manta\\_bucket\\_deleted\\_object\\_w%'), 0)
 FROM pg_stat_user_tables
 """
@@ -402,54 +453,67 @@ async def settled_stats(dsn: str, before: TableStats, updates: int) -> TableStat
     return now.since(before)
 
 
+async def observed(
+    setup: Setup, kind: str, label: str, run: Awaitable[Measure], puts: list[PutRun]
+) -> Measure:
+    """Await one run; for put, record what it did to manta_bucket_object in `puts`."""
+    before = await table_stats(setup.dsn) if kind == "put" else None
+    measure = await run
+    if before is not None:
+        stats = await settled_stats(setup.dsn, before, measure.ops)
+        puts.append(PutRun(label, measure.ops, stats))
+    return measure
+
+
 # -- the run -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Row:
-    kind: str
-    clients: int
-    api: Measure
-    pgbench: Measure
-    pgbench_lookup: Measure
+def side_run(
+    setup: Setup, kind: str, side: str, clients: int, seconds: int, workdir: Path
+) -> Awaitable[Measure]:
+    if side == "API":
+        return drive(api_op(kind, setup), clients, seconds)
+    return pgbench(setup, kind, clients, seconds, side == "pgbench+lookup", workdir)
 
 
 async def measure_kind(
-    setup: Setup, kind: str, args: argparse.Namespace, workdir: Path
-) -> tuple[list[Row], dict[str, tuple[int, TableStats]]]:
-    """API then pgbench runs of one operation; for put, the table statistics of each side."""
-    stats: dict[str, tuple[int, TableStats]] = {}
-    before = await table_stats(setup.dsn)
-    api: dict[int, Measure] = {}
-    puts = 0
+    setup: Setup, kind: str, args: argparse.Namespace, workdir: Path, puts: list[PutRun]
+) -> list[Row]:
+    """One operation: a warm-up at the highest concurrency (so that every pooled connection
+    has prepared its statements), then at each concurrency `rounds` alternations of API,
+    pgbench and pgbench+lookup, so that all three see the same background load."""
+    warm = drive(api_op(kind, setup), max(CLIENTS), args.warmup)
+    await observed(setup, kind, f"API warm-up c={max(CLIENTS)}", warm, puts)
+    seconds = max(1, args.seconds // args.rounds)
+    rows = []
     for clients in CLIENTS:
-        warm = await drive(api_op(kind, setup), clients, args.warmup)
-        api[clients] = await drive(api_op(kind, setup), clients, args.seconds)
-        puts += warm.ops + api[clients].ops
-        print(f"  API {kind:<6} c={clients:<2} {api[clients].rate:9.0f} ops/s", flush=True)
-    if kind == "put":
-        stats["API"] = (puts, await settled_stats(setup.dsn, before, puts))
-    before = await table_stats(setup.dsn)
-    plain: dict[int, Measure] = {}
-    lookup: dict[int, Measure] = {}
-    for clients in CLIENTS:
-        plain[clients] = await pgbench(setup, kind, clients, args.seconds, False, workdir)
-        lookup[clients] = await pgbench(setup, kind, clients, args.seconds, True, workdir)
+        slices: dict[str, list[Measure]] = {side: [] for side in SIDES}
+        for _ in range(args.rounds):
+            for side in SIDES:
+                run = side_run(setup, kind, side, clients, seconds, workdir)
+                slices[side].append(await observed(setup, kind, f"{side} c={clients}", run, puts))
+        api, plain, lookup = (combined(slices[side]) for side in SIDES)
         print(
-            f"  pgbench {kind:<6} c={clients:<2} {plain[clients].rate:9.0f} tps, "
-            f"with bucket lookup {lookup[clients].rate:9.0f} tps",
+            f"  {kind:<6} c={clients:<2} API {api.rate:8.0f} ops/s, pgbench {plain.rate:8.0f} "
+            f"tps, pgbench+lookup {lookup.rate:8.0f} tps",
             flush=True,
         )
-    if kind == "put":
-        puts = sum(m.ops for m in (*plain.values(), *lookup.values()))
-        stats["pgbench"] = (puts, await settled_stats(setup.dsn, before, puts))
-    rows = [Row(kind, c, api[c], plain[c], lookup[c]) for c in CLIENTS]
-    return rows, stats
+        rows.append(Row(kind, clients, api, plain, lookup))
+    return rows
 
 
-async def benchmark(
-    shard: ShardConfig, args: argparse.Namespace
-) -> tuple[list[Row], dict[str, tuple[int, TableStats]]]:
+def combined(measures: list[Measure]) -> Measure:
+    """Several runs of one side as one: total operations over total time."""
+    seconds = sum(m.seconds for m in measures)
+    return Measure(
+        ops=sum(m.ops for m in measures),
+        seconds=seconds,
+        latencies_ms=[latency for m in measures for latency in m.latencies_ms],
+        client_cpu=sum(m.client_cpu * m.seconds for m in measures) / seconds if seconds else 0.0,
+    )
+
+
+async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> tuple[list[Row], list[PutRun]]:
     store = await open_store(shard, args.vnodes, pool_max_size=max(CLIENTS) + 4)
     try:
         started = time.perf_counter()
@@ -457,13 +521,11 @@ async def benchmark(
         print(f"loaded {args.keys} keys in {time.perf_counter() - started:.1f} s", flush=True)
         check_listing(await setup.store.objects.list(setup.owner, API_BUCKET), args.keys)
         rows: list[Row] = []
-        stats: dict[str, tuple[int, TableStats]] = {}
+        puts: list[PutRun] = []
         with tempfile.TemporaryDirectory(prefix="pgbench-") as workdir:
             for kind in OPS:
-                kind_rows, kind_stats = await measure_kind(setup, kind, args, Path(workdir))
-                rows += kind_rows
-                stats |= kind_stats
-        return rows, stats
+                rows += await measure_kind(setup, kind, args, Path(workdir), puts)
+        return rows, puts
     finally:
         await store.close()
 
@@ -512,42 +574,41 @@ def ops_table(rows: list[Row]) -> str:
     return markdown_table(headers, body)
 
 
-def hot_table(stats: dict[str, tuple[int, TableStats]]) -> str:
+def hot_table(puts: list[PutRun]) -> str:
     headers = [
-        "put phase",
+        "put run",
         "puts",
         "updates",
         "HOT updates",
         "HOT ratio",
-        "dead tuples after",
-        "live tuples",
         "deletion records",
+        "dead tuples after",
     ]
     body = [
         [
-            side,
-            f"{puts:,}",
-            f"{s.updates:,}",
-            f"{s.hot_updates:,}",
-            f"{s.hot_updates / s.updates:.1%}" if s.updates else "-",
-            f"{s.dead:,}",
-            f"{s.live:,}",
-            f"{s.records:,}",
+            run.label,
+            f"{run.puts:,}",
+            f"{run.stats.updates:,}",
+            f"{run.stats.hot_updates:,}",
+            f"{run.stats.hot_updates / run.stats.updates:.1%}" if run.stats.updates else "-",
+            f"{run.stats.records:,}",
+            f"{run.stats.dead:,}",
         ]
-        for side, (puts, s) in stats.items()
+        for run in merged_runs(puts)
     ]
     return markdown_table(headers, body)
 
 
-def verdict(rows: list[Row], stats: dict[str, tuple[int, TableStats]]) -> list[str]:
+def verdict(rows: list[Row], puts: list[PutRun]) -> list[str]:
     lines = []
     for row in rows:
         if row.kind == "put":
             share = row.api.rate / row.pgbench.rate
             met = "met" if share >= 0.5 else "NOT met"
             lines.append(f"put c={row.clients}: API is {share:.0%} of pgbench (>= 50%: {met})")
-    _, api = stats["API"]
-    hot = api.hot_updates / api.updates if api.updates else 0.0
+    api = [run.stats for run in puts if run.label.startswith("API")]
+    updates = sum(s.updates for s in api)
+    hot = sum(s.hot_updates for s in api) / updates if updates else 0.0
     lines.append(f"HOT ratio of API puts: {hot:.1%} (>= 90%: {'met' if hot >= 0.9 else 'NOT met'})")
     return lines
 
@@ -556,8 +617,15 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 keys, 3 s runs")
     parser.add_argument("--keys", type=int, help="keys overwritten by put (default 10,000)")
-    parser.add_argument("--seconds", type=int, help="duration of each run (default 10)")
-    parser.add_argument("--warmup", type=float, help="API warm-up before each run (default 3)")
+    parser.add_argument(
+        "--seconds", type=int, help="time each side runs at each concurrency (default 10)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="alternations of API and pgbench sharing it (default 2)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, help="API warm-up at 16 clients before each operation (default 5)"
+    )
     parser.add_argument("--vnodes", type=int, default=64)
     parser.add_argument(
         "--dsn", help="superuser DSN of an existing PostgreSQL 18 (default: embedded)"
@@ -565,7 +633,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.keys = args.keys or (2_000 if args.quick else 10_000)
     args.seconds = args.seconds or (3 if args.quick else 10)
-    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    args.warmup = args.warmup if args.warmup is not None else (2.0 if args.quick else 5.0)
     return args
 
 
@@ -573,20 +642,25 @@ def main() -> None:
     args = parse_args()
     with postgres_server(args.dsn) as admin, scratch_shard(admin) as shard:
         summary = machine_summary(shard.dsn)
+        summary.append(
+            source_digest("shoal.metadata.queries", "shoal.metadata.objects", "shoal.metadata.base")
+        )
         print("\n".join(summary), flush=True)
-        rows, stats = asyncio.run(benchmark(shard, args))
+        rows, puts = asyncio.run(benchmark(shard, args))
+    summary.append(load_average("at end"))
     print()
     print("\n".join(summary))
     print(
-        f"keys={args.keys:,} vnodes={args.vnodes} run={args.seconds}s warm-up={args.warmup}s "
+        f"keys={args.keys:,} vnodes={args.vnodes} run={args.seconds}s in {args.rounds} rounds "
+        f"warm-up={args.warmup}s "
         f"pgbench -M prepared -j {PGBENCH_THREADS} (1 with -c 1)"
     )
     print()
     print(ops_table(rows))
     print()
-    print(hot_table(stats))
+    print(hot_table(puts))
     print()
-    print("\n".join(verdict(rows, stats)))
+    print("\n".join(verdict(rows, puts)))
 
 
 if __name__ == "__main__":
