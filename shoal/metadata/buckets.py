@@ -36,9 +36,11 @@ class Buckets(Component):
         await Accounts(self.shards, self.window).get(owner)
         bucket_id = uuid.uuid4()
         await self._claim_name(owner, name, bucket_id)
+        self.forget_bucket(owner, name)
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         params = {"id": bucket_id, "owner": owner, "name": name}
         created = await self.rows(vnode, queries.INSERT_BUCKET, params)
+        self.forget_bucket(owner, name)
         if not created:
             raise BucketAlreadyOwnedByYou(f"you already own bucket {name!r}")
         return Bucket(**created[0])
@@ -83,6 +85,7 @@ class Buckets(Component):
         Refused while the bucket holds objects or open uploads, unless forced: a forced delete
         touches two rows whatever the bucket holds, and leaves its contents to GC.
         """
+        self.forget_bucket(owner, name)
         bucket = await self.bucket(owner, name)
         if not force and await self.has_content(owner, bucket.id):
             raise BucketNotEmpty(f"bucket {name!r} is not empty")
@@ -92,6 +95,7 @@ class Buckets(Component):
         )
         if not gone:
             raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
+        self.forget_bucket(owner, name)
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.RELEASE_BUCKET_NAME, {"name": name, "id": bucket.id})
         return bucket

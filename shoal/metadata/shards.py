@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -43,6 +44,8 @@ class ShardSet:
         self.ring = ring
         self.shards = shards
         self.catalog = catalog
+        # (owner, bucket name) -> (valid until, Bucket): see base.BUCKET_CACHE_SECONDS
+        self.buckets_seen: dict[tuple[Any, str], tuple[float, Any]] = {}
 
     @classmethod
     async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> ShardSet:
