@@ -36,6 +36,8 @@ MIN_FREE_BYTES = 256 * 1024 * 1024
 # How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
 WINDOW_MAINTENANCE_SECONDS = 600.0
 ROOT_ACCOUNT = "root"
+# How long `shoal serve` waits for its local storage nodes' first heartbeat.
+NODE_START_SECONDS = 60
 
 
 class RegistryDirectory:
@@ -50,6 +52,8 @@ class RegistryDirectory:
 
     async def writable_nodes(self) -> list[Node]:
         await self._refresh()
+        if not self._writable:
+            await self._refresh(force=True)  # a node may have joined since the last read
         return list(self._writable)
 
     async def url_of(self, shark: str) -> str | None:
@@ -195,6 +199,9 @@ async def run_gateway(
         site = web.TCPSite(runner, config.s3.host, port, reuse_address=True)
         try:
             await site.start()
+            await wait_for_nodes(
+                store, config.storage.local_nodes, config.storage.heartbeat_deadline
+            )
             if on_ready is not None:
                 on_ready(root)
             collector = Collector(
@@ -212,6 +219,17 @@ async def run_gateway(
         finally:
             await runner.cleanup()
             await path.client.close()
+
+
+async def wait_for_nodes(store: MetadataStore, count: int, deadline: timedelta) -> None:
+    """Until `count` storage nodes heartbeat (so `serve` says ready only when writes work)."""
+    give_up = time.monotonic() + NODE_START_SECONDS
+    while time.monotonic() < give_up:
+        alive = [n for n in await store.nodes.list(deadline) if n.alive]
+        if len(alive) >= count:
+            return
+        await asyncio.sleep(0.1)
+    log.warning("only some storage nodes registered within %d s", NODE_START_SECONDS)
 
 
 async def root_keys(credentials: Credentials) -> KeyPair:

@@ -214,7 +214,15 @@ def _response_started(request: web.Request) -> bool:
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
     request["response_started"] = True
     response.headers.setdefault("x-amz-request-id", request.get("request_id", ""))
-    response.headers.setdefault("Server", "Shoal")
+    response.headers["Server"] = "Shoal"
+
+
+def _bytes_out(response: web.StreamResponse) -> int:
+    """Body bytes of a response: streamed ones are sent by now, plain ones not yet."""
+    if response.prepared:
+        return response.body_length
+    body = getattr(response, "body", None)
+    return len(body) if isinstance(body, bytes | bytearray) else 0
 
 
 def _log_access(
@@ -227,6 +235,6 @@ def _log_access(
         call.endpoint.name if call else "-",
         response.status,
         request.content_length or 0,
-        response.content_length or response.body_length if response.prepared else 0,
+        _bytes_out(response),
         (time.monotonic() - started) * 1000,
     )
