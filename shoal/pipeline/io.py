@@ -143,10 +143,7 @@ def driver_rows(
         if not vnodes:
             continue
         with psycopg.connect(shard.dsn, autocommit=True) as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(
-                sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshots[shard.name]))
-            )
+            _join_snapshot(conn, snapshots[shard.name])
             for vnode in vnodes:
                 query = template.replace(
                     "{schema}", sql.Identifier(vnode_schema(vnode)).as_string(None)
@@ -207,10 +204,7 @@ def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
             conn = connections.get(task.shard)
             if conn is None:
                 conn = psycopg.connect(task.dsn, autocommit=True)
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                conn.execute(
-                    sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
-                )
+                _join_snapshot(conn, task.snapshot)
                 connections[task.shard] = conn
             schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
             with conn.cursor(name=f"read_{task.vnode}") as cursor:
@@ -221,6 +215,12 @@ def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
     finally:
         for conn in connections.values():
             conn.close()
+
+
+def _join_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:
+    """Begin a read-only transaction that sees exactly the driver's exported snapshot."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
 
 
 def _record_row(task: ReadTask, row: tuple[Any, ...]) -> tuple[Any, ...]:
