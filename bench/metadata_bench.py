@@ -67,6 +67,7 @@ from benchlib import (
 
 from shoal.config import ShardConfig
 from shoal.metadata import Bucket, MetadataStore, ObjectWrite, queries
+from shoal.metadata.listing import first_arm_limit
 from shoal.metadata.shards import render, render_arms
 
 OPS = ("put", "get", "list", "list /")
@@ -102,6 +103,7 @@ PGBENCH_VALUES = {
     "prefix": "''",
     "lower": "''",
     "delimiter": ":delimiter",
+    "arm_limit": ":arm_limit",
     "limit": ":limit",
 }
 
@@ -366,6 +368,7 @@ def pgbench_variables(kind: str, setup: Setup) -> dict[str, str]:
         "bucket_id": str(bucket.id),
         "bucket": bucket.name,
         "delimiter": "/",
+        "arm_limit": str(first_arm_limit(LIST_LIMIT + 1, setup.store.shards.ring.vnodes)),
         "limit": str(LIST_LIMIT + 1),
     }
 

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shoal.metadata import queries
-from shoal.metadata.base import Component, object_from_row, write_params
+from shoal.metadata.base import Component, Row, object_from_row, write_params
 from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
-from shoal.metadata.listing import key_range, merge_sorted
+from shoal.metadata.listing import (
+    first_arm_limit,
+    key_range,
+    merge_sorted,
+    next_arm_limit,
+)
 from shoal.metadata.models import (
     CommonPrefix,
     ListingPage,
@@ -142,41 +147,68 @@ class Objects(Component):
         if not 0 <= limit <= MAX_KEYS:
             raise InvalidName(f"limit must be between 0 and {MAX_KEYS}")
         found = await self.bucket(owner, bucket)
-        bounds = key_range(prefix, delimiter, marker)
-        if bounds is None or limit == 0:
-            return ListingPage(entries=[], is_truncated=False, next_marker=None)
-        lower, upper = bounds
-        params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "prefix": prefix,
-            "delimiter": delimiter,
-            "lower": lower,
-            "upper": upper,
-            "limit": limit + 1,
-        }
-        arm = queries.LIST_OBJECTS_DELIMITED_ARM if delimiter else queries.LIST_OBJECTS_ARM
-        pages = await asyncio.gather(
-            *(
-                self.shard_rows(
-                    shard,
-                    render_arms(
-                        queries.LIST_OBJECTS_MERGE, arm, tuple(shard.vnodes), upper is not None
-                    ),
-                    params,
-                )
-                for shard in self.shards.placed()
+        wanted = limit + 1  # one more than the page says whether it is truncated
+        arm_limit = first_arm_limit(wanted, self.shards.ring.vnodes)
+        entries: list[ObjectSummary | CommonPrefix] = []
+        while limit and (bounds := key_range(prefix, delimiter, marker)) is not None:
+            pages = await self._read_arms(
+                owner, found.id, prefix, delimiter, bounds, arm_limit, wanted - len(entries)
             )
-        )
-        entries = merge_sorted(
-            [[_entry(row) for row in page] for page in pages], key_of=_entry_key, limit=limit + 1
-        )
+            # Each shard's page is complete up to its `through`; all are up to the least.
+            ends = [page[0]["through"] for page in pages if page and page[0]["through"]]
+            through = min(ends) if ends else None
+            usable = [
+                [_entry(row) for row in page if through is None or row["key"] <= through]
+                for page in pages
+            ]
+            found_now = merge_sorted(usable, key_of=_entry_key, limit=wanted - len(entries))
+            entries.extend(found_now)
+            if through is None or len(entries) >= wanted:
+                break
+            # The next round starts after `through`, as a next page would after that marker.
+            marker = through
+            arm_limit = next_arm_limit(arm_limit, len(found_now), wanted - len(entries), wanted)
         truncated = len(entries) > limit
         entries = entries[:limit]
         return ListingPage(
             entries=entries,
             is_truncated=truncated,
             next_marker=_entry_key(entries[-1]) if truncated else None,
+        )
+
+    async def _read_arms(
+        self,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        prefix: str,
+        delimiter: str,
+        bounds: tuple[str, str | None],
+        arm_limit: int,
+        limit: int,
+    ) -> list[list[Row]]:
+        """Per shard: up to `limit` entries merged from `arm_limit` per vnode, in key order."""
+        lower, upper = bounds
+        params = {
+            "owner": owner,
+            "bucket_id": bucket_id,
+            "prefix": prefix,
+            "delimiter": delimiter,
+            "lower": lower,
+            "upper": upper,
+            "arm_limit": arm_limit,
+            "limit": limit,
+        }
+        arm = queries.LIST_OBJECTS_DELIMITED_ARM if delimiter else queries.LIST_OBJECTS_ARM
+        bounded = upper is not None
+        return await asyncio.gather(
+            *(
+                self.shard_rows(
+                    shard,
+                    render_arms(queries.LIST_OBJECTS_MERGE, arm, tuple(shard.vnodes), bounded),
+                    params,
+                )
+                for shard in self.shards.placed()
+            )
         )
 
     async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:

@@ -217,13 +217,14 @@ SELECT {object_columns} FROM gone
 
 # -- listing ------------------------------------------------------------------------------
 
+# Each listing arm reads up to %(arm_limit)s entries of one vnode, tagged with the vnode.
 LIST_OBJECTS_ARM = """
-(SELECT name, NULL::text AS prefix, id, modified, content_length, content_md5,
+(SELECT {vnode} AS arm, name, NULL::text AS prefix, id, modified, content_length, content_md5,
         jsonb_array_length(properties -> 'parts') AS parts_count
  FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
    AND name >= %(lower)s {upper_bound}
- ORDER BY name LIMIT %(limit)s)
+ ORDER BY name LIMIT %(arm_limit)s)
 """
 
 # A skip scan over one vnode: each step is one index probe for the next name at or after
@@ -251,17 +252,31 @@ LIST_OBJECTS_DELIMITED_ARM = """
           {upper_bound}
         ORDER BY o.name LIMIT 1
     ) nxt
-    WHERE walk.step < %(limit)s
+    WHERE walk.step < %(arm_limit)s
  )
- SELECT name, prefix, id, modified, content_length, content_md5, parts_count FROM walk)
+ SELECT {vnode} AS arm, name, prefix, id, modified, content_length, content_md5, parts_count
+ FROM walk)
 """
 
-# Merges the arms of one shard; a common prefix found by several vnodes appears once.
+# Merges the arms of one shard. An arm that came back full may have more entries after its
+# last, so the merge is complete only up to the smallest last key of a full arm (`through`,
+# NULL when no arm was full): entries past it are left for the caller's next round
+# (objects.py). A common prefix found by several vnodes appears once.
 LIST_OBJECTS_MERGE = """
-SELECT DISTINCT ON (coalesce(prefix, name)) name, prefix, id, modified, content_length,
-       content_md5, parts_count
-FROM ({arms}) AS entries
-ORDER BY coalesce(prefix, name)
+WITH entries AS (
+    SELECT arm, name, prefix, id, modified, content_length, content_md5, parts_count,
+           coalesce(prefix, name) COLLATE "C" AS key
+    FROM ({arms}) AS arms
+), complete AS (
+    SELECT min(last_key) AS through
+    FROM (SELECT max(key) AS last_key FROM entries
+          GROUP BY arm HAVING count(*) >= %(arm_limit)s) AS full_arms
+)
+SELECT DISTINCT ON (key) key, name, prefix, id, modified, content_length, content_md5,
+       parts_count, complete.through
+FROM entries CROSS JOIN complete
+WHERE complete.through IS NULL OR key <= complete.through
+ORDER BY key
 LIMIT %(limit)s
 """
 

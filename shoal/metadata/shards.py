@@ -132,6 +132,7 @@ def render(template: str, vnode: int | None = None, upper_bound: bool = False) -
     }
     if vnode is not None:
         fragments["schema"] = sql.Identifier(vnode_schema(vnode))
+        fragments["vnode"] = sql.Literal(vnode)
     return sql.SQL(template).format(**fragments).as_string(None)
 
 

@@ -1,15 +1,20 @@
-"""Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3."""
+"""Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3.
+
+With one shard the listing reads as few entries per vnode as it can (one at first), so that
+pages take several rounds of reads (objects.list); with three it reads as configured.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.metadata import MetadataStore, ObjectWrite
+from shoal.metadata import MetadataStore, ObjectWrite, listing
 from tests.fixtures.postgres import MakeStore, unique
 
 # Characters that stress byte order and SQL: multibyte, LIKE wildcards, the delimiter, the
@@ -44,9 +49,13 @@ def listed(page: Any) -> list[tuple[str, bool]]:
     return [(e.prefix, True) if hasattr(e, "prefix") else (e.name, False) for e in page.entries]
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=["1-shard", "3-shards"])
-def store(request: pytest.FixtureRequest, make_store: MakeStore) -> MetadataStore:
-    return make_store(shards=request.param, vnodes=6)
+@pytest.fixture(scope="module", params=[1, 3], ids=["1-shard-one-entry-arms", "3-shards"])
+def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Iterator[MetadataStore]:
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == 1:
+            patch.setattr(listing, "MIN_ARM_LIMIT", 1)
+            patch.setattr(listing, "FIRST_ROUND_SHARE", 0.1)
+        yield make_store(shards=request.param, vnodes=6)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,14 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.metadata.listing import common_prefix, key_range, merge_sorted, successor
+from shoal.metadata.listing import (
+    common_prefix,
+    first_arm_limit,
+    key_range,
+    merge_sorted,
+    next_arm_limit,
+    successor,
+)
 
 names = st.text(
     alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12
@@ -57,3 +64,13 @@ def test_key_range_after_a_marker() -> None:
 def test_merge_sorted_keeps_one_of_equal_keys_and_stops_at_the_limit() -> None:
     merged = merge_sorted([["a", "c/", "d"], ["b", "c/", "e"]], key_of=str, limit=4)
     assert merged == ["a", "b", "c/", "d"]
+
+
+def test_arm_limits_start_at_twice_the_share_and_never_exceed_the_page() -> None:
+    assert first_arm_limit(wanted=1001, arms=64) == 32
+    assert first_arm_limit(wanted=3, arms=64) == 3
+    assert first_arm_limit(wanted=1001, arms=1) == 1001
+    # 32 per arm covered 200 entries; 801 missing at that density, with a margin.
+    assert next_arm_limit(32, covered=200, missing=801, wanted=1001) == 193
+    assert next_arm_limit(32, covered=1, missing=900, wanted=1001) == 1001
+    assert next_arm_limit(32, covered=1000, missing=1, wanted=1001) == 64
