@@ -17,6 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import shoal.loop
 from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
 from shoal.config import Config, ConfigError, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -135,14 +136,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _db_migrate(config: Config, args: argparse.Namespace) -> int:
     with shard_configs(config) as shards:
-        ring = asyncio.run(migrate(shards, config.metadata))
+        ring = shoal.loop.run(migrate(shards, config.metadata))
     print(f"migrated {len(shards)} shard(s); ring version {ring.version}, {ring.vnodes} vnodes")
     return 0
 
 
 def _db_status(config: Config, args: argparse.Namespace) -> int:
     with shard_configs(config) as shards:
-        status = asyncio.run(cluster_status(shards, config.storage.heartbeat_deadline))
+        status = shoal.loop.run(cluster_status(shards, config.storage.heartbeat_deadline))
     ring = status.ring
     if args.json:
         report = {
@@ -182,14 +183,14 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     port = args.port or config.s3.port
     nodes = LocalNodes(config, _where(config, args))
     with _serve_lock(config.data_dir), shard_configs(config) as shards:
-        asyncio.run(migrate(shards, config.metadata))
+        shoal.loop.run(migrate(shards, config.metadata))
         try:
             node_lines = nodes.start()
 
             def ready(root: KeyPair) -> None:
                 _print_banner(config, port, shards, node_lines, root)
 
-            asyncio.run(
+            shoal.loop.run(
                 _run_until_stopped(
                     lambda stop: run_gateway(config, shards, port, stop, on_ready=ready)
                 )
@@ -230,7 +231,7 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")
     with shard_configs(config) as shards:
-        asyncio.run(
+        shoal.loop.run(
             _run_until_stopped(lambda stop: run_storage_node(config, shards, settings, stop))
         )
     return 0
@@ -267,7 +268,7 @@ def _gc_run(config: Config, args: argparse.Namespace) -> int:
     done = _with_store(config, run)
     print(
         f"reclaimed {done.records_reclaimed} of {done.records_found} records "
-        f"({done.records_failed} failed), {done.blocks_deleted} blocks, "
+        f"({done.records_failed} failed), {done.blocks_deleted} block replicas deleted, "
         f"{done.bytes_reclaimed:,} bytes; dropped {done.windows_dropped} windows"
     )
     return 0 if done.records_failed == 0 else 1
@@ -303,7 +304,8 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
         print(
             f"  {r.started:%Y-%m-%d %H:%M:%S} {r.kind:<6} found {r.records_found:,} "
             f"reclaimed {r.records_reclaimed:,} failed {r.records_failed:,} "
-            f"blocks {r.blocks_deleted:,} windows {r.windows_dropped} in {seconds:.1f}s"
+            f"block replicas deleted {r.blocks_deleted:,} windows dropped {r.windows_dropped} "
+            f"in {seconds:.1f}s"
         )
     return 0
 
@@ -359,7 +361,7 @@ def _with_store(config: Config, action):  # type: ignore[no-untyped-def]
             return await action(store)
 
     with shard_configs(config) as shards:
-        return asyncio.run(run(shards))
+        return shoal.loop.run(run(shards))
 
 
 def _account_create(config: Config, args: argparse.Namespace) -> int:

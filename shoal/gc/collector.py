@@ -2,9 +2,10 @@
 
 Used by the daemon inside `shoal serve` and by `shoal gc run`. Several collectors (or workers
 of one) never take the same record: batches are claimed with FOR UPDATE SKIP LOCKED and held
-until their transaction ends. A collector killed at any point loses nothing: blocks already
-deleted count as gone on the next run, and records it had claimed are released by the
-rollback.
+until their transaction ends. The blocks of a whole batch are deleted with one request per
+storage node (all nodes at once), and each record is removed only if none of the nodes it
+names failed. A collector killed at any point loses nothing: blocks already deleted count as
+gone on the next run, and records it had claimed are released by the rollback.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ import contextlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from shoal.gc.rules import blocks_of, may_remove
+from shoal.gc.rules import blocks_of, by_node, may_remove
 from shoal.metadata import MetadataStore, ObjectVersion
 from shoal.metadata.garbage import GcRun
-from shoal.storage import DataPath
+from shoal.storage import BlockRun, DataPath, DeleteOutcome
 
 log = logging.getLogger("shoal.gc")
 
 BATCH_SIZE = 100
 WORKERS = 4
 DEFAULT_INTERVAL = timedelta(minutes=15)
-# Fault injection for tests: exit the process after this many block-delete calls.
+# Fault injection for tests: exit the process after this many node delete batches.
 FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
 
 
@@ -36,9 +37,13 @@ class Tally:
     found: int = 0
     reclaimed: int = 0
     failed: int = 0
+    # Block replicas a node removed (one block on one node); replicas already missing are
+    # counted apart. The Spark job counts the same two figures.
     blocks: int = 0
+    missing: int = 0
     bytes: int = 0
     windows: int = 0
+    vnodes_with_removals: set[int] = field(default_factory=set)
 
 
 class Collector:
@@ -75,6 +80,10 @@ class Collector:
 
         vnodes = [v for shard in self.store.shards.placed() for v in shard.vnodes]
         await asyncio.gather(*(vnode_pass(v) for v in vnodes))
+        # Removed rows are dead tuples until vacuumed; do it now rather than leave it to
+        # autovacuum (after every worker's claim has ended, so that they can be reclaimed).
+        for vnode in sorted(tally.vnodes_with_removals):
+            await self.store.gc_book.vacuum_deleted_tables(vnode)
         run = GcRun(
             kind=self.kind,
             leeway=self.leeway,
@@ -97,7 +106,8 @@ class Collector:
                 if not await self.store.gc_book.paused():
                     run = await self.run_once()
                     log.info(
-                        "gc reclaimed %d of %d records (%d failed), %d blocks, %d windows",
+                        "gc reclaimed %d of %d records (%d failed), %d block replicas "
+                        "deleted, %d windows dropped",
                         run.records_reclaimed,
                         run.records_found,
                         run.records_failed,
@@ -117,6 +127,8 @@ class Collector:
             ) as claim:
                 gone = await self._reclaim(claim.records, tally)
                 await claim.remove(gone)
+            if claim.removed:
+                tally.vnodes_with_removals.add(vnode)
             if len(claim.records) < self.batch_size or not gone:
                 return
 
@@ -125,6 +137,7 @@ class Collector:
             for bucket in claim.buckets:
                 if await self._empty_bucket(bucket.owner, bucket.id, tally):
                     await claim.remove(bucket)
+                    tally.vnodes_with_removals.add(vnode)
 
     async def _empty_bucket(self, owner: uuid.UUID, bucket_id: uuid.UUID, tally: Tally) -> bool:
         """Reclaim a deleted incarnation's objects and parts; True once none remain."""
@@ -138,14 +151,21 @@ class Collector:
                 return False  # some node is down: the bucket record waits for a later pass
 
     async def _reclaim(self, records: list[ObjectVersion], tally: Tally) -> list[ObjectVersion]:
-        """Delete every block of each record; return the records that may go."""
+        """Delete every block of the records, one batch per node with the nodes in parallel;
+        return the records that may go."""
         tally.found += len(records)
-        gone = []
-        for record in records:
-            outcome = await self.data.delete(blocks_of(record))
-            self._count_deletion()
+        runs = [blocks_of(record) for record in records]
+        nodes = by_node([run for record_runs in runs for run in record_runs])
+        outcomes = await asyncio.gather(*(self._delete_on(node) for node in nodes.values()))
+        failed = set()
+        for shark, outcome in zip(nodes, outcomes, strict=True):
             tally.blocks += outcome.deleted
-            if may_remove(outcome):
+            tally.missing += outcome.missing
+            if not outcome.complete:
+                failed.add(shark)
+        gone = []
+        for record, record_runs in zip(records, runs, strict=True):
+            if may_remove(record_runs, failed):
                 gone.append(record)
                 tally.reclaimed += 1
                 tally.bytes += record.content_length or 0
@@ -153,8 +173,14 @@ class Collector:
                 tally.failed += 1
         return gone
 
+    async def _delete_on(self, runs: list[BlockRun]) -> DeleteOutcome:
+        """One node's share of a batch (DataPath splits it into requests of 1,000 names)."""
+        outcome = await self.data.delete(runs)
+        self._count_deletion()
+        return outcome
+
     def _count_deletion(self) -> None:
         self._deletions += 1
         if self._fault_after is not None and self._deletions >= self._fault_after:
-            log.error("fault injection: exiting after %d deletions", self._deletions)
+            log.error("fault injection: exiting after %d node delete batches", self._deletions)
             os._exit(3)

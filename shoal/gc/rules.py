@@ -8,6 +8,8 @@
   blocks of the parts a multipart object names.
 - A record may go only when each of its blocks is gone from each node it names; a block
   already missing counts as gone. A node that cannot be reached keeps the record for later.
+  Block deletes are sent per node in batches covering many records, so the rule is applied
+  per record from the set of nodes whose batch failed.
 
 The three hazards Riak CS documents cannot happen here: a slow reader has the whole leeway to
 finish (blocks of a replaced version stay that long); clock skew between workers does not
@@ -18,11 +20,13 @@ live version, because every write makes a new UUIDv7 version id that is never re
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 
 from shoal.metadata import ObjectVersion
-from shoal.storage import BlockRun, DeleteOutcome, block_runs
+from shoal.storage import BlockRun, block_runs
 
 # RFD 149 and Riak CS both wait 24 hours: long enough for any reader that started before the
 # delete to finish streaming, and for an operator to notice a mistaken delete.
@@ -45,6 +49,16 @@ def blocks_of(record: ObjectVersion) -> list[BlockRun]:
     return block_runs(record.id, record.content_length or 0, record.sharks, record.properties)
 
 
-def may_remove(outcome: DeleteOutcome) -> bool:
-    """A record may go once all its blocks are gone from every node it names."""
-    return outcome.complete
+def by_node(runs: Sequence[BlockRun]) -> dict[str, list[BlockRun]]:
+    """The same blocks grouped per node they are on: one delete batch per node."""
+    grouped: dict[str, list[BlockRun]] = {}
+    for run in runs:
+        for shark in run.sharks:
+            grouped.setdefault(shark, []).append(dataclasses.replace(run, sharks=[shark]))
+    return grouped
+
+
+def may_remove(runs: Sequence[BlockRun], failed_nodes: Collection[str]) -> bool:
+    """A record may go once all its blocks are gone from every node it names: none of those
+    nodes failed its delete batch (a node that answered deleted them or never had them)."""
+    return not any(shark in failed_nodes for run in runs for shark in run.sharks)

@@ -4,6 +4,10 @@ Ages are judged by the database clock (`current_timestamp - leeway`), never a wo
 A claimed batch is held by its transaction (FOR UPDATE SKIP LOCKED): several workers take
 disjoint batches, and a worker that dies releases its batch by rolling back, so every step can
 be repeated. Records are removed only by the claimer, after the blocks they name are gone.
+
+Removing rows leaves dead tuples until a vacuum. So the Spark job removes a window's records
+by truncating the window when they are all it holds (`clear_window`), and both GC paths
+vacuum what they removed row by row.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -24,6 +29,7 @@ from shoal.metadata.base import Component, object_from_row
 from shoal.metadata.models import DeletedBucket, ObjectVersion
 from shoal.metadata.partitions import window_end
 from shoal.metadata.ring import vnode_schema
+from shoal.metadata.schema import DELETED_TABLES
 from shoal.metadata.shards import render, render_arms
 
 
@@ -199,20 +205,87 @@ class GarbageBook(Component):
                 if end is None or end > now - WINDOW_DROP_GRACE:
                     continue
                 async with conn.transaction():
-                    table = sql.Identifier(schema, name)
-                    await conn.execute(
-                        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table)
-                    )
-                    cur = await conn.execute(
-                        sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table)
-                    )
+                    names = _names(schema, name, parent)
+                    await conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
+                    cur = await conn.execute(sql.SQL(queries.WINDOW_HOLDS_ANY).format(**names))
                     if (await cur.fetchone())[0]:  # type: ignore[index]
                         continue
-                    await conn.execute(
-                        sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                            sql.Identifier(schema, parent), table
-                        )
-                    )
-                    await conn.execute(sql.SQL("DROP TABLE {}").format(table))
+                    await conn.execute(sql.SQL(queries.DETACH_WINDOW).format(**names))
+                    await conn.execute(sql.SQL(queries.DROP_WINDOW).format(**names))
                     dropped += 1
         return dropped
+
+    async def vacuum_deleted_tables(self, vnode: int) -> None:
+        """Vacuum every window of the vnode's deleted tables (after removing rows from them)."""
+        async with self.shards.of_vnode(vnode).pool.connection() as conn:  # autocommit
+            for table in DELETED_TABLES:
+                statement = sql.SQL(queries.VACUUM_TABLE).format(
+                    table=sql.Identifier(vnode_schema(vnode), table)
+                )
+                await conn.execute(statement)
+
+
+def _names(schema: str, window: str, parent: str = "") -> dict[str, sql.Composable]:
+    return {"window": sql.Identifier(schema, window), "parent": sql.Identifier(schema, parent)}
+
+
+# -- for the Spark job's executors, which use plain (synchronous) connections ------------------
+
+REMOVE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class WindowClearing:
+    removed: int
+    whole: bool  # truncated whole (no dead tuples) rather than deleted row by row
+
+
+def clear_window(
+    conn: psycopg.Connection[Any], vnode: int, window: str, ids: Sequence[str | uuid.UUID]
+) -> WindowClearing:
+    """Remove the deletion records `ids`, whose blocks are all gone, from one window of the
+    vnode's deleted-object table. `conn` must be in autocommit mode.
+
+    If the window holds no other record it is truncated whole, leaving no dead tuples. The
+    check and the TRUNCATE run under an ACCESS EXCLUSIVE lock on the window, so a record
+    written into it concurrently either committed before the lock (the check sees it and the
+    window is not truncated) or waits for the lock and lands after the TRUNCATE. Otherwise
+    (other records in the window, or the lock not granted in time) the rows are deleted by id,
+    and the caller vacuums the window once every removal is done.
+
+    TRUNCATE is not MVCC-safe: a reader whose snapshot is older sees the window empty. That
+    only hides records whose blocks are already gone, so the orphan job may list those blocks
+    again (they are gone) and the meter counts less waiting for GC; nothing live is at stake.
+    """
+    schema = vnode_schema(vnode)
+    names = _names(schema, window)
+    try:
+        with conn.transaction():
+            conn.execute(queries.WINDOW_LOCK_TIMEOUT)
+            conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
+            others = conn.execute(
+                sql.SQL(queries.WINDOW_HOLDS_OTHERS).format(**names), {"ids": list(ids)}
+            ).fetchone()[0]  # type: ignore[index]
+            if not others:
+                count = conn.execute(sql.SQL(queries.COUNT_WINDOW).format(**names)).fetchone()[0]  # type: ignore[index]
+                conn.execute(sql.SQL(queries.TRUNCATE_WINDOW).format(**names))
+                return WindowClearing(removed=count, whole=True)
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable):
+        pass  # busy, or not a window of ours: remove row by row below
+    removed = 0
+    statement = render(queries.REMOVE_DELETED_OBJECTS, vnode)
+    for first in range(0, len(ids), REMOVE_BATCH):
+        cur = conn.execute(statement, {"ids": list(ids[first : first + REMOVE_BATCH])})
+        removed += cur.rowcount
+    return WindowClearing(removed=removed, whole=False)
+
+
+def vacuum_windows(conn: psycopg.Connection[Any], windows: Iterable[tuple[int, str]]) -> None:
+    """Vacuum windows (vnode, name) that had rows deleted; `conn` in autocommit mode."""
+    for vnode, window in windows:
+        with contextlib.suppress(psycopg.errors.UndefinedTable):  # dropped meanwhile
+            conn.execute(
+                sql.SQL(queries.VACUUM_TABLE).format(
+                    table=_names(vnode_schema(vnode), window)["window"]
+                )
+            )

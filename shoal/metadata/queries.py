@@ -591,6 +591,32 @@ WHERE n.nspname = %(schema)s AND c.relkind = 'r'
   AND p.relname IN ('manta_bucket_deleted_object', 'manta_bucket_deleted_bucket')
 """
 
+# Reclaiming a whole window. `{window}`, `{parent}` and `{table}` are identifiers filled in
+# with psycopg.sql. A waiting ACCESS EXCLUSIVE request queues every writer of the window behind
+# it, so GC waits for the lock only briefly and otherwise removes rows one by one.
+WINDOW_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
+
+LOCK_WINDOW = "LOCK TABLE {window} IN ACCESS EXCLUSIVE MODE"
+
+# Does the window hold a row other than these reclaimed ids? (`<> ALL` over a large array is
+# hashed by PostgreSQL 15+, so this is one pass over the window.)
+WINDOW_HOLDS_OTHERS = """
+SELECT EXISTS (SELECT 1 FROM {window} WHERE id <> ALL(%(ids)s::uuid[]))
+"""
+
+WINDOW_HOLDS_ANY = "SELECT EXISTS (SELECT 1 FROM {window})"
+
+COUNT_WINDOW = "SELECT count(*) FROM {window}"
+
+TRUNCATE_WINDOW = "TRUNCATE {window}"
+
+DETACH_WINDOW = "ALTER TABLE {parent} DETACH PARTITION {window}"
+
+DROP_WINDOW = "DROP TABLE {window}"
+
+# Runs outside a transaction; on a partitioned table it vacuums every window.
+VACUUM_TABLE = "VACUUM {table}"
+
 # Is this id a part of an upload still open? (the audit re-checks findings with it)
 PART_IS_OPEN = """
 SELECT 1 FROM {schema}.manta_bucket_upload_part

@@ -267,69 +267,101 @@ def run_async(coroutine: Any) -> Any:
 
 FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
 DELETE_BATCH = 1000
+# Delete requests in flight per node from one task: overlaps one batch's HTTP round trip and
+# JSON with the node's unlinks of the previous one.
+DELETES_IN_FLIGHT = 4
+
+# What one delete request to a node did: the keys of the blocks it named, whether they are all
+# gone now (False when the node failed or is unknown), and the node's own count of block
+# replicas it removed; the rest of the batch was already missing.
+BatchOutcome = tuple[list[Any], bool, int]
 
 
 def delete_blocks(
-    rows: Iterable[tuple[str, str, str, str]], secret: bytes
-) -> Iterator[tuple[str, bool]]:
-    """(shark, url, block name, record key) -> (record key, gone) for every block.
+    rows: Iterable[tuple[str, str, str, Any]], secret: bytes
+) -> Iterator[BatchOutcome]:
+    """(shark, url, block name, record key) -> one BatchOutcome per request of <= 1,000 names.
 
-    Batched per node; a node that fails a batch marks its blocks not gone, so their records
-    stay for a later run. A block already missing counts as gone.
+    A node that fails a batch marks its blocks not gone, so their records stay for a later
+    run. A block already missing counts as gone.
     """
-    from shoal.storage import NodeError
-
-    by_node: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    by_node: dict[tuple[str, str], list[tuple[str, Any]]] = {}
     for shark, url, name, key in rows:
         by_node.setdefault((shark, url), []).append((name, key))
     fault_after = _fault_after()
     calls = 0
     for (_shark, url), blocks in by_node.items():
-        for first in range(0, len(blocks), DELETE_BATCH):
-            batch = blocks[first : first + DELETE_BATCH]
-            gone = bool(url)  # a node unknown to the registry cannot be asked
-            if url:
-                try:
-                    run_async(_delete_batch(secret, url, [name for name, _ in batch]))
-                except NodeError:
-                    gone = False
-            calls += 1
-            if fault_after is not None and calls >= fault_after:
-                import os
+        batches = [blocks[i : i + DELETE_BATCH] for i in range(0, len(blocks), DELETE_BATCH)]
+        for first in range(0, len(batches), DELETES_IN_FLIGHT):
+            group = batches[first : first + DELETES_IN_FLIGHT]
+            deleted = run_async(_delete_batches(secret, url, [[n for n, _ in b] for b in group]))
+            for batch, count in zip(group, deleted, strict=True):
+                calls += 1
+                if fault_after is not None and calls >= fault_after:
+                    import os
 
-                os._exit(3)  # fault injection: a crash between two batches
-            for _, key in batch:
-                yield key, gone
+                    os._exit(3)  # fault injection: a crash after K delete requests
+                yield [key for _, key in batch], count is not None, count or 0
 
 
-async def _delete_batch(secret: bytes, url: str, names: list[str]) -> None:
-    from shoal.storage import BlockClient
+async def _delete_batches(secret: bytes, url: str, batches: list[list[str]]) -> list[int | None]:
+    """Send the batches to one node at once; per batch the node's count, None if it failed."""
+    from shoal.storage import BlockClient, NodeError
 
+    if not url:  # a node unknown to the registry cannot be asked
+        return [None] * len(batches)
     client = BlockClient(secret)
+
+    async def one(names: list[str]) -> int | None:
+        try:
+            return await client.delete_blocks(url, names)
+        except NodeError:
+            return None
+
     try:
-        await client.delete_blocks(url, names)
+        return list(await asyncio.gather(*(one(names) for names in batches)))
     finally:
         await client.close()
 
 
 def remove_rows(
-    rows: Iterable[tuple[str, int, str, str, str, str]], dsns: dict[str, str]
-) -> Iterator[int]:
-    """(shard, vnode, kind, id, owner, bucket id) -> delete the rows whose blocks are gone."""
+    rows: Iterable[tuple[str, int, str, str, str, str, str]], dsns: dict[str, str]
+) -> Iterator[tuple[int, int, list[tuple[str, int, str]]]]:
+    """(shard, vnode, kind, id, owner, bucket id, window) of rows whose blocks are all gone
+    -> (rows removed, windows truncated whole, windows to vacuum as (shard, vnode, window)).
+
+    Deletion records are removed a window at a time (`garbage.clear_window`): a window
+    holding nothing else is truncated whole. Rows of deleted buckets are deleted by id.
+    """
     from shoal.metadata import queries
+    from shoal.metadata.garbage import clear_window
     from shoal.metadata.shards import render
 
     statements = {
-        "record": queries.REMOVE_DELETED_OBJECTS,
         "bucket_object": queries.REMOVE_BUCKET_OBJECTS,
         "bucket_part": queries.REMOVE_BUCKET_PARTS,
     }
-    groups: dict[tuple[str, int, str, str, str], list[str]] = {}
-    for shard, vnode, kind, id_, owner, bucket_id in rows:
-        groups.setdefault((shard, vnode, kind, owner, bucket_id), []).append(id_)
-    removed = 0
-    for (shard, vnode, kind, owner, bucket_id), ids in groups.items():
-        with psycopg.connect(dsns[shard]) as conn:
+    groups: dict[tuple[str, int, str, str, str, str], list[str]] = {}
+    for shard, vnode, kind, id_, owner, bucket_id, window in rows:
+        if kind == "record":
+            owner = bucket_id = ""  # records are grouped by window alone
+        groups.setdefault((shard, vnode, kind, owner, bucket_id, window), []).append(id_)
+    removed = truncated = 0
+    to_vacuum: list[tuple[str, int, str]] = []
+    connections: dict[str, psycopg.Connection[Any]] = {}
+    try:
+        for (shard, vnode, kind, owner, bucket_id, window), ids in groups.items():
+            conn = connections.get(shard)
+            if conn is None:
+                conn = connections[shard] = psycopg.connect(dsns[shard], autocommit=True)
+            if kind == "record":
+                cleared = clear_window(conn, vnode, window, ids)
+                removed += cleared.removed
+                if cleared.whole:
+                    truncated += 1
+                else:
+                    to_vacuum.append((shard, vnode, window))
+                continue
             for first in range(0, len(ids), DELETE_BATCH):
                 params = {
                     "ids": ids[first : first + DELETE_BATCH],
@@ -342,7 +374,10 @@ def remove_rows(
                     render(queries.REMOVE_BUCKET_UPLOADS, vnode),
                     {"owner": owner, "bucket_id": bucket_id},
                 )
-    yield removed
+    finally:
+        for conn in connections.values():
+            conn.close()
+    yield removed, truncated, to_vacuum
 
 
 def _fault_after() -> int | None:
@@ -394,39 +429,55 @@ def _inventory(nodes: Iterable[tuple[str, str]], secret: bytes) -> Iterator[tupl
         yield from run_async(collect(shark, url))
 
 
+# Block reads in flight per task: a node serves many reads at once, and one read at a time
+# leaves both the node and the task waiting on round trips.
+READS_IN_FLIGHT = 32
+VERIFY_CHUNK = 2000
+
+
 def verify_blocks(
     rows: Iterable[tuple[str, str, str]], secret: bytes
 ) -> Iterator[tuple[str, str, str]]:
-    """(shark, url, name) -> (shark, name, verdict): ok, corrupt, missing or unreachable."""
+    """(shark, url, name) -> (shark, name, verdict): ok, corrupt, missing or unreachable.
+
+    Each block is read whole and checked against its checksum by the client; up to
+    READS_IN_FLIGHT reads at once, on one connection pool for the task.
+    """
     from shoal.storage import BlockClient, BlockCorrupted, BlockMissing, NodeError
 
-    async def check(batch: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-        client = BlockClient(secret)
-        verdicts = []
-        try:
-            for shark, url, name in batch:
-                try:
-                    await client.get_block(url, name)
-                    verdict = "ok"
-                except BlockCorrupted:
-                    verdict = "corrupt"
-                except BlockMissing:
-                    verdict = "missing"
-                except NodeError:
-                    verdict = "unreachable"
-                verdicts.append((shark, name, verdict))
-        finally:
-            await client.close()
-        return verdicts
+    client = BlockClient(secret, connections_per_node=READS_IN_FLIGHT)
+    gate = asyncio.Semaphore(READS_IN_FLIGHT)  # binds to the loop below at first use
 
-    batch: list[tuple[str, str, str]] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= DELETE_BATCH:
-            yield from run_async(check(batch))
-            batch = []
-    if batch:
-        yield from run_async(check(batch))
+    async def check(shark: str, url: str, name: str) -> tuple[str, str, str]:
+        async with gate:
+            try:
+                await client.get_block(url, name)
+                verdict = "ok"
+            except BlockCorrupted:
+                verdict = "corrupt"
+            except BlockMissing:
+                verdict = "missing"
+            except NodeError:
+                verdict = "unreachable"
+        return shark, name, verdict
+
+    async def check_all(chunk: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        return list(await asyncio.gather(*(check(*row) for row in chunk)))
+
+    # One event loop for the task, so the client's connections are kept between chunks.
+    loop = asyncio.new_event_loop()
+    try:
+        chunk: list[tuple[str, str, str]] = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= VERIFY_CHUNK:
+                yield from loop.run_until_complete(check_all(chunk))
+                chunk = []
+        if chunk:
+            yield from loop.run_until_complete(check_all(chunk))
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
 
 
 OPEN_UPLOADS = """

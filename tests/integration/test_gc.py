@@ -8,18 +8,31 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from shoal.config import load_config
 from shoal.gc import Collector, blocks_of
-from shoal.metadata.partitions import ensure_windows
+from shoal.metadata.garbage import clear_window, vacuum_windows
+from shoal.metadata.partitions import ensure_windows, window_name, window_start
 from shoal.metadata.ring import vnode_schema
 from shoal.storage import block_runs
-from tests.fixtures.garbage import World, block_ids, build_garbage, check_live, put
+from tests.fixtures.garbage import (
+    World,
+    block_ids,
+    build_garbage,
+    check_live,
+    dead_tuples,
+    garbage_files,
+    put,
+)
 from tests.fixtures.postgres import unique
 from tests.fixtures.storage import MakeStorage, StorageCluster
 
@@ -42,11 +55,16 @@ def test_gc_reclaims_every_kind_of_garbage_and_nothing_else(
     young = run(Collector(cluster.store, path, timedelta(hours=1)).run_once())
     assert young.records_reclaimed == 0 and world.garbage <= block_ids(cluster)
 
+    replicas = garbage_files(cluster, world.garbage)
     done = run(Collector(cluster.store, path, timedelta(0)).run_once())
     assert done.records_failed == 0
     # 5 overwrites + 1 delete + 3 parts, and the deleted bucket's 4 objects.
     assert done.records_reclaimed == 13
     assert not world.garbage & block_ids(cluster)
+    # "Blocks deleted" counts block replicas the nodes removed, the Spark job's figure too.
+    assert done.blocks_deleted == replicas
+    # The removed rows were vacuumed at the end of the pass.
+    assert dead_tuples(shard_dsn(cluster)) == 0
     check_live(cluster.store, path, world, run)
     backlog = run(cluster.store.gc_book.backlog())
     assert sum(b.records for b in backlog) == 0
@@ -106,6 +124,27 @@ def test_a_node_down_keeps_its_records_until_a_later_run(cluster: StorageCluster
     final = run(Collector(cluster.store, path, timedelta(0)).run_once())
     assert final.records_failed == 0
     assert not world.garbage & block_ids(cluster)
+    check_live(cluster.store, path, world, run)
+
+
+def test_one_batch_keeps_exactly_the_records_on_a_node_that_is_down(
+    cluster: StorageCluster, run: Any
+) -> None:
+    # One replica per version, so each record names one node; all records in one batch.
+    path = cluster.data_path(replicas=1, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    down = cluster.nodes[0]
+    on_down = {uuid.UUID(f.name.split(".")[0]) for f in down.block_files()} & world.garbage
+    assert on_down and on_down != world.garbage
+    down.kill()
+    partial = run(Collector(cluster.store, path, timedelta(0), batch_size=1000).run_once())
+    # Blocks on the live nodes went in the same batches as the blocks that could not.
+    assert not (world.garbage - on_down) & block_ids(cluster)
+    assert partial.records_failed > 0 and partial.records_reclaimed > 0
+    cluster.restart(down, run)
+    assert on_down <= block_ids(cluster)  # their records were kept, so a later run finds them
+    final = run(Collector(cluster.store, path, timedelta(0)).run_once())
+    assert final.records_failed == 0 and not world.garbage & block_ids(cluster)
     check_live(cluster.store, path, world, run)
 
 
@@ -207,3 +246,96 @@ def test_record_expansion_names_part_blocks(cluster: StorageCluster, run: Any) -
     [only] = blocks_of(record)
     assert (only.id, only.block_names()) == (part, [f"{part}.0", f"{part}.1", f"{part}.2"])
     assert only.sharks == ["dc:b"]
+
+
+def shard_dsn(cluster: StorageCluster) -> str:
+    return load_config(cluster.config_file, None).metadata.shards[0].dsn
+
+
+def records_in_current_window(cluster: StorageCluster, run: Any, count: int) -> tuple[int, str]:
+    """`count` overwrites of one key: deletion records in the window of the database's now,
+    on the key's vnode; returns (vnode, window name)."""
+    store = cluster.store
+    owner = run(store.accounts.create(unique("cw"))).id
+    bucket = unique("cw")
+    bucket_id = run(store.buckets.create(owner, bucket)).id
+    from shoal.metadata import ObjectWrite
+
+    for _ in range(count + 1):
+        run(
+            store.objects.put(
+                owner, bucket, "k", ObjectWrite(content_length=0, content_md5=bytes(16))
+            )
+        )
+    vnode = store.ring.vnode_for_object(owner, bucket_id, "k")
+    with psycopg.connect(shard_dsn(cluster)) as conn:
+        now = conn.execute("SELECT current_timestamp").fetchone()[0]  # type: ignore[index]
+    start = window_start(now, store.gc_book.window)
+    return vnode, window_name("manta_bucket_deleted_object", start)
+
+
+def record_ids(dsn: str, vnode: int, window: str) -> set[uuid.UUID]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT id FROM {vnode_schema(vnode)}.{window}").fetchall()
+    return {r[0] for r in rows}
+
+
+def test_a_window_holding_only_reclaimed_records_is_truncated_whole(
+    cluster: StorageCluster, run: Any
+) -> None:
+    vnode, window = records_in_current_window(cluster, run, 5)
+    dsn = shard_dsn(cluster)
+    ids = record_ids(dsn, vnode, window)
+    assert len(ids) == 5
+    table = f"{vnode_schema(vnode)}.{window}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        filenode = "SELECT pg_relation_filenode(%s::regclass)"
+        before = conn.execute(filenode, (table,)).fetchone()
+        cleared = clear_window(conn, vnode, window, list(ids))
+        after = conn.execute(filenode, (table,)).fetchone()
+    assert before != after  # a new, empty file: truncated, not deleted row by row
+    assert cleared.whole and cleared.removed == 5
+    assert record_ids(dsn, vnode, window) == set()
+    assert dead_tuples(dsn) == 0
+
+
+@pytest.mark.parametrize("writer_seconds", [0.5, 3.0])
+def test_a_record_written_into_the_window_meanwhile_survives(
+    cluster: StorageCluster, run: Any, writer_seconds: float
+) -> None:
+    """A writer holds an uncommitted deletion record in the window while GC clears it: GC
+    waits for the lock (0.5 s) or gives up waiting (3 s, past the 2 s lock timeout); either
+    way it removes only the reclaimed records, row by row, and the new one stays."""
+    vnode, window = records_in_current_window(cluster, run, 3)
+    dsn = shard_dsn(cluster)
+    reclaimed = record_ids(dsn, vnode, window)
+    newcomer = uuid.uuid4()
+    schema = vnode_schema(vnode)
+    writer = psycopg.connect(dsn)
+    try:
+        writer.execute(
+            f"INSERT INTO {schema}.manta_bucket_deleted_object "
+            "(id, name, owner, bucket_id, created, modified, content_length) "
+            "VALUES (%s, 'new', %s, %s, now(), now(), 0)",
+            (newcomer, uuid.uuid4(), uuid.uuid4()),
+        )
+        assert record_ids(dsn, vnode, window) == reclaimed  # not committed yet
+        result: list[Any] = []
+
+        def clear() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                result.append(clear_window(conn, vnode, window, list(reclaimed)))
+
+        clearing = threading.Thread(target=clear)
+        clearing.start()
+        time.sleep(writer_seconds)
+        writer.commit()
+        clearing.join(30)
+    finally:
+        writer.close()
+    [cleared] = result
+    assert not cleared.whole and cleared.removed == len(reclaimed)
+    assert record_ids(dsn, vnode, window) == {newcomer}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        vacuum_windows(conn, [(vnode, window)])
+    assert dead_tuples(dsn) == 0

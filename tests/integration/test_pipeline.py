@@ -17,7 +17,7 @@ from shoal.config import load_config
 from shoal.pipeline import run_job
 from shoal.pipeline.jobs.meter import meter
 from shoal.pipeline.session import spark_session
-from tests.fixtures.garbage import block_ids, build_garbage, check_live
+from tests.fixtures.garbage import block_ids, build_garbage, check_live, dead_tuples, garbage_files
 from tests.fixtures.storage import MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -55,12 +55,20 @@ def test_gc_job_reclaims_exactly_the_garbage(
     young = job(cluster, spark, "gc", tmp_path, leeway=timedelta(hours=1))
     assert young.figures["records found"] == 0 and world.garbage <= block_ids(cluster)
 
+    replicas = garbage_files(cluster, world.garbage)
     done = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
     assert done.figures["records found"] == 13
     assert done.figures["records reclaimed"] == 13
     assert done.figures["records kept (node down)"] == 0
     assert done.figures["deleted buckets finished"] == 1
     assert not world.garbage & block_ids(cluster)
+    # Counted as the daemon counts: block replicas the nodes removed.
+    assert done.figures["block replicas deleted"] == replicas
+    assert done.figures["block replicas already gone"] == 0
+    # The current window held only reclaimed records: truncated whole, no dead tuples.
+    assert done.figures["windows truncated whole"] >= 1
+    assert done.figures["windows vacuumed"] == 0
+    assert dead_tuples(_configs(cluster)[0].dsn) == 0
     check_live(cluster.store, path, world, run)
     table = pq.read_table(str(done.output / "records"))
     assert table.num_rows == 13 and all(table.column("reclaimed").to_pylist())
@@ -79,6 +87,9 @@ def test_gc_job_keeps_records_of_a_node_that_is_down(
     down.kill()
     partial = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
     assert partial.figures["records kept (node down)"] > 0
+    # The kept records share a window with removed ones: rows deleted, then vacuumed.
+    assert partial.figures["windows vacuumed"] >= 1
+    assert dead_tuples(_configs(cluster)[0].dsn) == 0
     cluster.restart(down, run)
     final = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
     assert final.figures["records kept (node down)"] == 0

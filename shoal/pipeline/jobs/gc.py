@@ -2,9 +2,14 @@
 
 Phases: (1) read, from one snapshot per shard, every deletion record older than the leeway
 and every row of a bucket incarnation deleted before it; (2) expand each to its blocks and
-delete them node by node, in batches; (3) remove the rows whose blocks are all gone;
-(4) drop deleted-bucket records with nothing left, and every past window left empty.
+delete them node by node, in batches; (3) remove the rows whose blocks are all gone: a window
+of deletion records that holds nothing else is truncated whole, other windows lose their rows
+by id and are vacuumed afterwards, so no dead tuples are left; (4) drop deleted-bucket records
+with nothing left, and every past window left empty.
 Each phase is idempotent: run again after a crash, the job converges.
+
+"Block replicas deleted" counts what the nodes report they removed (one block on one node),
+as the daemon does; replicas already missing are counted apart.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shoal.metadata.garbage import GcRun
+from shoal.metadata.garbage import GcRun, vacuum_windows
+from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 from shoal.storage import block_runs
@@ -33,6 +40,7 @@ def run(ctx: JobContext) -> Summary:
     cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
     urls = ctx.node_urls()
     secret = load_or_create_secret(ctx.config.secret_file)
+    width = ctx.with_store(_window_width)
 
     with io.exported_snapshots(ctx.shards) as snapshots:
         records = io.read_rows(
@@ -55,34 +63,52 @@ def run(ctx: JobContext) -> Summary:
     phases["read"] = _lap(clock)
 
     keyed = garbage.rdd.map(lambda r: ((r.shard, r.vnode, r.kind, r.id), r))
-    blocks = keyed.flatMap(lambda kv: _blocks(kv[0], kv[1], urls)).cache()
-    outcomes = (
+    blocks = keyed.flatMap(lambda kv: _blocks(kv[0], kv[1], urls))
+    # One task per node (an explicit partitioner: hashing names could put two in one task).
+    node_index = {shark: index for index, shark in enumerate(sorted(urls))}
+    batches = (
         blocks.map(lambda b: (b[0], b))
-        .partitionBy(max(1, len(urls)))
+        .partitionBy(max(1, len(node_index)), lambda shark: node_index.get(shark, 0))
         .values()
         .mapPartitions(lambda rows: io.delete_blocks(rows, secret))
-        .reduceByKey(lambda a, b: a and b)
+        .cache()
+    )
+    outcomes = batches.flatMap(lambda b: [(key, b[1]) for key in b[0]]).reduceByKey(
+        lambda a, b: a and b
     )
     # A record without blocks (an empty object) has nothing to wait for.
     status = keyed.leftOuterJoin(outcomes).map(lambda kv: (kv[1][0], kv[1][1] is not False))
     status = status.cache()
     status.count()
-    blocks_deleted = blocks.count()
+    sent, replicas_deleted, replicas_kept = batches.map(
+        lambda b: (len(b[0]), b[2], 0 if b[1] else len(b[0]))
+    ).fold((0, 0, 0), lambda x, y: (x[0] + y[0], x[1] + y[1], x[2] + y[2]))
+    replicas_missing = sent - replicas_deleted - replicas_kept
     reclaimable = status.filter(lambda s: s[1]).map(lambda s: s[0])
     phases["delete blocks"] = _lap(clock, sum(phases.values()))
 
     dsns = ctx.dsns
-    removed = sum(
-        reclaimable.map(
-            lambda r: ((r.shard, r.vnode), (r.shard, r.vnode, r.kind, r.id, r.owner, r.bucket_id))
-        )
+    removals = (
+        reclaimable.map(lambda r: ((r.shard, r.vnode), _removal(r, width)))
         .partitionBy(max(1, ctx.ring.vnodes))
         .values()
         .mapPartitions(lambda rows: io.remove_rows(rows, dsns))
         .collect()
     )
+    removed = sum(r[0] for r in removals)
+    truncated = sum(r[1] for r in removals)
+    to_vacuum = [window for r in removals for window in r[2]]
     reclaimed_bytes = reclaimable.map(lambda r: r.content_length or 0).sum()
     phases["remove records"] = _lap(clock, sum(phases.values()))
+
+    # After every removal has committed, so that no transaction of this job still needs the
+    # dead tuples and the vacuum can reclaim them all.
+    for shard in ctx.shards:
+        windows_here = [(vnode, name) for s, vnode, name in to_vacuum if s == shard.name]
+        if windows_here:
+            with psycopg.connect(shard.dsn, autocommit=True) as conn:
+                vacuum_windows(conn, windows_here)
+    phases["vacuum"] = _lap(clock, sum(phases.values()))
 
     buckets_dropped, windows = ctx.with_store(lambda store: _finish(store, dead))
     phases["buckets and windows"] = _lap(clock, sum(phases.values()))
@@ -105,7 +131,7 @@ def run(ctx: JobContext) -> Summary:
                 records_found=found,
                 records_reclaimed=removed,
                 records_failed=failed,
-                blocks_deleted=blocks_deleted,
+                blocks_deleted=replicas_deleted,
                 bytes_reclaimed=int(reclaimed_bytes or 0),
                 windows_dropped=windows,
             )
@@ -115,15 +141,33 @@ def run(ctx: JobContext) -> Summary:
         "records found": found,
         "records reclaimed": removed,
         "records kept (node down)": failed,
-        "block deletions sent": blocks_deleted,
+        "block replicas deleted": replicas_deleted,
+        "block replicas already gone": replicas_missing,
+        "block replicas kept (node down)": replicas_kept,
         "bytes reclaimed": int(reclaimed_bytes or 0),
         "deleted buckets finished": buckets_dropped,
+        "windows truncated whole": truncated,
+        "windows vacuumed": len(to_vacuum),
         "windows dropped": windows,
     }
     figures |= {f"seconds: {name}": round(seconds, 2) for name, seconds in phases.items()}
     figures["seconds: total"] = round(time.monotonic() - clock, 2)
     figures["records per second"] = round(found / max(time.monotonic() - clock, 1e-9))
     return Summary("gc", figures, ctx.output)
+
+
+def _removal(row: Row, width: timedelta) -> tuple[Any, ...]:
+    """What the remove phase needs of a row, with the window a deletion record lives in."""
+    window = ""
+    if row.kind == "record":
+        # PySpark hands timestamps over as naive local times: astimezone reads them as such.
+        deleted_at = row.deleted_at.astimezone(UTC)
+        window = window_name("manta_bucket_deleted_object", window_start(deleted_at, width))
+    return (row.shard, row.vnode, row.kind, row.id, row.owner, row.bucket_id, window)
+
+
+async def _window_width(store: Any) -> timedelta:
+    return store.gc_book.window  # type: ignore[no-any-return]
 
 
 def _blocks(key: tuple[Any, ...], row: Row, urls: dict[str, str]) -> list[tuple[Any, ...]]:
@@ -158,6 +202,8 @@ async def _finish(store: Any, dead: list[tuple[str, str, str]]) -> tuple[int, in
                 if bucket.id == incarnation:
                     await claim.remove(bucket)
                     finished += 1
+        # The bucket's record was deleted as a row: vacuum its vnode's deleted tables.
+        await store.gc_book.vacuum_deleted_tables(vnode)
     windows = 0
     for shard in store.shards.placed():
         for vnode in shard.vnodes:

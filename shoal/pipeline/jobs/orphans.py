@@ -53,9 +53,10 @@ def run(ctx: JobContext) -> Summary:
     found_bytes = orphans.agg(F.sum("size")).first()[0] or 0
     deleted = 0
     if ctx.options.get("delete") and found:
+        # What the nodes report they removed (a block deleted meanwhile is not counted).
         deleted = sum(
-            ok
-            for _, ok in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
+            batch[2]
+            for batch in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
             .mapPartitions(lambda part: io.delete_blocks(part, secret))
             .collect()
         )
