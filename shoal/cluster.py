@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,8 +25,17 @@ from aiohttp import web
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.metadata import AccountNotFound, InvalidName, MetadataStore
+from shoal.metadata.nodes import StorageNode
 from shoal.ports import free_port
-from shoal.storage import BlockClient, BlockStore, DataPath, Node, NodeIdentity, make_app
+from shoal.storage import (
+    BlockClient,
+    BlockStore,
+    DataPath,
+    Node,
+    NodeError,
+    NodeIdentity,
+    make_app,
+)
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import in_thread
 
@@ -133,6 +145,31 @@ async def run_storage_node(
         await runner.cleanup()
 
 
+# prctl(2) option: the signal a process gets when the thread that forked it dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes a child get SIGTERM when this process dies, however it dies.
+
+    `shoal serve` can end by os._exit or SIGKILL without reaching `LocalNodes.stop`; its
+    storage nodes would live on, keep their folders and heartbeat, and a restarted serve would
+    start a second set on the same folders. PR_SET_PDEATHSIG is per forking thread, so the
+    nodes must be started from the main thread (they are). Linux only; None elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+    parent = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 class LocalNodes:
     """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes."""
 
@@ -161,7 +198,9 @@ class LocalNodes:
                 self.config.storage.datacenter,
                 *self.config_args,
             ]
-            self.children.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+            self.children.append(
+                subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+            )
             urls.append(f"{self.config.storage.datacenter}:{name} http://127.0.0.1:{port}")
         return urls
 
@@ -200,7 +239,7 @@ async def run_gateway(
         try:
             await site.start()
             await wait_for_nodes(
-                store, config.storage.local_nodes, config.storage.heartbeat_deadline
+                store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
             )
             if on_ready is not None:
                 on_ready(root)
@@ -221,15 +260,32 @@ async def run_gateway(
             await path.client.close()
 
 
-async def wait_for_nodes(store: MetadataStore, count: int, deadline: timedelta) -> None:
-    """Until `count` storage nodes heartbeat (so `serve` says ready only when writes work)."""
+async def wait_for_nodes(
+    store: MetadataStore, client: BlockClient, count: int, deadline: timedelta
+) -> None:
+    """Until `count` storage nodes answer at the address they registered (so `serve` says
+    ready, and the GC daemon makes its first pass, only when blocks can be reached).
+
+    A fresh heartbeat is not enough after a restart: the registry still holds the previous
+    run's nodes, alive by the deadline, at ports nobody listens on any more.
+    """
     give_up = time.monotonic() + NODE_START_SECONDS
     while time.monotonic() < give_up:
         alive = [n for n in await store.nodes.list(deadline) if n.alive]
-        if len(alive) >= count:
+        if len(alive) >= count and sum(await _answering(client, alive)) >= count:
             return
         await asyncio.sleep(0.1)
     log.warning("only some storage nodes registered within %d s", NODE_START_SECONDS)
+
+
+async def _answering(client: BlockClient, nodes: Sequence[StorageNode]) -> list[bool]:
+    async def answers(node: StorageNode) -> bool:
+        try:
+            return (await client.status(node.url)).shark == node.shark
+        except NodeError:
+            return False
+
+    return list(await asyncio.gather(*(answers(n) for n in nodes)))
 
 
 async def root_keys(credentials: Credentials) -> KeyPair:
