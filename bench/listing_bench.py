@@ -33,7 +33,6 @@ under the common prefixes it rolls up. So the tree (10 keys a prefix) and the fl
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import random
 import time
@@ -54,6 +53,7 @@ from benchlib import (
     source_digest,
 )
 
+import shoal.loop
 from shoal.config import ShardConfig
 from shoal.metadata import Bucket, CommonPrefix, ListingPage, MetadataStore, queries
 from shoal.metadata.listing import first_arm_limit, key_range
@@ -428,7 +428,7 @@ def main() -> None:
         summary = machine_summary(shard.dsn)
         summary.append(source_digest(*MEASURED_CODE))
         print("\n".join(summary), flush=True)
-        timings = asyncio.run(benchmark(shard, args))
+        timings = shoal.loop.run(benchmark(shard, args))
     summary.append(load_average("at end"))
     print()
     print("\n".join(summary))

@@ -65,6 +65,7 @@ from benchlib import (
     source_digest,
 )
 
+import shoal.loop
 from shoal.config import ShardConfig
 from shoal.metadata import Bucket, MetadataStore, ObjectWrite, queries
 from shoal.metadata.listing import first_arm_limit
@@ -649,7 +650,7 @@ def main() -> None:
             source_digest("shoal.metadata.queries", "shoal.metadata.objects", "shoal.metadata.base")
         )
         print("\n".join(summary), flush=True)
-        rows, puts = asyncio.run(benchmark(shard, args))
+        rows, puts = shoal.loop.run(benchmark(shard, args))
     summary.append(load_average("at end"))
     print()
     print("\n".join(summary))
