@@ -16,6 +16,7 @@ delete: every block of a version on every node that holds it (for GC).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -168,23 +169,25 @@ class DataPath:
     async def read(
         self, runs: Sequence[BlockRun], start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes]:
-        """Bytes [start, end) of the object made of `runs`, streamed; the next block is
-        fetched while the current one is sent."""
+        """Bytes [start, end) of the object made of `runs`, streamed; up to BLOCKS_IN_FLIGHT
+        blocks are fetched ahead while the current one is sent (memory stays bounded)."""
         total = sum(r.size for r in runs)
         end = total if end is None else min(end, total)
         wanted = list(_blocks_overlapping(runs, start, end))
-        if not wanted:
-            return
-        fetch = asyncio.ensure_future(self._fetch(*wanted[0][:2]))
+        ahead: collections.deque[asyncio.Future[bytes]] = collections.deque()
         try:
             for position, (_run, _index, lo, hi) in enumerate(wanted):
-                data = await fetch
-                if position + 1 < len(wanted):
-                    fetch = asyncio.ensure_future(self._fetch(*wanted[position + 1][:2]))
+                # Keep the window full: the blocks are spread over the replicas, so several
+                # nodes read and send at once while this loop hands data to the client.
+                while len(ahead) < BLOCKS_IN_FLIGHT and position + len(ahead) < len(wanted):
+                    run, index, _, _ = wanted[position + len(ahead)]
+                    ahead.append(asyncio.ensure_future(self._fetch(run, index)))
+                data = await ahead.popleft()
                 yield data[lo:hi]
         finally:
-            if not fetch.done():
+            for fetch in ahead:
                 fetch.cancel()
+            for fetch in ahead:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await fetch
 
