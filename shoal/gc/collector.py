@@ -97,6 +97,17 @@ class Collector:
             windows_dropped=tally.windows,
         )
         await self.store.gc_book.record_run(run)
+        log.info(
+            "gc (%s) reclaimed %d of %d records (%d kept), %d block replicas deleted "
+            "(%d already gone), %d windows dropped",
+            self.kind,
+            tally.reclaimed,
+            tally.found,
+            tally.failed,
+            tally.blocks,
+            tally.missing,
+            tally.windows,
+        )
         return run
 
     async def run_forever(self, interval: timedelta, stop: asyncio.Event) -> None:
@@ -104,16 +115,7 @@ class Collector:
         while not stop.is_set():
             try:
                 if not await self.store.gc_book.paused():
-                    run = await self.run_once()
-                    log.info(
-                        "gc reclaimed %d of %d records (%d failed), %d block replicas "
-                        "deleted, %d windows dropped",
-                        run.records_reclaimed,
-                        run.records_found,
-                        run.records_failed,
-                        run.blocks_deleted,
-                        run.windows_dropped,
-                    )
+                    await self.run_once()
             except Exception:
                 log.exception("gc pass failed; the next pass retries")
             with contextlib.suppress(TimeoutError):

@@ -192,6 +192,7 @@ def _dead_buckets(
 async def _finish(store: Any, dead: list[tuple[str, str, str]]) -> tuple[int, int]:
     """Drop the records of dead buckets that have nothing left, then empty past windows."""
     finished = 0
+    vnodes_with_removals = set()
     for bucket_id, owner, name in dead:
         owner_id, incarnation = uuid.UUID(owner), uuid.UUID(bucket_id)
         if await store.buckets.has_content(owner_id, incarnation):
@@ -202,7 +203,9 @@ async def _finish(store: Any, dead: list[tuple[str, str, str]]) -> tuple[int, in
                 if bucket.id == incarnation:
                     await claim.remove(bucket)
                     finished += 1
-        # The bucket's record was deleted as a row: vacuum its vnode's deleted tables.
+                    vnodes_with_removals.add(vnode)
+    # Those bucket records were deleted as rows: vacuum them away.
+    for vnode in sorted(vnodes_with_removals):
         await store.gc_book.vacuum_deleted_tables(vnode)
     windows = 0
     for shard in store.shards.placed():
