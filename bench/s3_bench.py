@@ -178,7 +178,14 @@ def shoal_server(args: argparse.Namespace) -> Iterator[Server]:
     if args.endpoint:
         yield Server(args.endpoint, args.access_key, args.secret_key, args.gateway_pid)
         return
-    scratch = Path(tempfile.mkdtemp(prefix="shoal-s3-bench-"))
+    with started_shoal() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def started_shoal(temp_prefix: str = "shoal-s3-bench-") -> Iterator[Server]:
+    """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after."""
+    scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
         with open(scratch / "serve.log", "w") as log:
@@ -312,6 +319,12 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq) / CLOCK_TICKS
 
 
+def own_cpu_seconds() -> float:
+    """CPU of this process (the load generator) and of the children it has waited for."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
 @dataclass(frozen=True)
 class CpuSample:
     """CPU seconds: this process, the gateway, the storage nodes, PostgreSQL, the machine."""
@@ -359,10 +372,7 @@ class ServerProcesses:
         return cls(gateway, postmaster_pid(data_dir) if data_dir else None)
 
     def cpu(self) -> CpuSample:
-        usage = [
-            resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-        ]
-        client = sum(u.ru_utime + u.ru_stime for u in usage)
+        client = own_cpu_seconds()
         machine = machine_busy_seconds()
         if self.gateway is None:
             return CpuSample(client, 0.0, 0.0, 0.0, machine)
@@ -373,6 +383,10 @@ class ServerProcesses:
             postgres = cpu_seconds(self.postmaster, reaped_children=True)
             postgres += sum(cpu_seconds(p) for p in children_of(self.postmaster))
         return CpuSample(client, cpu_seconds(self.gateway), nodes, postgres, machine)
+
+    def observe(self, name: str, concurrency: int) -> contextlib.AbstractContextManager[None]:
+        """What to do around each measured phase (nothing here; a profiler in peer_bench)."""
+        return contextlib.nullcontext()
 
     def reset_peak_rss(self) -> bool:
         """Reset the gateway's VmHWM (Linux >= 4.0; needs to own the process or be root)."""
@@ -549,9 +563,6 @@ async def run_phase(
     """`concurrency` workers take op numbers 0, 1, ... until max_ops or max_seconds."""
     phase = Phase(name, concurrency)
     counter = iter(range(max_ops))
-    started = time.perf_counter()
-    deadline = started + max_seconds
-    before = processes.cpu()
 
     async def worker() -> None:
         for number in counter:
@@ -566,9 +577,13 @@ async def run_phase(
             phase.latencies.append(time.perf_counter() - t0)
             phase.units += moved
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    phase.seconds = time.perf_counter() - started
-    phase.cpu = processes.cpu().since(before)
+    with processes.observe(name, concurrency):
+        started = time.perf_counter()
+        deadline = started + max_seconds
+        before = processes.cpu()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        phase.seconds = time.perf_counter() - started
+        phase.cpu = processes.cpu().since(before)
     progress(
         f"{name} c={concurrency}: {phase.ops} ok, {len(phase.errors)} errors, "
         f"{phase.seconds:.1f} s, cores {phase.cores()}"
@@ -706,8 +721,14 @@ async def walk_all(server: Server, bucket: str) -> int:
             token = xml_value(body, "NextContinuationToken")
 
 
-def list_query(token: str | None, start_after: str | None) -> dict[str, str]:
+def list_query(
+    token: str | None, start_after: str | None, prefix: str = "", delimiter: str = ""
+) -> dict[str, str]:
     query = {"list-type": "2", "max-keys": "1000"}
+    if prefix:
+        query["prefix"] = prefix
+    if delimiter:
+        query["delimiter"] = delimiter
     if token is not None:
         query["continuation-token"] = token
     elif start_after:
@@ -1132,7 +1153,7 @@ async def wait_until_writable(s3: S3, bucket: str) -> tuple[float, int]:
         try:
             await s3.call("PUT", bucket, "probe", data=b"probe")
             return time.perf_counter() - started, refused
-        except S3Failure:
+        except (S3Failure, aiohttp.ClientError):
             refused += 1
             if time.perf_counter() - started > START_TIMEOUT_SECONDS:
                 raise
