@@ -38,6 +38,8 @@ from shoal.storage import (
 )
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import in_thread
+from shoal.storage.server import BlockCount
+from shoal.storage.workers import Workers, listening_socket, serve
 
 log = logging.getLogger("shoal")
 
@@ -114,22 +116,24 @@ class NodeSettings:
 async def run_storage_node(
     config: Config, shards: Sequence[ShardConfig], node: NodeSettings, stop: asyncio.Event
 ) -> None:
-    """Serve a node's blocks and heartbeat to the registry until `stop` is set."""
+    """Serve a node's blocks and heartbeat to the registry until `stop` is set; with
+    `[storage] node_workers` above 1, worker processes serve beside this one."""
     store = BlockStore(node.root)
     identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
     secret = load_or_create_secret(config.secret_file)
-    app = make_app(store, secret, identity, await in_thread(store.count))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, node.host, node.port, reuse_address=True)
-    await site.start()
+    count = BlockCount(await in_thread(store.count), config.storage.node_workers)
+    sock = listening_socket(node.host, node.port)
+    workers = Workers(config.storage.node_workers - 1, node.root, secret, identity, count, sock)
+    runner = await serve(make_app(store, secret, identity, count), sock)
     try:
+        workers.start()
         async with await MetadataStore.open(shards, pool_max_size=2) as metadata:
             print(
                 f"storage node {identity.shark} serving {node.root} at {node.public_url}",
                 flush=True,
             )
             while not stop.is_set():
+                workers.restart_dead()
                 capacity, free = await in_thread(store.usage)
                 try:
                     await metadata.nodes.heartbeat(
@@ -142,6 +146,7 @@ async def run_storage_node(
                         stop.wait(), config.storage.heartbeat_interval.total_seconds()
                     )
     finally:
+        await in_thread(workers.stop)
         await runner.cleanup()
 
 

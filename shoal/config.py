@@ -55,6 +55,9 @@ class StorageConfig:
     heartbeat_interval: timedelta = timedelta(seconds=5)
     # A node silent for longer receives no new blocks.
     heartbeat_deadline: timedelta = timedelta(seconds=30)
+    # Processes serving each storage node's HTTP requests (the node's own included); more than
+    # one lets a node use more than one core (docs/storage.md, "Worker processes").
+    node_workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             "replicas",
             "heartbeat_interval_seconds",
             "heartbeat_deadline_seconds",
+            "node_workers",
         },
         "[storage]",
     )
@@ -210,6 +214,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
         heartbeat_deadline=timedelta(
             seconds=_positive_int(raw, "heartbeat_deadline_seconds", 30, "[storage]")
         ),
+        node_workers=_positive_int(raw, "node_workers", 1, "[storage]"),
     )
 
 

@@ -37,6 +37,8 @@ log = logging.getLogger("shoal.storage")
 DEFAULT_BLOCK_SIZE = 1024 * 1024
 BLOCKS_IN_FLIGHT = 4
 DELETE_BATCH = 1000
+# How long a failed write waits for its blocks in flight before deleting what it wrote.
+ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
 THREAD_THRESHOLD_BYTES = 64 * 1024
 
@@ -275,7 +277,12 @@ class _VersionWriter:
         await self._fill_replacements()
 
     async def abandon(self) -> None:
-        """The write failed: stop, and delete what was written (the orphan job is the backstop)."""
+        """The write failed: stop, and delete what was written (the orphan job is the backstop).
+
+        Blocks in flight are let finish first (for a while): a request cancelled here still
+        completes on its node, which would then keep a block stored after the delete."""
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=ABANDON_WAIT_SECONDS)
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -15,6 +15,7 @@ translates: the disk is blockfile.BlockStore's business.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,10 +27,12 @@ from shoal.storage.blockfile import (
     BlockCorrupt,
     BlockError,
     BlockExists,
+    BlockInfo,
     BlockNotFound,
     BlockStore,
     ChecksumMismatch,
     InvalidBlockName,
+    OutOfSpace,
     in_thread,
 )
 
@@ -38,8 +41,6 @@ log = logging.getLogger("shoal.storage")
 SHA256_HEADER = "X-Shoal-Sha256"
 MAX_BATCH_DELETE = 10000
 MAX_INVENTORY_PAGE = 10000
-# Refuse new blocks when less than this is free: a full disk must not corrupt what it holds.
-RESERVED_FREE_BYTES = 64 * 1024 * 1024
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -57,17 +58,30 @@ class NodeIdentity:
 
 
 class BlockCount:
-    """Blocks held, counted once at start and kept current by writes and deletes."""
+    """Blocks held, counted once at start and kept current by writes and deletes.
 
-    def __init__(self, value: int) -> None:
-        self.value = value
+    A node's processes (workers.py) share it: each adds to its own slot of shared memory (so
+    no process waits for a lock, and one event loop thread per slot needs none), and every
+    process reports the sum of the slots.
+    """
+
+    def __init__(self, value: int, processes: int = 1) -> None:
+        self._slots = multiprocessing.get_context("spawn").RawArray("q", processes)
+        self._slots[0] = value
+        self.slot = 0  # this process's: 0 in the node process, its number in a worker
+
+    @property
+    def value(self) -> int:
+        return sum(self._slots)
+
+    def add(self, blocks: int) -> None:
+        self._slots[self.slot] += blocks
 
 
 def make_app(
-    store: BlockStore, secret: bytes, identity: NodeIdentity, blocks: int
+    store: BlockStore, secret: bytes, identity: NodeIdentity, count: BlockCount
 ) -> web.Application:
     app = web.Application(middlewares=[_errors, _authenticate(secret)], client_max_size=1024**2)
-    count = BlockCount(blocks)
 
     async def put_block(request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -76,37 +90,37 @@ def make_app(
             raise web.HTTPBadRequest(text=f"{SHA256_HEADER} must be 64 hex digits")
         if request.content_length is None:
             raise web.HTTPLengthRequired(text="Content-Length is required")
-        _, free = await in_thread(store.usage)
-        if free - request.content_length < RESERVED_FREE_BYTES:
-            raise web.HTTPInsufficientStorage(text="node is out of space")
         created = await store.write(
-            name, request.content.iter_chunked(256 * 1024), request.content_length, sha256
+            name, request.content.iter_any(), request.content_length, sha256
         )
         if created:
-            count.value += 1
+            count.add(1)
         return web.Response(status=201 if created else 200)
 
     async def get_block(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
-        info = await in_thread(store.info, name)
-        start, end = _byte_range(request.headers.get("Range"), info.size)
-        partial = request.headers.get("Range") is not None
-        response = web.StreamResponse(status=206 if partial else 200)
-        response.content_length = end - start
-        response.headers[SHA256_HEADER] = info.sha256
-        response.headers["Accept-Ranges"] = "bytes"
-        if partial:
-            response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
-        await response.prepare(request)
-        if request.method != "HEAD":
-            async for chunk in store.read(name, start, end):
-                await response.write(chunk)
+        range_header = request.headers.get("Range")
+        if request.method == "HEAD":
+            info = await in_thread(store.info, name)
+            start, end = _byte_range(range_header, info.size)
+            response = _block_response(info, start, end, range_header is not None)
+            await response.prepare(request)
+            return response
+        reader = await store.read(name, lambda size: _byte_range(range_header, size))
+        try:
+            partial = range_header is not None
+            response = _block_response(reader.info, reader.start, reader.end, partial)
+            await response.prepare(request)
+            async for piece in reader.pieces():
+                await response.write(piece)
+        finally:
+            reader.close()
         await response.write_eof()
         return response
 
     async def delete_block(request: web.Request) -> web.Response:
         if await in_thread(store.delete, request.match_info["name"]):
-            count.value -= 1
+            count.add(-1)
         return web.Response(status=204)
 
     async def delete_blocks(request: web.Request) -> web.Response:
@@ -119,7 +133,7 @@ def make_app(
         for name in names:
             store.path_of(name)  # refuse the whole batch if any name is invalid
         deleted = sum(await in_thread(lambda: [store.delete(n) for n in names]))
-        count.value -= deleted
+        count.add(-deleted)
         return web.json_response({"deleted": deleted, "missing": len(names) - deleted})
 
     async def inventory(request: web.Request) -> web.Response:
@@ -185,11 +199,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise web.HTTPConflict(text=str(exc)) from None
     except ChecksumMismatch as exc:
         raise web.HTTPUnprocessableEntity(text=str(exc)) from None
+    except OutOfSpace as exc:
+        raise web.HTTPInsufficientStorage(text=str(exc)) from None
     except BlockCorrupt as exc:
         log.error("corrupt block on this node: %s", exc)
         raise web.HTTPInternalServerError(text=str(exc)) from None
     except BlockError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
+
+
+def _block_response(info: BlockInfo, start: int, end: int, partial: bool) -> web.StreamResponse:
+    response = web.StreamResponse(status=206 if partial else 200)
+    response.content_length = end - start
+    response.headers[SHA256_HEADER] = info.sha256
+    response.headers["Accept-Ranges"] = "bytes"
+    if partial:
+        response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
+    return response
 
 
 def _byte_range(header: str | None, size: int) -> tuple[int, int]:

@@ -1,10 +1,14 @@
-"""The storage node's HTTP service: tokens, names, ranges, inventory, status, registry."""
+"""The storage node's HTTP service: tokens, names, ranges, inventory, status, registry, worker
+processes."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,7 +17,7 @@ from yarl import URL
 
 from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
 from shoal.ids import uuid7
-from shoal.storage import BlockMissing, block_name
+from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
 from shoal.storage.auth import sign
 from tests.fixtures.storage import MakeStorage, StorageCluster
 
@@ -104,7 +108,8 @@ def test_put_verifies_and_never_overwrites(cluster: StorageCluster, run: Any) ->
     conflict = {"X-Shoal-Sha256": hashlib.sha256(other).hexdigest()}
     assert run(raw(cluster, "PUT", f"/blocks/{name}", data=other, headers=conflict))[0] == 409
     assert run(raw(cluster, "GET", f"/blocks/{name}")) == (200, data)
-    assert not list((cluster.nodes[0].root / "tmp").iterdir())
+    tmp = cluster.nodes[0].root / "tmp"  # a folder per worker process, each left empty
+    assert not [path for path in tmp.rglob("*") if not path.is_dir()]
 
 
 def test_ranges_head_and_idempotent_delete(cluster: StorageCluster, run: Any) -> None:
@@ -178,3 +183,52 @@ def test_silent_or_full_nodes_receive_no_new_blocks(make_storage: MakeStorage, r
     assert [n.name for n in run(fresh.writable_nodes())] == [cluster.nodes[2].name]
     # A silent node is still known for reads of what it holds.
     assert run(fresh.url_of(silent.shark)) == silent.url
+
+
+def child_pids(pid: int) -> set[int]:
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children |= {int(p) for p in (task / "children").read_text().split()}
+    return children
+
+
+def test_worker_processes_share_the_port_the_count_and_the_node_s_fate(
+    make_storage: MakeStorage, run: Any
+) -> None:
+    cluster = make_storage(nodes=1, node_workers=3)
+    node = cluster.nodes[0]
+    deadline = time.monotonic() + 60
+    while not all((node.root / "tmp" / f"w{i}").is_dir() for i in range(3)):
+        assert time.monotonic() < deadline, "the worker processes did not start"
+        time.sleep(0.1)
+    workers = child_pids(node.process.pid)
+    assert len(workers) >= 2  # (and multiprocessing's resource tracker)
+    version = uuid7()
+    blocks = {block_name(version, i): os.urandom(70_000 + i) for i in range(48)}
+
+    async def put_each_on_a_new_connection() -> None:
+        async def put(name: str, data: bytes) -> None:
+            client = BlockClient(cluster.secret)  # a connection of its own: any process
+            try:
+                assert await client.put_block(node.url, name, data)
+            finally:
+                await client.close()
+
+        await asyncio.gather(*(put(name, data) for name, data in blocks.items()))
+
+    run(put_each_on_a_new_connection())
+    for name, data in blocks.items():
+        assert run(cluster.client.get_block(node.url, name)) == data
+    assert run(cluster.client.status(node.url)).block_count == len(blocks)
+    assert run(cluster.client.delete_blocks(node.url, list(blocks)[:10])) == 10
+    assert run(cluster.client.status(node.url)).block_count == len(blocks) - 10
+
+    node.kill()  # kill -9 of the node process: its workers must not keep serving
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers):
+        assert time.monotonic() < deadline, "worker processes outlived their node"
+        time.sleep(0.1)
+    with pytest.raises(NodeUnavailable):
+        run(cluster.client.status(node.url))
+    cluster.restart(node, run)
+    assert run(cluster.client.status(node.url)).block_count == len(blocks) - 10

@@ -1,4 +1,5 @@
-"""The block store on disk: names, verification, never overwriting, ranges, inventory order."""
+"""The block store on disk: names, verification, never overwriting, ranges, inventory order,
+one tmp/ folder per process."""
 
 import asyncio
 import hashlib
@@ -10,6 +11,8 @@ import pytest
 
 from shoal.ids import uuid7
 from shoal.storage.blockfile import (
+    READ_CHUNK_BYTES,
+    WRITE_PIECE_BYTES,
     BlockExists,
     BlockNotFound,
     BlockStore,
@@ -32,7 +35,11 @@ def write(store: BlockStore, name: str, data: bytes, sha: str | None = None) -> 
 
 def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
     async def go() -> bytes:
-        return b"".join([c async for c in store.read(name, start, end)])
+        reader = await store.read(name, lambda size: (start, end))
+        try:
+            return b"".join([c async for c in reader.pieces()])
+        finally:
+            reader.close()
 
     return asyncio.run(go())
 
@@ -111,3 +118,43 @@ def test_inventory_walks_every_block_once_in_pages(tmp_path: Path) -> None:
         after = page[-1].name
     assert sorted(seen) == sorted(names) and len(seen) == len(set(seen))
     assert store.count() == 40
+
+
+async def in_chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for offset in range(0, len(data), size):
+        yield data[offset : offset + size]
+
+
+def test_blocks_larger_than_a_piece_are_written_and_read_in_pieces(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 0)
+    data = os.urandom(WRITE_PIECE_BYTES + READ_CHUNK_BYTES + 12345)
+    sha = hashlib.sha256(data).hexdigest()
+    assert asyncio.run(store.write(name, in_chunks(data, 100_000), len(data), sha)) is True
+    assert read(store, name, 0, len(data)) == data
+    across = (READ_CHUNK_BYTES - 7, 3 * READ_CHUNK_BYTES + 5)
+    assert read(store, name, *across) == data[across[0] : across[1]]
+    with pytest.raises(ChecksumMismatch):  # one byte changed in the last piece
+        bad = data[:-1] + bytes([data[-1] ^ 1])
+        asyncio.run(store.write(block_name(uuid7(), 0), in_chunks(bad, 65536), len(bad), sha))
+    assert list(store.tmp.iterdir()) == []
+
+
+def test_an_empty_block_is_a_file_with_its_header(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 0)
+    assert write(store, name, b"") is True
+    assert store.info(name).size == 0
+    assert read(store, name, 0, 0) == b""
+
+
+def test_a_worker_clears_only_its_own_tmp_folder(tmp_path: Path) -> None:
+    node = BlockStore(tmp_path)
+    worker = BlockStore(tmp_path, worker=1)
+    (node.tmp / "being-written").write_bytes(b"x")
+    (worker.tmp / "left-by-a-crash").write_bytes(b"x")
+    BlockStore(tmp_path, worker=1)  # the worker restarted
+    assert [p.name for p in node.tmp.iterdir()] == ["being-written"]
+    assert list(worker.tmp.iterdir()) == []
+    BlockStore(tmp_path)  # the whole node restarted: nothing of the last run is left
+    assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []
