@@ -1,11 +1,12 @@
 """A storage node's worker processes: more than one Python process serving one disk.
 
-One process spends about 1 ms of CPU per MiB written on HTTP, hashing and its event loop
-besides what the disk work itself costs, and its event loop runs on one core: with several
-writers in flight it, not the disk, sets the pace. Workers are extra processes that run the
-same HTTP service on the node's listening socket, bound once by the node process (so a port
-in use is still an error, which SO_REUSEPORT would hide) and inherited: the kernel hands each
-new connection to whichever process accepts it first, which favours the idle ones.
+A node spends 2-3 ms of CPU per MiB written on HTTP, hashing, its event loop and hand-offs
+to threads besides what the disk work itself costs, and a process runs its event loop on one
+core: with several writers in flight the node's CPU, not the disk, can set the pace.
+Workers are extra processes that run the same HTTP service on the node's listening socket,
+bound once by the node process (so a port in use is still an error, which SO_REUSEPORT would
+hide) and inherited: the kernel hands each new connection to whichever process accepts it
+first, which favours the idle ones.
 
 What the processes share: the disk (each has its own tmp/ folder, see BlockStore) and the
 block count (in shared memory, server.BlockCount). A worker dies with its node process, a

@@ -18,6 +18,7 @@ from shoal.storage.blockfile import (
     BlockStore,
     ChecksumMismatch,
     InvalidBlockName,
+    OutOfSpace,
     block_name,
     check_block_name,
     parse_block_name,
@@ -158,3 +159,13 @@ def test_a_worker_clears_only_its_own_tmp_folder(tmp_path: Path) -> None:
     assert list(worker.tmp.iterdir()) == []
     BlockStore(tmp_path)  # the whole node restarted: nothing of the last run is left
     assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []
+
+
+def test_a_block_that_would_fill_the_disk_is_refused(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path, reserved_free_bytes=1 << 62)
+    name = block_name(uuid7(), 0)
+    with pytest.raises(OutOfSpace):
+        write(store, name, b"data")
+    with pytest.raises(BlockNotFound):
+        store.info(name)
+    assert list(store.tmp.iterdir()) == []
