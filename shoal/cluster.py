@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.metadata import AccountNotFound, InvalidName, MetadataStore
@@ -150,31 +148,6 @@ async def run_storage_node(
         await runner.cleanup()
 
 
-# prctl(2) option: the signal a process gets when the thread that forked it dies.
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that makes a child get SIGTERM when this process dies, however it dies.
-
-    `shoal serve` can end by os._exit or SIGKILL without reaching `LocalNodes.stop`; its
-    storage nodes would live on, keep their folders and heartbeat, and a restarted serve would
-    start a second set on the same folders. PR_SET_PDEATHSIG is per forking thread, so the
-    nodes must be started from the main thread (they are). Linux only; None elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
-    parent = os.getpid()
-
-    def arm() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
-
-
 class LocalNodes:
     """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes."""
 
@@ -204,7 +177,9 @@ class LocalNodes:
                 *self.config_args,
             ]
             self.children.append(
-                subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+                subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
+                )
             )
             urls.append(f"{self.config.storage.datacenter}:{name} http://127.0.0.1:{port}")
         return urls

@@ -16,8 +16,6 @@ block count (in shared memory, server.BlockCount). A worker dies with its node p
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -31,6 +29,7 @@ from pathlib import Path
 from aiohttp import web
 
 import shoal.loop
+from shoal.children import die_with_parent
 from shoal.storage.blockfile import BlockStore
 from shoal.storage.server import BlockCount, NodeIdentity, make_app
 
@@ -38,7 +37,6 @@ log = logging.getLogger("shoal.storage")
 
 # Spawned, not forked: the node process has an event loop and threads, which fork does not copy.
 _CONTEXT = multiprocessing.get_context("spawn")
-_PR_SET_PDEATHSIG = 1
 STOP_SECONDS = 20
 DISK_THREADS = 32
 
@@ -117,7 +115,7 @@ def _worker_main(
     sock: socket.socket,
     parent: int,
 ) -> None:
-    _die_with_parent(parent)
+    die_with_parent(parent, signal.SIGKILL)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     shoal.loop.run(_serve_until_stopped(worker, root, secret, identity, blocks, sock))
 
@@ -141,12 +139,3 @@ async def _serve_until_stopped(
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to kill this process when the node process dies, however it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the request took effect
-        os._exit(1)
