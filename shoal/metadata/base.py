@@ -39,12 +39,17 @@ class Component:
     async def rows(
         self, vnode: int, template: str, params: Mapping[str, Any], *, upper_bound: bool = False
     ) -> list[Row]:
-        """Run one statement of queries.py on a vnode (autocommit) and return its rows."""
+        """Run one statement of queries.py on a vnode (autocommit) and return its rows.
+
+        Prepared on first use: the pool hands its connections out in turn and each vnode has
+        its own statement text, so psycopg's default (prepare after 5 runs of a text on a
+        connection) left most (connection, vnode) pairs parsed and planned on every call.
+        """
 
         async def attempt() -> list[Row]:
             async with self.shards.of_vnode(vnode).pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(render(template, vnode, upper_bound), params)
+                await cur.execute(render(template, vnode, upper_bound), params, prepare=True)
                 return await cur.fetchall() if cur.description else []
 
         return await self.retrying_window(vnode, attempt)
@@ -54,7 +59,7 @@ class Component:
     ) -> list[Row]:
         async with shard.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(statement, params)
+            await cur.execute(statement, params, prepare=True)
             return await cur.fetchall()
 
     async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -70,10 +75,10 @@ class Component:
 
     async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:
         """The live incarnation of a bucket, or BucketNotFound (cached for a second)."""
-        check_bucket_name(name)
         cached = self.shards.buckets_seen.get((owner, name))
         if cached is not None and time.monotonic() < cached[0]:
-            return cached[1]
+            return cached[1]  # only valid names are ever cached
+        check_bucket_name(name)
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         found = await self.rows(vnode, SELECT_BUCKET, {"owner": owner, "name": name})
         if not found:
