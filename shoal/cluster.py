@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+import shoal.loop
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -37,7 +40,8 @@ from shoal.storage import (
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import in_thread
 from shoal.storage.server import BlockCount
-from shoal.storage.workers import Workers, listening_socket, serve
+from shoal.storage.workers import node_workers, serve
+from shoal.workers import WorkerProcesses, listening_socket
 
 log = logging.getLogger("shoal")
 
@@ -47,6 +51,8 @@ REGISTRY_REFRESH_SECONDS = 2.0
 MIN_FREE_BYTES = 256 * 1024 * 1024
 # How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
 WINDOW_MAINTENANCE_SECONDS = 600.0
+# How often `shoal serve` looks for a gateway worker process that died, to restart it.
+WORKER_CHECK_SECONDS = 2.0
 ROOT_ACCOUNT = "root"
 # How long `shoal serve` waits for its local storage nodes' first heartbeat.
 NODE_START_SECONDS = 60
@@ -121,7 +127,8 @@ async def run_storage_node(
     secret = load_or_create_secret(config.secret_file)
     count = BlockCount(await in_thread(store.count), config.storage.node_workers)
     sock = listening_socket(node.host, node.port)
-    workers = Workers(config.storage.node_workers - 1, node.root, secret, identity, count, sock)
+    extra = config.storage.node_workers - 1
+    workers = node_workers(extra, node.root, secret, identity, count, sock)
     runner = await serve(make_app(store, secret, identity, count), sock)
     try:
         workers.start()
@@ -204,20 +211,21 @@ async def run_gateway(
     on_ready: Callable[[KeyPair], None] | None = None,
 ) -> None:
     """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon and
-    the upkeep of deleted-table windows beside it."""
+    the upkeep of deleted-table windows beside it, in this process and `s3.workers - 1` more
+    (the gateway keeps no state of its own between requests, so any process can serve any
+    request; GC and upkeep run here only)."""
     from shoal.gc import Collector
-    from shoal.s3.app import Gateway, make_app
 
+    sock = listening_socket(config.s3.host, port)
+    extra = config.s3.workers - 1
+    workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
     async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
         credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
         root = await root_keys(credentials)
         path = data_path(config, store)
-        app = make_app(Gateway(store=store, data=path, credentials=credentials, config=config.s3))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, config.s3.host, port, reuse_address=True)
+        runner = await _start_gateway(config, store, path, credentials, sock)
         try:
-            await site.start()
+            workers.start()
             await wait_for_nodes(
                 store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
             )
@@ -229,12 +237,58 @@ async def run_gateway(
             daemon = None
             if config.gc.enabled:
                 daemon = asyncio.create_task(collector.run_forever(config.gc.interval, stop))
+            upkeep_due = 0.0
             while not stop.is_set():
-                await store.ensure_windows(config.metadata.partitions_ahead)
+                workers.restart_dead()
+                if time.monotonic() >= upkeep_due:
+                    await store.ensure_windows(config.metadata.partitions_ahead)
+                    upkeep_due = time.monotonic() + WINDOW_MAINTENANCE_SECONDS
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), WINDOW_MAINTENANCE_SECONDS)
+                    await asyncio.wait_for(stop.wait(), WORKER_CHECK_SECONDS)
             if daemon is not None:
                 await daemon
+        finally:
+            await in_thread(workers.stop)
+            await runner.cleanup()
+            await path.client.close()
+
+
+async def _start_gateway(
+    config: Config,
+    store: MetadataStore,
+    path: DataPath,
+    credentials: Credentials,
+    sock: socket.socket,
+) -> web.AppRunner:
+    from shoal.s3.app import Gateway, make_app
+
+    gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
+    runner = web.AppRunner(make_app(gateway), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return runner
+
+
+def _serve_gateway(
+    worker: int, config: Config, shards: Sequence[ShardConfig], sock: socket.socket
+) -> None:
+    """A gateway worker process: the S3 API on the inherited socket until SIGTERM."""
+    shoal.loop.run(_serve_gateway_until_stopped(config, shards, sock))
+
+
+async def _serve_gateway_until_stopped(
+    config: Config, shards: Sequence[ShardConfig], sock: socket.socket
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
+        credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
+        path = data_path(config, store)
+        runner = await _start_gateway(config, store, path, credentials, sock)
+        try:
+            await stop.wait()
         finally:
             await runner.cleanup()
             await path.client.close()

@@ -69,6 +69,8 @@ class S3Config:
     domains: tuple[str, ...] = ("localhost", "s3.localhost")
     # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
     credentials_key_file: Path | None = None
+    # Processes serving the S3 port (one event loop each; see docs/configuration.md).
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,9 @@ def _parse_gc(raw: Any) -> GcConfig:
 
 
 def _parse_s3(raw: Any, base: Path) -> S3Config:
-    _reject_unknown(raw, {"host", "port", "region", "domains", "credentials_key_file"}, "[s3]")
+    _reject_unknown(
+        raw, {"host", "port", "region", "domains", "credentials_key_file", "workers"}, "[s3]"
+    )
     domains = raw.get("domains", list(S3Config.domains))
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         raise ConfigError("[s3] domains must be a list of host names")
@@ -178,6 +182,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         region=str(raw.get("region", "us-east-1")),
         domains=tuple(domains),
         credentials_key_file=(base / key_file).absolute() if key_file else None,
+        workers=_positive_int(raw, "workers", 1, "[s3]"),
     )
 
 

@@ -3,7 +3,6 @@ turning rows into models, and creating a missing deleted-table window on demand.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -21,11 +20,6 @@ from shoal.metadata.queries import SELECT_BUCKET
 from shoal.metadata.shards import Shard, ShardSet, render
 
 Row = dict[str, Any]
-# Object calls reuse a bucket's incarnation id for this long instead of reading it each time
-# (one round trip of two). A put racing a bucket's delete already lands in the old
-# incarnation, which GC reclaims; the cache widens that window by at most this, and only in
-# other processes: this one forgets a bucket as soon as it creates or deletes it.
-BUCKET_CACHE_SECONDS = 1.0
 T = TypeVar("T")
 
 
@@ -74,21 +68,21 @@ class Component:
         return await attempt()
 
     async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:
-        """The live incarnation of a bucket, or BucketNotFound (cached for a second)."""
-        cached = self.shards.buckets_seen.get((owner, name))
-        if cached is not None and time.monotonic() < cached[0]:
-            return cached[1]  # only valid names are ever cached
+        """The live incarnation of a bucket, or BucketNotFound (see bucket_cache.py)."""
+        cached = self.shards.buckets_seen.get(owner, name)
+        if cached is not None:
+            return cached  # only valid names are ever cached
         check_bucket_name(name)
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         found = await self.rows(vnode, SELECT_BUCKET, {"owner": owner, "name": name})
         if not found:
             raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
         bucket = Bucket(**found[0])
-        self.shards.buckets_seen[(owner, name)] = (time.monotonic() + BUCKET_CACHE_SECONDS, bucket)
+        self.shards.buckets_seen.keep(owner, name, bucket)
         return bucket
 
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
-        self.shards.buckets_seen.pop((owner, name), None)
+        self.shards.buckets_seen.forget(owner, name)
 
 
 def object_from_row(row: Row) -> ObjectVersion:

@@ -97,7 +97,9 @@ class Buckets(Component):
             raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
         self.forget_bucket(owner, name)
         async with self.shards.catalog.pool.connection() as conn:
-            await conn.execute(queries.RELEASE_BUCKET_NAME, {"name": name, "id": bucket.id})
+            await conn.execute(
+                queries.RELEASE_BUCKET_NAME, {"owner": owner, "name": name, "id": bucket.id}
+            )
         return bucket
 
     async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: list[dict[str, Any]]) -> None:

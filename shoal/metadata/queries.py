@@ -56,8 +56,13 @@ UPDATE shoal.bucket_name SET bucket_id = %(id)s
 WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 """
 
+# Also tells every process that caches bucket incarnations to drop this one (bucket_cache.py);
+# PostgreSQL delivers the notice when this commits, after the bucket's row is gone.
 RELEASE_BUCKET_NAME = """
-DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+WITH released AS (
+    DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+)
+SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
 
 # -- buckets (on the bucket's vnode) ------------------------------------------------------

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shoal.config import ShardConfig
 from shoal.metadata import queries
+from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.ring import Ring, vnode_schema
 
@@ -40,12 +41,13 @@ class Shard:
 class ShardSet:
     """The open shards, the ring, and the catalog shard (the first one configured)."""
 
-    def __init__(self, ring: Ring, shards: dict[str, Shard], catalog: Shard) -> None:
+    def __init__(
+        self, ring: Ring, shards: dict[str, Shard], catalog: Shard, buckets_seen: BucketCache
+    ) -> None:
         self.ring = ring
         self.shards = shards
         self.catalog = catalog
-        # (owner, bucket name) -> (valid until, Bucket): see base.BUCKET_CACHE_SECONDS
-        self.buckets_seen: dict[tuple[Any, str], tuple[float, Any]] = {}
+        self.buckets_seen = buckets_seen
 
     @classmethod
     async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> ShardSet:
@@ -71,9 +73,12 @@ class ShardSet:
             name: Shard(name=name, pool=pool, vnodes=ring.vnodes_of(name))
             for name, pool in pools.items()
         }
-        return cls(ring, shards, shards[configs[0].name])
+        buckets_seen = BucketCache(configs[0].dsn)
+        await buckets_seen.start()
+        return cls(ring, shards, shards[configs[0].name], buckets_seen)
 
     async def close(self) -> None:
+        await self.buckets_seen.close()
         for shard in self.shards.values():
             await shard.pool.close()
 

@@ -1,12 +1,17 @@
-"""How a shard's connection pool hands out connections."""
+"""What the shard set keeps per process: its connection pools and its bucket cache."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
+import pytest
+
+from shoal.config import ShardConfig
+from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache
 from shoal.metadata.shards import LastInFirstOutPool
-from tests.fixtures.postgres import MakeStore
+from tests.fixtures.postgres import MakeStore, unique
 
 
 def test_pool_hands_out_the_connection_returned_last(make_store: MakeStore, run: Any) -> None:
@@ -42,3 +47,33 @@ def test_pool_hands_out_the_connection_returned_last(make_store: MakeStore, run:
 
     last_returned, *served = run(backend_pids())
     assert served == [last_returned] * 3
+
+
+def test_a_bucket_deleted_by_another_process_is_forgotten_at_once(
+    make_store: MakeStore, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the deletion notice can make this store see the new incarnation in time.
+    monkeypatch.setattr(bucket_cache, "KEEP_SECONDS", 600.0)
+    here = make_store(shards=2, vnodes=4)
+    configs = [ShardConfig(name, shard.pool.conninfo) for name, shard in here.shards.shards.items()]
+    owner = run(here.accounts.create(unique("owner"))).id
+    name = unique("again")
+
+    async def recreate_elsewhere() -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+        first = await here.buckets.create(owner, name)
+        assert (await here.objects.put(owner, name, "k", ObjectWrite(1, b"1" * 16))).id
+        async with await MetadataStore.open(configs) as elsewhere:
+            await elsewhere.buckets.delete(owner, name, force=True)
+            second = await elsewhere.buckets.create(owner, name)
+        for _ in range(100):
+            seen = await here.buckets.get(owner, name)
+            if seen.id != first.id:
+                break
+            await asyncio.sleep(0.05)
+        await here.objects.put(owner, name, "k", ObjectWrite(2, b"2" * 16))
+        written = await here.objects.get(owner, name, "k")
+        return second.id, seen.id, written.bucket_id
+
+    second, seen, written_into = run(recreate_elsewhere())
+    assert seen == second
+    assert written_into == second

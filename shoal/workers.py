@@ -1,0 +1,91 @@
+"""Worker processes: more than one Python process serving one listening socket.
+
+A Python process runs its event loop on one core. Where a service's own CPU sets the pace
+(the gateway's per-request work, a storage node's hashing and HTTP), extra processes serve
+the same port. The parent binds the socket once (so a port in use is still an error, which
+SO_REUSEPORT would hide) and each worker inherits it: the kernel hands a new connection to
+whichever process accepts it first, which favours the idle ones.
+
+Workers are spawned, not forked (the parent has an event loop and threads, which fork does
+not copy), die with their parent (a `kill -9` included), and are restarted when they die.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+from shoal.children import die_with_parent
+
+log = logging.getLogger("shoal")
+
+_CONTEXT = multiprocessing.get_context("spawn")
+STOP_SECONDS = 20
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A service's one listening socket, shared by its processes."""
+    return socket.create_server((host, port), backlog=1024)
+
+
+class WorkerProcesses:
+    """`count` processes running `target(worker, *args)`; the parent process is worker 0.
+
+    `target` must be a module-level function (it is pickled by name) and `args` picklable;
+    a socket in `args` reaches the worker as a duplicate of the parent's.
+    """
+
+    def __init__(self, name: str, count: int, target: Callable[..., None], *args: Any) -> None:
+        self.name = name
+        self.target = target
+        self.args = args
+        self.processes: list[SpawnProcess | None] = [None] * count
+
+    def start(self) -> None:
+        for index in range(len(self.processes)):
+            self._start(index)
+
+    def restart_dead(self) -> None:
+        """Start again any worker that died (the others keep serving meanwhile)."""
+        for index, process in enumerate(self.processes):
+            if process is not None and not process.is_alive():
+                log.error(
+                    "%s worker %d exited with %s; restarting it",
+                    self.name,
+                    index + 1,
+                    process.exitcode,
+                )
+                self._start(index)
+
+    def stop(self) -> None:
+        running = [p for p in self.processes if p is not None and p.is_alive()]
+        for process in running:
+            process.terminate()
+        for process in running:
+            process.join(STOP_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    def _start(self, index: int) -> None:
+        # Worker numbers start at 1: the parent process is worker 0.
+        process = _CONTEXT.Process(
+            target=_worker_main,
+            args=(os.getpid(), self.target, index + 1, *self.args),
+            name=f"{self.name}-worker-{index + 1}",
+        )
+        process.start()
+        self.processes[index] = process
+
+
+def _worker_main(parent: int, target: Callable[..., None], worker: int, *args: Any) -> None:
+    die_with_parent(parent, signal.SIGKILL)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    target(worker, *args)
