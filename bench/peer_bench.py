@@ -169,6 +169,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="rounds (default 2, at least 2)")
     parser.add_argument("--profile", metavar="DIR", help="a profiled Shoal pass, files in DIR")
     parser.add_argument("--only", default="small,list,tree,big", help="workloads to run")
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        metavar="N",
+        help="Shoal's [s3] workers (default: what shoal serve does without configuration)",
+    )
     # For developing the benchmark itself: tiny runs.
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--ops", type=int, help=argparse.SUPPRESS)
@@ -1018,10 +1024,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_on_sigterm(),
         tempfile.TemporaryDirectory(prefix="shoal-peer-raw-") as scratch,
         started_seaweedfs(weed_binary) as weed,
-        started_shoal("shoal-peer-bench-") as shoal,
+        started_shoal("shoal-peer-bench-", args.gateway_workers) as shoal,
     ):
         header = machine_lines(weed)
-        header.append(f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}")
+        workers = "default" if args.gateway_workers is None else args.gateway_workers
+        header.append(
+            f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}, [s3] workers {workers}"
+        )
         header.append(f"SeaweedFS: {weed.server.endpoint}, pid {weed.server.gateway_pid}")
         mode = "quick" if settings.quick else "full"
         header.append(f"mode: {mode}; {settings}")

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -183,15 +184,24 @@ def shoal_server(args: argparse.Namespace) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def started_shoal(temp_prefix: str = "shoal-s3-bench-") -> Iterator[Server]:
-    """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after."""
+def started_shoal(
+    temp_prefix: str = "shoal-s3-bench-", gateway_workers: int | None = None
+) -> Iterator[Server]:
+    """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
+
+    gateway_workers: `[s3] workers` in a configuration file (else Shoal's default)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
+        where = ["--data-dir", str(scratch / "data")]
+        if gateway_workers is not None:
+            config = scratch / "shoal.toml"
+            config.write_text(f'data_dir = "data"\n\n[s3]\nworkers = {gateway_workers}\n')
+            where = ["--config", str(config)]
         with open(scratch / "serve.log", "w") as log:
             # A new session: a Ctrl-C in the terminal reaches only us, and we send one SIGINT.
             process = subprocess.Popen(
-                [SHOAL, "serve", "--data-dir", str(scratch / "data"), "--port", str(port)],
+                [SHOAL, "serve", *where, "--port", str(port)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -304,12 +314,26 @@ def status_kib(pid: int, name: str) -> int:
     return 0
 
 
+def command_line(pid: int) -> list[str]:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return []
+
+
 def data_dir_of(pid: int) -> Path | None:
-    """The --data-dir of a `shoal serve` process, from its command line."""
-    with contextlib.suppress(OSError, ValueError):
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    """The data directory of a `shoal serve` process, from its --data-dir or --config."""
+    argv = command_line(pid)
+    with contextlib.suppress(OSError, ValueError, KeyError, tomllib.TOMLDecodeError):
+        if "--config" in argv:
+            config = Path(argv[argv.index("--config") + 1])
+            return config.parent / tomllib.loads(config.read_text())["data_dir"]
         return Path(argv[argv.index("--data-dir") + 1])
     return None
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process and of its live descendants."""
+    return cpu_seconds(pid) + sum(tree_cpu_seconds(child) for child in children_of(pid))
 
 
 def machine_busy_seconds() -> float:
@@ -376,13 +400,19 @@ class ServerProcesses:
         machine = machine_busy_seconds()
         if self.gateway is None:
             return CpuSample(client, 0.0, 0.0, 0.0, machine)
-        nodes = sum(cpu_seconds(p) for p in children_of(self.gateway))
+        # The gateway's children: its storage nodes, and its worker processes ([s3] workers).
+        gateway, nodes = cpu_seconds(self.gateway), 0.0
+        for child in children_of(self.gateway):
+            if "storage-node" in command_line(child):
+                nodes += tree_cpu_seconds(child)
+            else:
+                gateway += tree_cpu_seconds(child)
         postgres = 0.0
         if self.postmaster is not None:
             # Backends that exited are in the postmaster's reaped-children time.
             postgres = cpu_seconds(self.postmaster, reaped_children=True)
             postgres += sum(cpu_seconds(p) for p in children_of(self.postmaster))
-        return CpuSample(client, cpu_seconds(self.gateway), nodes, postgres, machine)
+        return CpuSample(client, gateway, nodes, postgres, machine)
 
     def observe(self, name: str, concurrency: int) -> contextlib.AbstractContextManager[None]:
         """What to do around each measured phase (nothing here; a profiler in peer_bench)."""

@@ -69,8 +69,8 @@ class S3Config:
     domains: tuple[str, ...] = ("localhost", "s3.localhost")
     # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
     credentials_key_file: Path | None = None
-    # Processes serving the S3 port (one event loop each; see docs/configuration.md).
-    workers: int = 1
+    # Processes serving the S3 port (one event loop each; see docs/s3.md).
+    workers: int = 2
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         region=str(raw.get("region", "us-east-1")),
         domains=tuple(domains),
         credentials_key_file=(base / key_file).absolute() if key_file else None,
-        workers=_positive_int(raw, "workers", 1, "[s3]"),
+        workers=_positive_int(raw, "workers", S3Config.workers, "[s3]"),
     )
 
 
