@@ -41,6 +41,9 @@ def test_a_listing_tree_renders_to_the_same_elements_and_text() -> None:
 def test_timestamps_are_utc_with_milliseconds() -> None:
     local = datetime(2026, 3, 1, 1, 2, 3, 4_000, tzinfo=timezone(timedelta(hours=2)))
     assert xml.timestamp(local) == "2026-02-28T23:02:03.004Z"
+    # Sub-millisecond digits are cut, not rounded; a whole second still shows ".000".
+    assert xml.timestamp(datetime(2026, 3, 1, 1, 2, 3, 4_999, tzinfo=UTC)).endswith("03.004Z")
+    assert xml.timestamp(datetime(2026, 3, 1, 1, 2, 3, tzinfo=UTC)) == "2026-03-01T01:02:03.000Z"
 
 
 def test_a_text_body_and_an_error_document() -> None:
