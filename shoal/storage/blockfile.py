@@ -144,11 +144,18 @@ class BlockStore:
         digest = hashlib.sha256()
         pending: list[asyncio.Future[None]] = []  # the threads writing and hashing a piece
         received = 0
+        # A small block is hashed as it arrives and written, fsynced and linked in one trip
+        # to a thread, after its check: one wake-up instead of two.
+        small: list[bytes] | None = [] if size < INLINE_HASH_BYTES else None
         try:
             async for piece in _pieces(chunks, WRITE_PIECE_BYTES):
                 received += sum(len(chunk) for chunk in piece)
                 if received > size:
                     raise ChecksumMismatch(f"block {name} is longer than {size} bytes")
+                if small is not None:
+                    small.extend(piece)
+                    _update_all(digest, piece)
+                    continue
                 await asyncio.gather(*pending)
                 pending = [
                     asyncio.ensure_future(in_thread(temp.write, piece, received == size)),
@@ -159,6 +166,8 @@ class BlockStore:
                 raise ChecksumMismatch(f"block {name} has {received} bytes, expected {size}")
             if digest.hexdigest() != sha256:
                 raise ChecksumMismatch(f"block {name} does not match its SHA-256")
+            if small is not None:
+                return await in_thread(self._write_and_link, temp, small, final, sha256)
             return await in_thread(self._link_into_place, temp, final, sha256)
         finally:
             # On failure a thread may still be using the file: let it finish first.
@@ -216,6 +225,12 @@ class BlockStore:
         """(capacity, free) bytes of the file system holding the blocks."""
         stats = os.statvfs(self.blocks)
         return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+    def _write_and_link(
+        self, temp: _TempBlock, chunks: list[bytes], final: Path, sha256: str
+    ) -> bool:
+        temp.write(chunks, last=True)
+        return self._link_into_place(temp, final, sha256)
 
     def _link_into_place(self, temp: _TempBlock, final: Path, sha256: str) -> bool:
         final.parent.mkdir(exist_ok=True)

@@ -70,13 +70,18 @@ def test_block_names_round_trip() -> None:
     assert parse_block_name(block_name(version, 12)) == (version, 12)
 
 
-def test_write_verifies_size_and_checksum(tmp_path: Path) -> None:
+# Small blocks are checked before they are written, larger ones while they are written.
+@pytest.mark.parametrize("data", [b"data", bytes(100 * 1024)], ids=["small", "100KiB"])
+def test_write_verifies_size_and_checksum(tmp_path: Path, data: bytes) -> None:
     store = BlockStore(tmp_path)
     name = block_name(uuid7(), 0)
     with pytest.raises(ChecksumMismatch):
-        write(store, name, b"data", sha=hashlib.sha256(b"other").hexdigest())
+        write(store, name, data, sha=hashlib.sha256(b"other").hexdigest())
+    digest = hashlib.sha256(data).hexdigest()
     with pytest.raises(ChecksumMismatch):
-        asyncio.run(store.write(name, once(b"data"), 5, hashlib.sha256(b"data").hexdigest()))
+        asyncio.run(store.write(name, once(data), len(data) + 1, digest))
+    with pytest.raises(ChecksumMismatch):
+        asyncio.run(store.write(name, once(data), len(data) - 1, digest))
     with pytest.raises(BlockNotFound):
         store.info(name)
     assert list(store.tmp.iterdir()) == []
