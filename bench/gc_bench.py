@@ -70,11 +70,11 @@ from shoal.metadata.ring import Ring, vnode_schema
 from shoal.pipeline import run_job
 from shoal.storage import BlockClient, DataPath
 from shoal.storage.auth import load_or_create_secret
-from shoal.storage.blockfile import HEADER, MAGIC
+from shoal.storage.blockfile import HEADER, MAGIC, checksum_of
 
 BLOCK_SIZE = 1 << 20
 PAYLOAD = b"shoal-gc-bench:" + b"x" * 85  # 100 bytes: every block holds the same data
-PAYLOAD_SHA256 = hashlib.sha256(PAYLOAD).hexdigest()
+PAYLOAD_CHECKSUM = checksum_of(PAYLOAD)
 NODE_NAMES = ("n0", "n1")
 DATACENTER = "dc0"
 SHARKS = [f"{DATACENTER}:{name}" for name in NODE_NAMES]
@@ -159,7 +159,7 @@ async def put_blocks(bench: Bench, ids: Sequence[uuid.UUID]) -> float:
 
     async def put(url: str, version: uuid.UUID) -> None:
         async with gate:
-            await client.put_block(url, f"{version}.0", PAYLOAD, PAYLOAD_SHA256)
+            await client.put_block(url, f"{version}.0", PAYLOAD, PAYLOAD_CHECKSUM)
 
     try:
         await asyncio.gather(*(put(n.url, v) for n in bench.nodes for v in ids))
@@ -381,7 +381,7 @@ def make_blocks(bench: Bench, blocks: int) -> tuple[int, int, float]:
     objects = blocks // len(bench.nodes)
     orphans = max(1, objects // 100)
     ids = sample_ids(objects + orphans)
-    header = HEADER.pack(MAGIC, len(PAYLOAD), bytes.fromhex(PAYLOAD_SHA256)) + PAYLOAD
+    header = HEADER.pack(MAGIC, len(PAYLOAD), bytes.fromhex(PAYLOAD_CHECKSUM)) + PAYLOAD
     for node in bench.nodes:
         write_block_files(node.root / "blocks", ids, header)
     insert_objects(bench, ids[:objects])

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -74,6 +73,7 @@ from shoal.metadata import migrate
 from shoal.ports import free_port
 from shoal.storage import BlockClient, NodeError, block_name
 from shoal.storage.auth import load_or_create_secret
+from shoal.storage.blockfile import checksum_of
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -344,7 +344,7 @@ class Blocks:
     case: Case
     names: list[str]
     data: list[bytes]
-    sha256: list[str]
+    checksums: list[str]
 
     @classmethod
     def make(cls, case: Case) -> Blocks:
@@ -354,11 +354,11 @@ class Blocks:
             case,
             [block_name(version, i) for i in range(case.blocks)],
             data,
-            [hashlib.sha256(d).hexdigest() for d in data],
+            [checksum_of(d) for d in data],
         )
 
     def payload(self, index: int) -> tuple[bytes, str]:
-        return self.data[index % DISTINCT_PAYLOADS], self.sha256[index % DISTINCT_PAYLOADS]
+        return self.data[index % DISTINCT_PAYLOADS], self.checksums[index % DISTINCT_PAYLOADS]
 
     def slices(self) -> list[range]:
         """The indexes in slices of about SLICE_BYTES (at least one block)."""
@@ -391,8 +391,8 @@ async def node_write(
     client: BlockClient, node: NodeProcess, blocks: Blocks, indexes: range
 ) -> Phase:
     async def put(index: int) -> None:
-        data, sha256 = blocks.payload(index)
-        await client.put_block(node.url, blocks.names[index], data, sha256)
+        data, checksum = blocks.payload(index)
+        await client.put_block(node.url, blocks.names[index], data, checksum)
 
     work = run_tasks(blocks.case.concurrency, indexes, put)
     return await timed_node_part(node, len(indexes) * blocks.case.block_size, work)

@@ -394,7 +394,7 @@ INVENTORY_SCHEMA = T.StructType(
         T.StructField("shark", T.StringType(), False),
         T.StructField("name", T.StringType(), False),
         T.StructField("size", T.LongType(), False),
-        T.StructField("sha256", T.StringType(), False),
+        T.StructField("checksum", T.StringType(), False),
         T.StructField("mtime", T.DoubleType(), False),
     ]
 )
@@ -419,7 +419,7 @@ def _inventory(nodes: Iterable[tuple[str, str]], secret: bytes) -> Iterator[tupl
         client = BlockClient(secret)
         try:
             return [
-                (shark, b.name, b.size, b.sha256, b.mtime)
+                (shark, b.name, b.size, b.checksum, b.mtime)
                 async for b in client.inventory(url, page_size=5000)
             ]
         finally:

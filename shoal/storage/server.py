@@ -1,11 +1,11 @@
 """The storage node: an HTTP service for the blocks of one disk.
 
-    PUT    /blocks/{name}       store a block (X-Shoal-Sha256, Content-Length); never overwrites
+    PUT    /blocks/{name}       store a block (X-Shoal-Checksum, Content-Length); never overwrites
     GET    /blocks/{name}       the block's data, or a byte range of it (Range: bytes=a-b)
     HEAD   /blocks/{name}       its size and checksum
     DELETE /blocks/{name}       remove it (a missing block is already deleted: 204)
     POST   /blocks/delete       remove many: {"names": [...]} -> {"deleted": n, "missing": m}
-    GET    /inventory?after=&limit=   a page of {name, size, mtime, sha256}, in a stable order
+    GET    /inventory?after=&limit=   a page of {name, size, mtime, checksum}, in a stable order
     GET    /status              name, datacenter, capacity, free bytes, block count
 
 Every request carries a token signed with the cluster secret (auth.py). The HTTP layer only
@@ -38,7 +38,7 @@ from shoal.storage.blockfile import (
 
 log = logging.getLogger("shoal.storage")
 
-SHA256_HEADER = "X-Shoal-Sha256"
+CHECKSUM_HEADER = "X-Shoal-Checksum"  # XXH3-128 of the block, 32 hex digits (blockfile.py)
 MAX_BATCH_DELETE = 10000
 MAX_INVENTORY_PAGE = 10000
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -85,13 +85,13 @@ def make_app(
 
     async def put_block(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        sha256 = request.headers.get(SHA256_HEADER, "")
-        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-            raise web.HTTPBadRequest(text=f"{SHA256_HEADER} must be 64 hex digits")
+        checksum = request.headers.get(CHECKSUM_HEADER, "")
+        if not re.fullmatch(r"[0-9a-f]{32}", checksum):
+            raise web.HTTPBadRequest(text=f"{CHECKSUM_HEADER} must be 32 hex digits")
         if request.content_length is None:
             raise web.HTTPLengthRequired(text="Content-Length is required")
         created = await store.write(
-            name, request.content.iter_any(), request.content_length, sha256
+            name, request.content.iter_any(), request.content_length, checksum
         )
         if created:
             count.add(1)
@@ -211,7 +211,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _block_response(info: BlockInfo, start: int, end: int, partial: bool) -> web.StreamResponse:
     response = web.StreamResponse(status=206 if partial else 200)
     response.content_length = end - start
-    response.headers[SHA256_HEADER] = info.sha256
+    response.headers[CHECKSUM_HEADER] = info.checksum
     response.headers["Accept-Ranges"] = "bytes"
     if partial:
         response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"

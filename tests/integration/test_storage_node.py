@@ -4,7 +4,6 @@ processes."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from datetime import timedelta
@@ -19,6 +18,7 @@ from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
 from shoal.ids import uuid7
 from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
 from shoal.storage.auth import sign
+from shoal.storage.blockfile import checksum_of
 from tests.fixtures.storage import MakeStorage, StorageCluster
 
 
@@ -69,7 +69,7 @@ def test_names_outside_the_block_namespace_are_refused(
             "PUT",
             path,
             data=b"x",
-            headers={"X-Shoal-Sha256": hashlib.sha256(b"x").hexdigest()},
+            headers={"X-Shoal-Checksum": checksum_of(b"x")},
         )
     )
     assert status in (400, 404, 405)
@@ -99,13 +99,13 @@ def test_a_token_opens_only_its_own_method_and_path(cluster: StorageCluster, run
 def test_put_verifies_and_never_overwrites(cluster: StorageCluster, run: Any) -> None:
     name = block_name(uuid7(), 0)
     data = os.urandom(1000)
-    good = {"X-Shoal-Sha256": hashlib.sha256(data).hexdigest()}
+    good = {"X-Shoal-Checksum": checksum_of(data)}
     assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data[:-1], headers=good))[0] == 422
     assert run(raw(cluster, "GET", f"/blocks/{name}"))[0] == 404
     assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data, headers=good))[0] == 201
     assert run(raw(cluster, "PUT", f"/blocks/{name}", data=data, headers=good))[0] == 200
     other = os.urandom(1000)
-    conflict = {"X-Shoal-Sha256": hashlib.sha256(other).hexdigest()}
+    conflict = {"X-Shoal-Checksum": checksum_of(other)}
     assert run(raw(cluster, "PUT", f"/blocks/{name}", data=other, headers=conflict))[0] == 409
     assert run(raw(cluster, "GET", f"/blocks/{name}")) == (200, data)
     tmp = cluster.nodes[0].root / "tmp"  # a folder per worker process, each left empty
@@ -129,7 +129,7 @@ def test_ranges_head_and_idempotent_delete(cluster: StorageCluster, run: Any) ->
             expected,
         )
     assert run(raw(cluster, "GET", f"/blocks/{name}", headers={"Range": "bytes=5000-"}))[0] == 416
-    assert run(cluster.client.head_block(url, name)) == (5000, hashlib.sha256(data).hexdigest())
+    assert run(cluster.client.head_block(url, name)) == (5000, checksum_of(data))
     run(cluster.client.delete_block(url, name))
     run(cluster.client.delete_block(url, name))  # already gone: still fine
     with pytest.raises(BlockMissing):
@@ -150,7 +150,7 @@ def test_inventory_pages_and_status(cluster: StorageCluster, run: Any) -> None:
     listed = {b.name: b for b in run(everything())}
     for name, data in blocks.items():
         assert listed[name].size == len(data)
-        assert listed[name].sha256 == hashlib.sha256(data).hexdigest()
+        assert listed[name].checksum == checksum_of(data)
     status = run(cluster.client.status(node.url))
     assert status.block_count == before + 25 == len(listed)
     assert status.shark == node.shark and 0 < status.free_bytes <= status.capacity_bytes

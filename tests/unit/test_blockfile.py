@@ -2,7 +2,6 @@
 one tmp/ folder per process."""
 
 import asyncio
-import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from shoal.storage.blockfile import (
     OutOfSpace,
     block_name,
     check_block_name,
+    checksum_of,
     parse_block_name,
 )
 
@@ -30,7 +30,7 @@ async def once(data: bytes) -> AsyncIterator[bytes]:
 
 
 def write(store: BlockStore, name: str, data: bytes, sha: str | None = None) -> bool:
-    sha = sha or hashlib.sha256(data).hexdigest()
+    sha = sha or checksum_of(data)
     return asyncio.run(store.write(name, once(data), len(data), sha))
 
 
@@ -76,8 +76,8 @@ def test_write_verifies_size_and_checksum(tmp_path: Path, data: bytes) -> None:
     store = BlockStore(tmp_path)
     name = block_name(uuid7(), 0)
     with pytest.raises(ChecksumMismatch):
-        write(store, name, data, sha=hashlib.sha256(b"other").hexdigest())
-    digest = hashlib.sha256(data).hexdigest()
+        write(store, name, data, sha=checksum_of(b"other"))
+    digest = checksum_of(data)
     with pytest.raises(ChecksumMismatch):
         asyncio.run(store.write(name, once(data), len(data) + 1, digest))
     with pytest.raises(ChecksumMismatch):
@@ -135,7 +135,7 @@ def test_blocks_larger_than_a_piece_are_written_and_read_in_pieces(tmp_path: Pat
     store = BlockStore(tmp_path)
     name = block_name(uuid7(), 0)
     data = os.urandom(WRITE_PIECE_BYTES + READ_CHUNK_BYTES + 12345)
-    sha = hashlib.sha256(data).hexdigest()
+    sha = checksum_of(data)
     assert asyncio.run(store.write(name, in_chunks(data, 100_000), len(data), sha)) is True
     assert read(store, name, 0, len(data)) == data
     across = (READ_CHUNK_BYTES - 7, 3 * READ_CHUNK_BYTES + 5)
