@@ -17,7 +17,7 @@ from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
 from shoal.metadata.partitions import ensure_window_for_now
 from shoal.metadata.queries import SELECT_BUCKET
-from shoal.metadata.shards import Shard, ShardSet, render
+from shoal.metadata.shards import Shard, ShardSet, positional, render
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -51,9 +51,12 @@ class Component:
     async def shard_rows(
         self, shard: Shard, statement: str, params: Mapping[str, Any]
     ) -> list[Row]:
+        """Run a statement over the vnodes of a shard (shards.render_arms): these are long,
+        so they go through a raw cursor with their placeholders converted once."""
+        text, names = positional(statement)
         async with shard.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(statement, params, prepare=True)
+            cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
+            await cur.execute(text, [params[name] for name in names], prepare=True)
             return await cur.fetchall()
 
     async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
