@@ -17,6 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import shoal.logs
 import shoal.loop
 from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
 from shoal.config import Config, ConfigError, load_config
@@ -39,13 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    # Shoal's own INFO lines (the access log among them); only warnings from libraries.
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("shoal").setLevel(logging.INFO)
+    shoal.logs.configure()
     try:
         config = load_config(args.config, args.data_dir)
         return int(args.run(config, args) or 0)

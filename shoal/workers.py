@@ -17,11 +17,11 @@ import multiprocessing
 import os
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
+import shoal.logs
 from shoal.children import die_with_parent
 
 log = logging.getLogger("shoal")
@@ -87,5 +87,5 @@ class WorkerProcesses:
 
 def _worker_main(parent: int, target: Callable[..., None], worker: int, *args: Any) -> None:
     die_with_parent(parent, signal.SIGKILL)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    shoal.logs.configure()
     target(worker, *args)
