@@ -30,6 +30,7 @@ and its pages on query parameters, chunked uploads and trailing headers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -282,8 +283,11 @@ async def check_sha256(stream: AsyncIterable[bytes], expected: str) -> AsyncIter
         )
 
 
+@functools.lru_cache(maxsize=1024)
 def _signing_key(secret_key: str, scope: str) -> bytes:
-    """The SigV4 signing key for a credential scope "YYYYMMDD/region/service/aws4_request"."""
+    """The SigV4 signing key for a credential scope "YYYYMMDD/region/service/aws4_request".
+
+    Kept per (secret, scope), as SDKs keep it per day: four HMACs fewer per request."""
     key = utf8("AWS4" + secret_key)
     for part in scope.split("/"):
         key = _hmac(key, part)
@@ -505,8 +509,18 @@ def _header_request_time(headers: Mapping[str, str]) -> datetime:
 def _parse_amz_date(value: str) -> datetime | None:
     if _AMZ_DATE.fullmatch(value) is None:
         return None
-    when = _strptime(value, _AMZ_DATE_FORMAT)
-    return None if when is None else when.replace(tzinfo=UTC)
+    try:  # the digits are checked: slicing is ~10x cheaper than strptime
+        return datetime(
+            int(value[0:4]),
+            int(value[4:6]),
+            int(value[6:8]),
+            int(value[9:11]),
+            int(value[11:13]),
+            int(value[13:15]),
+            tzinfo=UTC,
+        )
+    except ValueError:  # a month 13, a 31st of April...
+        return None
 
 
 def _parse_http_date(headers: Mapping[str, str]) -> datetime | None:

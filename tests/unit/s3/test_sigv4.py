@@ -787,9 +787,8 @@ def test_request_level_refusals() -> None:
     )
     assert code(no_sha) == "MissingSecurityHeader"
     assert code(header_request(GOOD_AUTH, **{"x-amz-content-sha256": "abc"})) == "InvalidArgument"
-    assert code(header_request(GOOD_AUTH, **{"x-amz-date": "2025-01-01T12:00:00Z"})) == (
-        "AccessDenied"
-    )
+    for bad_date in ("2025-01-01T12:00:00Z", "20251301T120000Z", "20250431T120000Z"):
+        assert code(header_request(GOOD_AUTH, **{"x-amz-date": bad_date})) == "AccessDenied"
     assert code(header_request(GOOD_AUTH, **{"x-amz-security-token": "t"})) == "InvalidArgument"
     chunked = header_request(
         GOOD_AUTH,
