@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from shoal.ids import uuid7
 
@@ -66,9 +66,9 @@ class ObjectVersion:
         return etag(self.content_md5, None if parts is None else len(parts))
 
 
-@dataclass(frozen=True)
-class ObjectSummary:
-    """One key of a listing."""
+class ObjectSummary(NamedTuple):
+    """One key of a listing (a named tuple: a page builds 1000 of them, and a frozen
+    dataclass costs ~3x as much to construct)."""
 
     name: str
     id: uuid.UUID

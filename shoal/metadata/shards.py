@@ -125,6 +125,10 @@ async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
     async def configure(conn: psycopg.AsyncConnection) -> None:
         register_hstore(hstore, conn)
         conn.prepared_max = PREPARED_STATEMENTS_PER_CONNECTION
+        # Timestamps then arrive with datetime.UTC, not a ZoneInfo of the server's zone:
+        # rendering 1000 of them for a listing page costs a third less (no SQL here
+        # depends on the session's zone).
+        await conn.execute("SET TimeZone = 'UTC'")
 
     pool = LastInFirstOutPool(
         config.dsn,
