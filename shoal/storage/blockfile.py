@@ -118,6 +118,7 @@ class BlockStore:
         self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp" / f"w{worker}"
         self.blocks.mkdir(parents=True, exist_ok=True)
+        self._make_fan_out_folders()
         # What an earlier run left half-written: the node process (worker 0) starts before
         # its workers and clears them all; a worker started again clears its own.
         shutil.rmtree(self.tmp.parent if worker == 0 else self.tmp, ignore_errors=True)
@@ -234,10 +235,20 @@ class BlockStore:
         temp.write(chunks, last=True)
         return self._link_into_place(temp, final, checksum)
 
+    def _make_fan_out_folders(self) -> None:
+        """All 256 folders, made durable once: a write then links without a mkdir (a syscall
+        per block), and no folder a block was acknowledged in can vanish in a crash."""
+        for index in range(256):
+            (self.blocks / f"{index:02x}").mkdir(exist_ok=True)
+        _fsync_directory(self.blocks)
+
     def _link_into_place(self, temp: _TempBlock, final: Path, checksum: str) -> bool:
-        final.parent.mkdir(exist_ok=True)
         try:
-            os.link(temp.path, final)
+            try:
+                os.link(temp.path, final)
+            except FileNotFoundError:  # a fan-out folder removed by hand: make them again
+                self._make_fan_out_folders()
+                os.link(temp.path, final)
         except FileExistsError:
             existing = self.info(final.name)
             if existing.checksum != checksum:

@@ -174,3 +174,12 @@ def test_a_block_that_would_fill_the_disk_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BlockNotFound):
         store.info(name)
     assert list(store.tmp.iterdir()) == []
+
+
+def test_fan_out_folders_exist_from_the_start_and_come_back_if_removed(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    assert len(list(store.blocks.iterdir())) == 256
+    name = block_name(uuid7(), 0)
+    store.path_of(name).parent.rmdir()
+    assert write(store, name, b"data") is True
+    assert read(store, name, 0, 4) == b"data"
