@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from shoal.metadata.deployment import shard_configs
 from shoal.metadata.garbage import GcRun
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
+from shoal.workers import stop_on_signals
 
 
 class CommandError(Exception):
@@ -234,12 +234,8 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
 
 async def _run_until_stopped(start: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run a service until SIGINT or SIGTERM; a port already in use is one line, not a trace."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await start(stop)
+        await start(stop_on_signals())
     except OSError as exc:
         raise CommandError(str(exc)) from None
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +40,7 @@ from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import in_thread
 from shoal.storage.server import BlockCount
 from shoal.storage.workers import node_workers, serve
-from shoal.workers import WorkerProcesses, listening_socket
+from shoal.workers import WorkerProcesses, listening_socket, stop_on_signals
 
 log = logging.getLogger("shoal")
 
@@ -219,12 +218,12 @@ async def run_gateway(
     sock = listening_socket(config.s3.host, port)
     extra = config.s3.workers - 1
     workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
-    async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
-        credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
-        root = await root_keys(credentials)
-        path = data_path(config, store)
-        runner = await _start_gateway(config, store, path, credentials, sock)
+    async with (
+        await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
+        _serving_gateway(config, store, sock) as (credentials, path),
+    ):
         try:
+            root = await root_keys(credentials)
             workers.start()
             await wait_for_nodes(
                 store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
@@ -249,24 +248,26 @@ async def run_gateway(
                 await daemon
         finally:
             await in_thread(workers.stop)
-            await runner.cleanup()
-            await path.client.close()
 
 
-async def _start_gateway(
-    config: Config,
-    store: MetadataStore,
-    path: DataPath,
-    credentials: Credentials,
-    sock: socket.socket,
-) -> web.AppRunner:
+@contextlib.asynccontextmanager
+async def _serving_gateway(
+    config: Config, store: MetadataStore, sock: socket.socket
+) -> AsyncIterator[tuple[Credentials, DataPath]]:
+    """The S3 API served on `sock` by this process while the context lasts."""
     from shoal.s3.app import Gateway, make_app
 
+    credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
+    path = data_path(config, store)
     gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
     runner = web.AppRunner(make_app(gateway), access_log=None)
-    await runner.setup()
-    await web.SockSite(runner, sock).start()
-    return runner
+    try:
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        yield credentials, path
+    finally:
+        await runner.cleanup()
+        await path.client.close()
 
 
 def _serve_gateway(
@@ -279,19 +280,12 @@ def _serve_gateway(
 async def _serve_gateway_until_stopped(
     config: Config, shards: Sequence[ShardConfig], sock: socket.socket
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    async with await MetadataStore.open(shards, config.metadata.pool_max_size) as store:
-        credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
-        path = data_path(config, store)
-        runner = await _start_gateway(config, store, path, credentials, sock)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-            await path.client.close()
+    stop = stop_on_signals()
+    async with (
+        await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
+        _serving_gateway(config, store, sock),
+    ):
+        await stop.wait()
 
 
 async def wait_for_nodes(

@@ -12,6 +12,7 @@ not copy), die with their parent (a `kill -9` included), and are restarted when 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -28,6 +29,15 @@ log = logging.getLogger("shoal")
 
 _CONTEXT = multiprocessing.get_context("spawn")
 STOP_SECONDS = 20
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event the running loop sets on SIGINT or SIGTERM: how a service learns to stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -1,9 +1,10 @@
 """A storage node's worker processes: more than one Python process serving one disk.
 
-A node spends 2-3 ms of CPU per MiB written on HTTP, hashing, its event loop and hand-offs
-to threads besides what the disk work itself costs, and a process runs its event loop on one
-core: with several writers in flight the node's CPU, not the disk, can set the pace. Workers
-(shoal.workers) are extra processes that run the same HTTP service on the node's socket.
+A node spends ~1 ms of CPU per MiB written on HTTP, its event loop and hand-offs to
+threads besides what the disk work itself costs (bench/storage_bench.py), and a process runs
+its event loop on one core: with several writers in flight the node's CPU, not the disk, can
+set the pace. Workers (shoal.workers) are extra processes that run the same HTTP service on
+the node's socket.
 
 What the processes share: the disk (each has its own tmp/ folder, see BlockStore) and the
 block count (in shared memory, server.BlockCount).
@@ -12,7 +13,6 @@ block count (in shared memory, server.BlockCount).
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,15 +22,15 @@ from aiohttp import web
 import shoal.loop
 from shoal.storage.blockfile import BlockStore
 from shoal.storage.server import BlockCount, NodeIdentity, make_app
-from shoal.workers import WorkerProcesses
+from shoal.workers import WorkerProcesses, stop_on_signals
 
 DISK_THREADS = 32
 
 
 async def serve(app: web.Application, sock: socket.socket) -> web.AppRunner:
     """Serve `app` on `sock` in this process; the caller cleans the runner up."""
-    # A write in flight keeps two threads busy (one writing and fsyncing, one hashing); the
-    # default pool, cores + 4 threads, would queue hashes behind other requests' fsyncs.
+    # A thread is busy for a block's whole write and fsyncs; the default pool, cores + 4
+    # threads, would queue short reads behind other requests' fsyncs.
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="disk")
     )
@@ -71,10 +71,7 @@ async def _serve_until_stopped(
     blocks: BlockCount,
     sock: socket.socket,
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     blocks.slot = worker
     store = BlockStore(root, worker=worker)
     runner = await serve(make_app(store, secret, identity, blocks), sock)
