@@ -20,8 +20,8 @@ NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'
 MAX_REQUEST_XML_BYTES = 1024 * 1024
 
-Tree = dict[str, Any]
-_SPECIAL = re.compile("[&<>]")  # tag -> text, or nested Tree, or list of Trees for repeated tags
+Tree = dict[str, Any]  # tag -> text, or nested Tree, or list of Trees for repeated tags
+_SPECIAL = re.compile("[&<>]")  # what escape() would change
 
 
 def document(root: str, body: Tree | str) -> bytes:
