@@ -13,14 +13,14 @@ raw ceiling for 1 MiB blocks (the default block size).
 What is measured, for blocks of 64 KiB, 1 MiB and 4 MiB, at 1 and 4 requests in flight:
 
   node write   BlockClient.put_block to one real `shoal storage-node` process on 127.0.0.1
-               (HTTP, token check, SHA-256 verified by the node, write, fsync, link, fsync of
-               the directory). The client's SHA-256 of each payload is computed before timing,
+               (HTTP, token check, XXH3-128 verified by the node, write, fsync, link, fsync of
+               the directory). The client's XXH3 of each payload is computed before timing,
                as the data path computes it once per block for all its replicas.
   raw write    the same number of files of the same size, from Python threads in this process
                on the same file system: write to tmp/ (in 256 KiB pieces, as the node writes),
                fsync, rename into a fan-out folder, fsync that folder. No hashing, no HTTP:
                the disk's ceiling for this pattern.
-  node read    BlockClient.get_block (whole block, SHA-256 verified by the client).
+  node read    BlockClient.get_block (whole block, XXH3-128 verified by the client).
   raw read     open, read, close of the raw files.
 
 Reads run twice: "cold" right after `sync; echo 3 > /proc/sys/vm/drop_caches` (when permitted;

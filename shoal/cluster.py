@@ -34,12 +34,12 @@ from shoal.storage import (
     Node,
     NodeError,
     NodeIdentity,
-    make_app,
+    NodeServer,
 )
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import in_thread
 from shoal.storage.server import BlockCount
-from shoal.storage.workers import node_workers, serve
+from shoal.storage.workers import node_workers
 from shoal.workers import WorkerProcesses, listening_socket, stop_on_signals
 
 log = logging.getLogger("shoal")
@@ -128,7 +128,8 @@ async def run_storage_node(
     sock = listening_socket(node.host, node.port)
     extra = config.storage.node_workers - 1
     workers = node_workers(extra, node.root, secret, identity, count, sock)
-    runner = await serve(make_app(store, secret, identity, count), sock)
+    server = NodeServer(sock, store, secret, identity, count)
+    server.serve_in_thread()
     try:
         workers.start()
         async with await MetadataStore.open(shards, pool_max_size=2) as metadata:
@@ -151,7 +152,7 @@ async def run_storage_node(
                     )
     finally:
         await in_thread(workers.stop)
-        await runner.cleanup()
+        await in_thread(server.stop)
 
 
 class LocalNodes:

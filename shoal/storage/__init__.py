@@ -22,7 +22,7 @@ from shoal.storage.datapath import (
     block_runs,
 )
 from shoal.storage.placement import Node
-from shoal.storage.server import NodeIdentity, make_app
+from shoal.storage.server import NodeIdentity, NodeServer
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -40,12 +40,12 @@ __all__ = [
     "NodeError",
     "NodeIdentity",
     "NodeRefused",
+    "NodeServer",
     "NodeStatus",
     "NodeUnavailable",
     "StorageUnavailable",
     "WriteResult",
     "block_name",
     "block_runs",
-    "make_app",
     "parse_block_name",
 ]

@@ -18,12 +18,13 @@ import asyncio
 import os
 import re
 import shutil
+import socket
 import struct
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 import xxhash
 
@@ -31,10 +32,8 @@ T = TypeVar("T")
 
 HEADER = struct.Struct(">8sQ16s")  # magic, data size, XXH3-128 of the data
 MAGIC = b"SHOALBK2"  # BK1 blocks (SHA-256) were written by versions before 2026-11-23
-# Reads hand the disk thread 1 MiB at a time: one hop per default-sized block.
-READ_CHUNK_BYTES = 1024 * 1024
-# Writes receive up to this much before handing it to a thread: a default-sized block in one
-# piece, and a bound on a request's memory whatever the block size.
+# Writes receive up to this much before writing it: a default-sized block in one piece, and
+# a bound on a request's memory whatever the block size.
 WRITE_PIECE_BYTES = 4 * 1024 * 1024
 # Refuse new blocks that would leave less than this free: a full disk must not corrupt what
 # it holds.
@@ -98,8 +97,14 @@ def check_block_name(name: str) -> None:
 
 
 async def in_thread(function: Callable[..., T], *args: object) -> T:
-    """The one way blocking disk work (writes, fsync, reads) leaves the event loop."""
+    """The one way blocking disk work (writes, fsync, reads) leaves an event loop."""
     return await asyncio.to_thread(function, *args)
+
+
+class Readable(Protocol):
+    """Where a block's bytes come from: a request body, a file."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
 class BlockStore:
@@ -128,55 +133,40 @@ class BlockStore:
         check_block_name(name)
         return self.blocks / _fan_out(name) / name
 
-    async def write(
-        self, name: str, chunks: AsyncIterator[bytes], size: int, checksum: str
-    ) -> bool:
-        """Store a block; True if new, False if an identical block was already there.
+    def write(self, name: str, body: Readable, size: int, checksum: str) -> bool:
+        """Store the `size` bytes that `body` yields; True if new, False if an identical
+        block was already there.
 
-        The body arrives in pieces of up to WRITE_PIECE_BYTES (a default-sized block is one
-        piece), hashed as they come. A piece is handed to a thread for writing when the next
-        one arrives; the last is written, fsynced and linked into place (its folder fsynced)
-        in one trip after the checksum matched: that is when the block is acknowledged. A
-        default-sized block costs one trip to a thread, where each trip is a wake-up that a
-        busy machine makes slow.
+        The bytes arrive in pieces of up to WRITE_PIECE_BYTES (a default-sized block is one
+        piece) into one buffer, hashed and written to a temporary file as they come; after
+        the checksum matched, the file is fsynced and linked into place and its folder
+        fsynced: only then is the block acknowledged.
         """
         final = self.path_of(name)
         if size > MAX_BLOCK_BYTES:
             raise BlockError(f"block of {size} bytes is over the {MAX_BLOCK_BYTES} limit")
-        temp = _TempBlock(
-            self.tmp / f"{name}.{uuid.uuid4().hex}",
-            HEADER.pack(MAGIC, size, bytes.fromhex(checksum)),
-            size + self.reserved_free_bytes,
-        )
-        digest = xxhash.xxh3_128()
-        held: list[bytes] = []  # the piece received last, not yet written
-        writing: asyncio.Future[None] | None = None  # the thread writing the piece before
-        received = 0
+        self._check_space(size)
+        temp = _TempBlock(self.tmp / f"{name}.{uuid.uuid4().hex}")
         try:
-            async for piece in _pieces(chunks, WRITE_PIECE_BYTES):
-                received += sum(len(chunk) for chunk in piece)
-                if received > size:
-                    raise ChecksumMismatch(f"block {name} is longer than {size} bytes")
-                for chunk in piece:
-                    digest.update(chunk)
-                if writing is not None:
-                    await writing
-                if held:
-                    writing = asyncio.ensure_future(in_thread(temp.write, held, False))
-                held = piece
-            if writing is not None:
-                await writing
-            if received != size:
-                raise ChecksumMismatch(f"block {name} has {received} bytes, expected {size}")
+            temp.write(HEADER.pack(MAGIC, size, bytes.fromhex(checksum)))
+            digest = xxhash.xxh3_128()
+            buffer = memoryview(bytearray(min(size, WRITE_PIECE_BYTES)))
+            remaining = size
+            while remaining:
+                piece = buffer[: _read_exactly(body, buffer[: min(remaining, len(buffer))])]
+                if not piece:
+                    raise ChecksumMismatch(
+                        f"block {name} has {size - remaining} bytes, expected {size}"
+                    )
+                digest.update(piece)
+                temp.write(piece)
+                remaining -= len(piece)
             if digest.hexdigest() != checksum:
                 raise ChecksumMismatch(f"block {name} does not match its checksum")
-            return await in_thread(self._write_and_link, temp, held, final, checksum)
+            temp.finish()
+            return self._link_into_place(temp, final, checksum)
         finally:
-            # On failure a thread may still be using the file: let it finish first.
-            if writing is not None:
-                await asyncio.gather(writing, return_exceptions=True)
-            if not temp.removed:
-                await in_thread(temp.discard)
+            temp.discard()
 
     def info(self, name: str) -> BlockInfo:
         path = self.path_of(name)
@@ -188,11 +178,9 @@ class BlockStore:
             raise BlockNotFound(name) from None
         return _parse_header(name, raw, mtime)
 
-    async def read(self, name: str, pick: Callable[[int], tuple[int, int]]) -> BlockReader:
-        """Open a block for the bytes [start, end) that `pick(size)` chooses; the range, or
-        its first READ_CHUNK_BYTES, is read in the same trip to a thread as the open."""
-        path = self.path_of(name)
-        return await in_thread(BlockReader.open, path, name, pick)
+    def open(self, name: str, pick: Callable[[int], tuple[int, int]]) -> BlockReader:
+        """A block open for the bytes [start, end) that `pick(size)` chooses."""
+        return BlockReader.open(self.path_of(name), name, pick)
 
     def delete(self, name: str) -> bool:
         """Remove a block; False if it was not there (already deleted is fine)."""
@@ -229,11 +217,10 @@ class BlockStore:
         stats = os.statvfs(self.blocks)
         return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
 
-    def _write_and_link(
-        self, temp: _TempBlock, chunks: list[bytes], final: Path, checksum: str
-    ) -> bool:
-        temp.write(chunks, last=True)
-        return self._link_into_place(temp, final, checksum)
+    def _check_space(self, size: int) -> None:
+        stats = os.statvfs(self.tmp)
+        if stats.f_bavail * stats.f_frsize < size + self.reserved_free_bytes:
+            raise OutOfSpace("node is out of space")
 
     def _make_fan_out_folders(self) -> None:
         """All 256 folders, made durable once: a write then links without a mkdir (a syscall
@@ -254,8 +241,6 @@ class BlockStore:
             if existing.checksum != checksum:
                 raise BlockExists(f"block {final.name} exists with other content") from None
             return False
-        finally:
-            temp.discard()
         _fsync_directory(final.parent)
         return True
 
@@ -275,90 +260,78 @@ def _parse_header(name: str, raw: bytes, mtime: float) -> BlockInfo:
 
 
 class BlockReader:
-    """A block open for reading a range: its header, and the data a piece at a time."""
+    """A block open for reading a range of its data."""
 
     def __init__(self, handle: BinaryIO, info: BlockInfo, start: int, end: int) -> None:
         self.info = info
         self.start = start
         self.end = end
         self._handle = handle
-        self._first = self._read(start)
 
     @classmethod
     def open(cls, path: Path, name: str, pick: Callable[[int], tuple[int, int]]) -> BlockReader:
-        """Runs in a thread: open, read the header, choose the range, read its first piece."""
+        """Open, read the header, check the file holds all the data it announces, and choose
+        the range: a short file is refused before any byte of it is sent."""
         try:
             handle = open(path, "rb", buffering=0)  # noqa: SIM115 - the reader closes it
         except FileNotFoundError:
             raise BlockNotFound(name) from None
         try:
-            info = _parse_header(name, handle.read(HEADER.size), os.fstat(handle.fileno()).st_mtime)
+            stat = os.fstat(handle.fileno())
+            info = _parse_header(name, handle.read(HEADER.size), stat.st_mtime)
+            if stat.st_size < HEADER.size + info.size:
+                raise BlockCorrupt(f"block {name} is shorter than its header says")
             return cls(handle, info, *pick(info.size))
         except BaseException:
             handle.close()
             raise
 
-    async def pieces(self) -> AsyncIterator[bytes]:
-        """The range's bytes, READ_CHUNK_BYTES at a time (a default-sized block in one)."""
-        offset, piece = self.start, self._first
-        while True:
-            yield piece
-            offset += len(piece)
-            if offset >= self.end:
-                return
-            piece = await in_thread(self._read, offset)
+    def send(self, out: socket.socket) -> None:
+        """The range's bytes to a socket, from the page cache by sendfile (no copy through
+        Python)."""
+        if self.end > self.start:  # sendfile refuses a count of 0 (an empty block)
+            out.sendfile(self._handle, HEADER.size + self.start, self.end - self.start)
 
     def close(self) -> None:
         self._handle.close()
 
-    def _read(self, offset: int) -> bytes:
-        wanted = min(READ_CHUNK_BYTES, self.end - offset)
-        piece = os.pread(self._handle.fileno(), wanted, HEADER.size + offset)
-        if len(piece) < wanted:
-            raise BlockCorrupt(f"block {self.info.name} is shorter than its header says")
-        return piece
+    def __enter__(self) -> BlockReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _TempBlock:
-    """A block's file in tmp/ while it is written; every method runs in a thread."""
+    """A block's file in tmp/ while it is written."""
 
-    def __init__(self, path: Path, header: bytes, needed_bytes: int) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.header = header
-        self.needed_bytes = needed_bytes
-        self.fd: int | None = None
-        self.removed = False
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
-    def write(self, chunks: list[bytes], last: bool) -> None:
-        """Append chunks (creating the file first); the last piece is fsynced and closed."""
-        if self.fd is None:
-            # Checked here, not before: statvfs in the same trip to a thread as the open.
-            stats = os.statvfs(self.path.parent)
-            if stats.f_bavail * stats.f_frsize < self.needed_bytes:
-                raise OutOfSpace("node is out of space")
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            _write_all(self.fd, self.header)
-        for chunk in chunks:
-            _write_all(self.fd, chunk)
-        if last:
-            os.fsync(self.fd)
-            self._close()
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def finish(self) -> None:
+        os.fsync(self.fd)
 
     def discard(self) -> None:
-        self._close()
+        """Close and remove: after a link the block lives on under its final name."""
+        os.close(self.fd)
         self.path.unlink(missing_ok=True)
-        self.removed = True
-
-    def _close(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _read_exactly(body: Readable, buffer: memoryview) -> int:
+    """Fill `buffer` from `body`; fewer bytes only if the body ended."""
+    filled = 0
+    while filled < len(buffer):
+        count = body.readinto(buffer[filled:])
+        if not count:
+            break
+        filled += count
+    return filled
 
 
 def checksum_of(data: bytes) -> str:
@@ -372,19 +345,3 @@ def _fsync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-async def _pieces(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[list[bytes]]:
-    """Regroup a stream into lists of chunks of about `size` bytes, without copying them;
-    at least one list, empty for an empty stream (an empty block still gets its file)."""
-    piece: list[bytes] = []
-    piece_bytes = 0
-    yielded = False
-    async for chunk in chunks:
-        piece.append(chunk)
-        piece_bytes += len(chunk)
-        if piece_bytes >= size:
-            yield piece
-            piece, piece_bytes, yielded = [], 0, True
-    if piece or not yielded:
-        yield piece

@@ -10,40 +10,56 @@
 
 Every request carries a token signed with the cluster secret (auth.py). The HTTP layer only
 translates: the disk is blockfile.BlockStore's business.
+
+A thread per connection, not an event loop: every request ends in blocking disk work (a write
+and two fsyncs, an open and a sendfile), so the thread that parsed the request does it, where
+an event loop hands each block to a thread and back. Measured on 2 cores (bench/RESULTS.md,
+session 4): 1 MiB writes ~1.5x and 4 KiB writes ~1.7x the rate of the aiohttp service this
+replaced, and reads go from the page cache to the socket by sendfile. Clients keep a bounded
+pool of connections per node (client.py), which bounds the threads.
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import logging
 import multiprocessing
 import re
-from collections.abc import Awaitable, Callable
+import socket
+import socketserver
+import threading
 from dataclasses import dataclass
-
-from aiohttp import web
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from shoal.storage import auth
 from shoal.storage.blockfile import (
     BlockCorrupt,
     BlockError,
     BlockExists,
-    BlockInfo,
     BlockNotFound,
+    BlockReader,
     BlockStore,
     ChecksumMismatch,
     InvalidBlockName,
     OutOfSpace,
-    in_thread,
 )
 
 log = logging.getLogger("shoal.storage")
 
 CHECKSUM_HEADER = "X-Shoal-Checksum"  # XXH3-128 of the block, 32 hex digits (blockfile.py)
 MAX_BATCH_DELETE = 10000
+MAX_BATCH_DELETE_BODY_BYTES = 1024 * 1024
 MAX_INVENTORY_PAGE = 10000
+# An idle kept-alive connection is closed after this long; clients drop theirs sooner (aiohttp:
+# 15 s), so a client never sends on a connection the node is closing. A transfer that stalls
+# this long fails the same way.
+IDLE_SECONDS = 75
+# How long a stopping node lets requests in progress finish.
+DRAIN_SECONDS = 30
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CHECKSUM = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
@@ -60,9 +76,8 @@ class NodeIdentity:
 class BlockCount:
     """Blocks held, counted once at start and kept current by writes and deletes.
 
-    A node's processes (workers.py) share it: each adds to its own slot of shared memory (so
-    no process waits for a lock, and one event loop thread per slot needs none), and every
-    process reports the sum of the slots.
+    A node's processes (workers.py) share it: each adds to its own slot of shared memory, so
+    no process waits for another, and every process reports the sum of the slots.
     """
 
     def __init__(self, value: int, processes: int = 1) -> None:
@@ -75,156 +90,340 @@ class BlockCount:
         return sum(self._slots)
 
     def add(self, blocks: int) -> None:
-        self._slots[self.slot] += blocks
+        with _COUNT_LOCK:  # the threads of one process share its slot
+            self._slots[self.slot] += blocks
 
 
-def make_app(
-    store: BlockStore, secret: bytes, identity: NodeIdentity, count: BlockCount
-) -> web.Application:
-    app = web.Application(middlewares=[_errors, _authenticate(secret)], client_max_size=1024**2)
+_COUNT_LOCK = threading.Lock()
 
-    async def put_block(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        checksum = request.headers.get(CHECKSUM_HEADER, "")
-        if not re.fullmatch(r"[0-9a-f]{32}", checksum):
-            raise web.HTTPBadRequest(text=f"{CHECKSUM_HEADER} must be 32 hex digits")
-        if request.content_length is None:
-            raise web.HTTPLengthRequired(text="Content-Length is required")
-        created = await store.write(
-            name, request.content.iter_any(), request.content_length, checksum
-        )
-        if created:
-            count.add(1)
-        return web.Response(status=201 if created else 200)
 
-    async def get_block(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        range_header = request.headers.get("Range")
-        if request.method == "HEAD":
-            info = await in_thread(store.info, name)
-            start, end = _byte_range(range_header, info.size)
-            response = _block_response(info, start, end, range_header is not None)
-            await response.prepare(request)
-            return response
-        reader = await store.read(name, lambda size: _byte_range(range_header, size))
+class Refused(Exception):
+    """A request the node answers with an error status (and no change on disk)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+# Block-store refusals to HTTP statuses, in one place (the first match wins).
+_STATUS_OF_ERROR: list[tuple[type[BlockError], int]] = [
+    (InvalidBlockName, 400),
+    (BlockNotFound, 404),
+    (BlockExists, 409),
+    (ChecksumMismatch, 422),
+    (OutOfSpace, 507),
+    (BlockCorrupt, 500),
+    (BlockError, 400),
+]
+
+
+class NodeServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """The node's HTTP service on a listening socket it is given (shared by its processes)."""
+
+    daemon_threads = True  # an idle kept-alive connection must not hold a stopping node
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        store: BlockStore,
+        secret: bytes,
+        identity: NodeIdentity,
+        count: BlockCount,
+    ) -> None:
+        super().__init__(sock.getsockname()[:2], _Handler, bind_and_activate=False)
+        self.socket.close()
+        # Non-blocking: the node's processes all wake for a connection that one of them takes,
+        # and the others must go back to waiting rather than block in accept().
+        sock.setblocking(False)
+        self.socket = sock
+        self.store = store
+        self.secret = secret
+        self.identity = identity
+        self.count = count
+        self._in_progress = 0
+        self._idle = threading.Condition()
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="node-accept", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        """Accept no more connections, and let requests in progress finish (a while)."""
+        self.shutdown()
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_progress == 0, timeout=DRAIN_SECONDS)
+
+    def request_started(self) -> None:
+        with self._idle:
+            self._in_progress += 1
+
+    def request_finished(self) -> None:
+        with self._idle:
+            self._in_progress -= 1
+            self._idle.notify_all()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection; its requests one after the other (HTTP/1.1 keep-alive)."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_SECONDS
+    server: NodeServer
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_HEAD(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no access log: the gateway logs the S3 requests these serve
+
+    def log_error(self, format: str, *args: Any) -> None:
+        log.info("%s: " + format, self.address_string(), *args)
+
+    def _serve(self) -> None:
+        self.server.request_started()
+        self.body = _Body(self.rfile, self._content_length())
+        self.replying = False
         try:
-            partial = range_header is not None
-            response = _block_response(reader.info, reader.start, reader.end, partial)
-            await response.prepare(request)
-            async for piece in reader.pieces():
-                await response.write(piece)
+            self._answer()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
         finally:
-            reader.close()
-        await response.write_eof()
-        return response
+            self.server.request_finished()
 
-    async def delete_block(request: web.Request) -> web.Response:
-        if await in_thread(store.delete, request.match_info["name"]):
-            count.add(-1)
-        return web.Response(status=204)
-
-    async def delete_blocks(request: web.Request) -> web.Response:
+    def _answer(self) -> None:
         try:
-            names = (await request.json())["names"]
-        except (ValueError, KeyError, TypeError):
-            raise web.HTTPBadRequest(text='body must be {"names": [...]}') from None
+            url = urlsplit(self.path)
+            path = unquote(url.path)
+            self._authenticate(path)
+            self._route(path, parse_qs(url.query))
+        except Refused as refusal:
+            self._refuse(refusal.status, str(refusal), refusal.headers)
+        except BlockError as exc:
+            status = next(s for kind, s in _STATUS_OF_ERROR if isinstance(exc, kind))
+            if isinstance(exc, BlockCorrupt):
+                log.error("corrupt block on this node: %s", exc)
+            self._refuse(status, str(exc) if status != 404 else f"no block {exc}")
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception:
+            log.exception("%s %s failed", self.command, self.path)
+            if self.replying:  # too late for an error status: the client sees a cut response
+                self.close_connection = True
+            else:
+                self._refuse(500, "internal error")
+
+    def _authenticate(self, path: str) -> None:
+        try:
+            auth.verify(self.server.secret, self.command, path, self.headers.get("Authorization"))
+        except auth.InvalidToken as exc:
+            raise Refused(401, str(exc)) from None
+
+    def _route(self, path: str, query: dict[str, list[str]]) -> None:
+        method = self.command
+        if path.startswith("/blocks/") and path != "/blocks/delete":
+            name = path[len("/blocks/") :]
+            if method == "PUT":
+                return self._put_block(name)
+            if method in ("GET", "HEAD"):
+                return self._get_block(name)
+            if method == "DELETE":
+                return self._delete_block(name)
+        if path == "/blocks/delete" and method == "POST":
+            return self._delete_blocks()
+        if path == "/inventory" and method == "GET":
+            return self._inventory(query)
+        if path == "/status" and method == "GET":
+            return self._status()
+        raise Refused(404, f"no resource {method} {path}")
+
+    # The resources.
+
+    def _put_block(self, name: str) -> None:
+        checksum = self.headers.get(CHECKSUM_HEADER, "")
+        if not _CHECKSUM.match(checksum):
+            raise Refused(400, f"{CHECKSUM_HEADER} must be 32 hex digits")
+        if self.body.length is None:
+            raise Refused(411, "Content-Length is required")
+        created = self.server.store.write(name, self.body, self.body.length, checksum)
+        if created:
+            self.server.count.add(1)
+        self._reply(201 if created else 200)
+
+    def _get_block(self, name: str) -> None:
+        range_header = self.headers.get("Range")
+        partial = range_header is not None
+        with self.server.store.open(name, lambda size: _byte_range(range_header, size)) as reader:
+            self._reply_headers(206 if partial else 200, _block_headers(reader, partial))
+            if self.command == "GET":
+                reader.send(self.connection)
+
+    def _delete_block(self, name: str) -> None:
+        if self.server.store.delete(name):
+            self.server.count.add(-1)
+        self._reply(204)
+
+    def _delete_blocks(self) -> None:
+        names = self._json_body().get("names")
         if not isinstance(names, list) or len(names) > MAX_BATCH_DELETE:
-            raise web.HTTPBadRequest(text=f"names must be a list of at most {MAX_BATCH_DELETE}")
+            raise Refused(400, f"names must be a list of at most {MAX_BATCH_DELETE}")
         for name in names:
-            store.path_of(name)  # refuse the whole batch if any name is invalid
-        deleted = sum(await in_thread(lambda: [store.delete(n) for n in names]))
-        count.add(-deleted)
-        return web.json_response({"deleted": deleted, "missing": len(names) - deleted})
+            self.server.store.path_of(name)  # refuse the whole batch if any name is invalid
+        deleted = sum(self.server.store.delete(name) for name in names)
+        self.server.count.add(-deleted)
+        self._reply_json({"deleted": deleted, "missing": len(names) - deleted})
 
-    async def inventory(request: web.Request) -> web.Response:
-        after = request.query.get("after", "")
+    def _inventory(self, query: dict[str, list[str]]) -> None:
+        after = query.get("after", [""])[0]
         try:
-            limit = int(request.query.get("limit", "1000"))
+            limit = int(query.get("limit", ["1000"])[0])
         except ValueError:
-            raise web.HTTPBadRequest(text="limit must be an integer") from None
+            raise Refused(400, "limit must be an integer") from None
         if not 1 <= limit <= MAX_INVENTORY_PAGE:
-            raise web.HTTPBadRequest(text=f"limit must be between 1 and {MAX_INVENTORY_PAGE}")
-        page = await in_thread(store.inventory, after, limit)
-        return web.json_response(
+            raise Refused(400, f"limit must be between 1 and {MAX_INVENTORY_PAGE}")
+        page = self.server.store.inventory(after, limit)
+        self._reply_json(
             {
                 "blocks": [b.__dict__ for b in page],
                 "next": page[-1].name if len(page) == limit else None,
             }
         )
 
-    async def status(request: web.Request) -> web.Response:
-        capacity, free = await in_thread(store.usage)
-        return web.json_response(
+    def _status(self) -> None:
+        capacity, free = self.server.store.usage()
+        identity = self.server.identity
+        self._reply_json(
             {
                 "name": identity.name,
                 "datacenter": identity.datacenter,
                 "shark": identity.shark,
                 "capacity_bytes": capacity,
                 "free_bytes": free,
-                "block_count": count.value,
+                "block_count": self.server.count.value,
             }
         )
 
-    app.router.add_put("/blocks/{name}", put_block)
-    app.router.add_get("/blocks/{name}", get_block)
-    app.router.add_delete("/blocks/{name}", delete_block)
-    app.router.add_post("/blocks/delete", delete_blocks)
-    app.router.add_get("/inventory", inventory)
-    app.router.add_get("/status", status)
-    return app
+    # Requests and responses.
 
-
-def _authenticate(secret: bytes) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    def _content_length(self) -> int | None:
+        if "Transfer-Encoding" in self.headers:
+            return None  # blocks are sent with their length; chunked bodies are refused
         try:
-            auth.verify(secret, request.method, request.path, request.headers.get("Authorization"))
-        except auth.InvalidToken as exc:
-            raise web.HTTPUnauthorized(text=str(exc)) from None
-        return await handler(request)
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            return None
+        return length if length >= 0 else None
 
-    return middleware
+    def _json_body(self) -> dict[str, Any]:
+        length = self.body.length
+        if length is None or length > MAX_BATCH_DELETE_BODY_BYTES:
+            raise Refused(400, f"a JSON body of at most {MAX_BATCH_DELETE_BODY_BYTES} bytes")
+        try:
+            value = json.loads(self.body.read_all())
+        except ValueError:
+            raise Refused(400, 'body must be {"names": [...]}') from None
+        if not isinstance(value, dict):
+            raise Refused(400, 'body must be {"names": [...]}')
+        return value
+
+    def _reply(self, status: int) -> None:
+        self._reply_headers(status, {"Content-Length": "0"})
+
+    def _reply_json(self, value: object) -> None:
+        body = json.dumps(value).encode()
+        self._reply_headers(
+            200, {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        )
+        self.wfile.write(body)
+
+    def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        body = message.encode()
+        headers = {
+            **(headers or {}),
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Length": str(len(body)),
+        }
+        if not self.body.consumed:
+            # What the client still sends of this body would be read as the next request.
+            self.close_connection = True
+            headers["Connection"] = "close"
+        self._reply_headers(status, headers)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _reply_headers(self, status: int, headers: dict[str, str]) -> None:
+        self.replying = True
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Block-store refusals to HTTP statuses, in one place."""
-    try:
-        return await handler(request)
-    except InvalidBlockName as exc:
-        raise web.HTTPBadRequest(text=str(exc)) from None
-    except BlockNotFound as exc:
-        raise web.HTTPNotFound(text=f"no block {exc}") from None
-    except BlockExists as exc:
-        raise web.HTTPConflict(text=str(exc)) from None
-    except ChecksumMismatch as exc:
-        raise web.HTTPUnprocessableEntity(text=str(exc)) from None
-    except OutOfSpace as exc:
-        raise web.HTTPInsufficientStorage(text=str(exc)) from None
-    except BlockCorrupt as exc:
-        log.error("corrupt block on this node: %s", exc)
-        raise web.HTTPInternalServerError(text=str(exc)) from None
-    except BlockError as exc:
-        raise web.HTTPBadRequest(text=str(exc)) from None
+class _Body:
+    """A request's body: exactly Content-Length bytes of the connection, no more."""
+
+    def __init__(self, stream: Any, length: int | None) -> None:
+        self._stream = stream
+        self.length = length
+        self._remaining = length or 0
+
+    @property
+    def consumed(self) -> bool:
+        return self._remaining == 0 and self.length is not None
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self._remaining == 0:
+            return 0
+        count = self._stream.readinto(buffer[: self._remaining]) or 0
+        if count == 0:
+            raise ConnectionError("the client closed the connection in a request body")
+        self._remaining -= count
+        return count
+
+    def read_all(self) -> bytes:
+        data = self._stream.read(self._remaining)
+        self._remaining -= len(data)
+        if self._remaining:
+            raise ConnectionError("the client closed the connection in a request body")
+        return data
 
 
-def _block_response(info: BlockInfo, start: int, end: int, partial: bool) -> web.StreamResponse:
-    response = web.StreamResponse(status=206 if partial else 200)
-    response.content_length = end - start
-    response.headers[CHECKSUM_HEADER] = info.checksum
-    response.headers["Accept-Ranges"] = "bytes"
+def _block_headers(reader: BlockReader, partial: bool) -> dict[str, str]:
+    headers = {
+        "Content-Length": str(reader.end - reader.start),
+        CHECKSUM_HEADER: reader.info.checksum,
+        "Accept-Ranges": "bytes",
+    }
     if partial:
-        response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
-    return response
+        headers["Content-Range"] = f"bytes {reader.start}-{reader.end - 1}/{reader.info.size}"
+    return headers
 
 
 def _byte_range(header: str | None, size: int) -> tuple[int, int]:
     """[start, end) of a `Range: bytes=a-b` header (suffix and open-ended forms included)."""
     if header is None:
         return 0, size
+    unsatisfiable = Refused(416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
     match = _RANGE.match(header.strip())
     if not match or match.groups() == ("", ""):
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
+        raise unsatisfiable
     first, last = match.groups()
     if first == "":
         start, end = max(0, size - int(last)), size
@@ -232,5 +431,5 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int]:
         start = int(first)
         end = size if last == "" else min(size, int(last) + 1)
     if start >= size or start >= end:
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
+        raise unsatisfiable
     return start, end

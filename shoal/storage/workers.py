@@ -1,10 +1,9 @@
 """A storage node's worker processes: more than one Python process serving one disk.
 
-A node spends ~1 ms of CPU per MiB written on HTTP, its event loop and hand-offs to
-threads besides what the disk work itself costs (bench/storage_bench.py), and a process runs
-its event loop on one core: with several writers in flight the node's CPU, not the disk, can
-set the pace. Workers (shoal.workers) are extra processes that run the same HTTP service on
-the node's socket.
+A node's threads share one interpreter lock: the disk work and the socket copies run without
+it, but parsing requests and hashing blocks take it. With many writers in flight on a machine
+with cores to spare, workers (shoal.workers) are extra processes that run the same service
+on the node's socket.
 
 What the processes share: the disk (each has its own tmp/ folder, see BlockStore) and the
 block count (in shared memory, server.BlockCount).
@@ -12,32 +11,13 @@ block count (in shared memory, server.BlockCount).
 
 from __future__ import annotations
 
-import asyncio
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from aiohttp import web
-
 import shoal.loop
-from shoal.storage.blockfile import BlockStore
-from shoal.storage.server import BlockCount, NodeIdentity, make_app
+from shoal.storage.blockfile import BlockStore, in_thread
+from shoal.storage.server import BlockCount, NodeIdentity, NodeServer
 from shoal.workers import WorkerProcesses, stop_on_signals
-
-DISK_THREADS = 32
-
-
-async def serve(app: web.Application, sock: socket.socket) -> web.AppRunner:
-    """Serve `app` on `sock` in this process; the caller cleans the runner up."""
-    # A thread is busy for a block's whole write and fsyncs; the default pool, cores + 4
-    # threads, would queue short reads behind other requests' fsyncs.
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(DISK_THREADS, thread_name_prefix="disk")
-    )
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.SockSite(runner, sock).start()
-    return runner
 
 
 def node_workers(
@@ -73,9 +53,9 @@ async def _serve_until_stopped(
 ) -> None:
     stop = stop_on_signals()
     blocks.slot = worker
-    store = BlockStore(root, worker=worker)
-    runner = await serve(make_app(store, secret, identity, blocks), sock)
+    server = NodeServer(sock, BlockStore(root, worker=worker), secret, identity, blocks)
+    server.serve_in_thread()
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await in_thread(server.stop)

@@ -1,17 +1,18 @@
 """The block store on disk: names, verification, never overwriting, ranges, inventory order,
 one tmp/ folder per process."""
 
-import asyncio
+import io
 import os
-from collections.abc import AsyncIterator
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from shoal.ids import uuid7
 from shoal.storage.blockfile import (
-    READ_CHUNK_BYTES,
     WRITE_PIECE_BYTES,
+    BlockCorrupt,
     BlockExists,
     BlockNotFound,
     BlockStore,
@@ -25,24 +26,40 @@ from shoal.storage.blockfile import (
 )
 
 
-async def once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
+class Trickle(io.RawIOBase):
+    """A body that arrives `size` bytes at a time, as from a socket."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data = memoryview(data)
+        self.size = size
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        count = min(len(buffer), self.size, len(self.data))
+        buffer[:count] = self.data[:count]
+        self.data = self.data[count:]
+        return count
 
 
 def write(store: BlockStore, name: str, data: bytes, sha: str | None = None) -> bool:
-    sha = sha or checksum_of(data)
-    return asyncio.run(store.write(name, once(data), len(data), sha))
+    return store.write(name, io.BytesIO(data), len(data), sha or checksum_of(data))
 
 
 def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
-    async def go() -> bytes:
-        reader = await store.read(name, lambda size: (start, end))
-        try:
-            return b"".join([c async for c in reader.pieces()])
-        finally:
-            reader.close()
+    """What the node sends of a range, through a socket as a request would get it."""
+    ours, theirs = socket.socketpair()
 
-    return asyncio.run(go())
+    def send() -> None:
+        with theirs, store.open(name, lambda size: (start, end)) as reader:
+            reader.send(theirs)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    received = bytearray()
+    with ours:
+        while chunk := ours.recv(1 << 20):
+            received += chunk
+    sender.join()
+    return bytes(received)
 
 
 @pytest.mark.parametrize(
@@ -79,9 +96,9 @@ def test_write_verifies_size_and_checksum(tmp_path: Path, data: bytes) -> None:
         write(store, name, data, sha=checksum_of(b"other"))
     digest = checksum_of(data)
     with pytest.raises(ChecksumMismatch):
-        asyncio.run(store.write(name, once(data), len(data) + 1, digest))
+        store.write(name, io.BytesIO(data), len(data) + 1, digest)  # the body ends early
     with pytest.raises(ChecksumMismatch):
-        asyncio.run(store.write(name, once(data), len(data) - 1, digest))
+        store.write(name, io.BytesIO(data), len(data) - 1, digest)
     with pytest.raises(BlockNotFound):
         store.info(name)
     assert list(store.tmp.iterdir()) == []
@@ -126,24 +143,29 @@ def test_inventory_walks_every_block_once_in_pages(tmp_path: Path) -> None:
     assert store.count() == 40
 
 
-async def in_chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
-    for offset in range(0, len(data), size):
-        yield data[offset : offset + size]
-
-
 def test_blocks_larger_than_a_piece_are_written_and_read_in_pieces(tmp_path: Path) -> None:
     store = BlockStore(tmp_path)
     name = block_name(uuid7(), 0)
-    data = os.urandom(WRITE_PIECE_BYTES + READ_CHUNK_BYTES + 12345)
+    data = os.urandom(2 * WRITE_PIECE_BYTES + 12345)
     sha = checksum_of(data)
-    assert asyncio.run(store.write(name, in_chunks(data, 100_000), len(data), sha)) is True
+    assert store.write(name, Trickle(data, 100_000), len(data), sha) is True
     assert read(store, name, 0, len(data)) == data
-    across = (READ_CHUNK_BYTES - 7, 3 * READ_CHUNK_BYTES + 5)
+    across = (WRITE_PIECE_BYTES - 7, 2 * WRITE_PIECE_BYTES + 5)
     assert read(store, name, *across) == data[across[0] : across[1]]
     with pytest.raises(ChecksumMismatch):  # one byte changed in the last piece
         bad = data[:-1] + bytes([data[-1] ^ 1])
-        asyncio.run(store.write(block_name(uuid7(), 0), in_chunks(bad, 65536), len(bad), sha))
+        store.write(block_name(uuid7(), 0), Trickle(bad, 65536), len(bad), sha)
     assert list(store.tmp.iterdir()) == []
+
+
+def test_a_block_shorter_than_its_header_says_is_refused_before_sending(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    name = block_name(uuid7(), 0)
+    write(store, name, b"data" * 1000)
+    path = store.path_of(name)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(BlockCorrupt):
+        store.open(name, lambda size: (0, size))
 
 
 def test_an_empty_block_is_a_file_with_its_header(tmp_path: Path) -> None:
