@@ -67,6 +67,7 @@ from pathlib import Path
 
 from benchlib import machine_summary, markdown_table, postgres_server, scratch_shard
 
+import shoal.loop
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.ids import uuid7
 from shoal.metadata import migrate
@@ -695,7 +696,8 @@ def main() -> None:
         print(f"scratch: {filesystem_line(root)}", flush=True)
         if not any("load average" in line for line in summary):
             print(f"load average before: {load_line()}")
-        runs = asyncio.run(benchmark(cluster, root / "raw", cases, args.rounds, cold))
+        # The client runs on the loop Shoal's own clients (the gateway, the pipeline) run on.
+        runs = shoal.loop.run(benchmark(cluster, root / "raw", cases, args.rounds, cold))
         print(f"load average after: {load_line()}")
     results = [combine(r) for r in runs]
     print(f"\nmedian of {args.rounds} round(s) per case")

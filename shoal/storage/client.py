@@ -1,12 +1,21 @@
-"""The storage nodes' client: every call a Shoal process makes to a node goes through here."""
+"""The storage nodes' client: every call a Shoal process makes to a node goes through here.
+
+HTTP/1.1 over asyncio streams, with a pool of kept-alive connections per node. Nodes speak
+one dialect (server.py: Content-Length bodies, no redirects, no compression), so a client
+that writes one request head and reads one response head costs a fraction of a general one:
+measured against aiohttp's client on the same node (bench/RESULTS.md, session 4), 0.06
+instead of 0.2 ms of CPU per 4 KiB block written and half the CPU per MiB.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
+from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
 from shoal.storage.blockfile import BlockInfo, checksum_of
@@ -15,6 +24,11 @@ from shoal.storage.server import CHECKSUM_HEADER
 CONNECT_TIMEOUT_SECONDS = 5
 # A block transfer that stalls this long is a failed replica, not a slow one.
 READ_TIMEOUT_SECONDS = 60
+# Idle connections older than this are closed rather than reused: nodes close theirs after
+# 75 s (server.IDLE_SECONDS), and a request must not race a node closing its connection.
+KEEP_IDLE_SECONDS = 15
+RANGE_CHUNK_BYTES = 256 * 1024
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class NodeError(Exception):
@@ -56,45 +70,32 @@ class NodeStatus:
 
 
 class BlockClient:
-    """One connection pool for all the nodes a process talks to."""
+    """One pool of connections per node, for all the nodes a process talks to."""
 
     def __init__(self, secret: bytes, connections_per_node: int = 32) -> None:
         self.secret = secret
         self._connections = connections_per_node
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit_per_host=self._connections, limit=0),
-                timeout=aiohttp.ClientTimeout(
-                    sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS
-                ),
-                auto_decompress=False,
-            )
-        return self._session
+        self._pools: dict[str, _Pool] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
 
     async def put_block(
         self, url: str, name: str, data: bytes, checksum: str | None = None
     ) -> bool:
         """Store a block on one node; True if it was new there."""
         headers = {CHECKSUM_HEADER: checksum or checksum_of(data)}
-        async with self._request("PUT", url, f"/blocks/{name}", data=data, headers=headers) as r:
-            return r.status == 201
+        async with self._request("PUT", url, f"/blocks/{name}", data, headers) as response:
+            return response.status == 201
 
     async def get_block(self, url: str, name: str) -> bytes:
         """A whole block, verified against its checksum."""
         async with self._request("GET", url, f"/blocks/{name}") as response:
-            expected = response.headers.get(CHECKSUM_HEADER, "")
-            try:
-                data = await response.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise NodeUnavailable(url, f"read of {name} failed: {exc!r}") from None
+            expected = response.headers.get(CHECKSUM_HEADER.lower(), "")
+            data = await response.read()
         if checksum_of(data) != expected:
             raise BlockCorrupted(url, f"block {name} does not match its checksum")
         return data
@@ -103,16 +104,13 @@ class BlockClient:
         """Bytes [start, end) of a block, streamed (not verified: the range is partial)."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
         async with self._request("GET", url, f"/blocks/{name}", headers=headers) as response:
-            try:
-                async for chunk in response.content.iter_chunked(256 * 1024):
-                    yield chunk
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise NodeUnavailable(url, f"read of {name} failed: {exc!r}") from None
+            async for chunk in response.chunks(RANGE_CHUNK_BYTES):
+                yield chunk
 
     async def head_block(self, url: str, name: str) -> tuple[int, str]:
         """(size, checksum) of a block."""
         async with self._request("HEAD", url, f"/blocks/{name}") as response:
-            return int(response.headers["Content-Length"]), response.headers[CHECKSUM_HEADER]
+            return response.length, response.headers[CHECKSUM_HEADER.lower()]
 
     async def delete_block(self, url: str, name: str) -> None:
         async with self._request("DELETE", url, f"/blocks/{name}"):
@@ -120,16 +118,17 @@ class BlockClient:
 
     async def delete_blocks(self, url: str, names: Sequence[str]) -> int:
         """Delete many blocks in one request; returns how many were there."""
-        async with self._request("POST", url, "/blocks/delete", json={"names": list(names)}) as r:
-            return int((await r.json())["deleted"])
+        body = json.dumps({"names": list(names)}).encode()
+        headers = {"Content-Type": "application/json"}
+        async with self._request("POST", url, "/blocks/delete", body, headers) as response:
+            return int((await response.json())["deleted"])
 
     async def inventory(self, url: str, page_size: int = 1000) -> AsyncIterator[BlockInfo]:
         """Every block a node holds, a page at a time."""
         after = ""
         while True:
-            path = "/inventory"
-            params = {"after": after, "limit": str(page_size)}
-            async with self._request("GET", url, path, params=params) as response:
+            query = urlencode({"after": after, "limit": str(page_size)})
+            async with self._request("GET", url, "/inventory", query=query) as response:
                 page = await response.json()
             for block in page["blocks"]:
                 yield BlockInfo(**block)
@@ -141,44 +140,237 @@ class BlockClient:
         async with self._request("GET", url, "/status") as response:
             return NodeStatus(**(await response.json()))
 
-    def _request(self, method: str, url: str, path: str, **kwargs: Any) -> _Call:
-        headers = kwargs.pop("headers", {})
-        headers["Authorization"] = auth.sign(self.secret, method, path)
-        return _Call(self.session, method, url, path, headers, kwargs)
-
-
-class _Call:
-    """`async with` one request: connection failures and error statuses become NodeErrors."""
-
-    def __init__(
+    def _request(
         self,
-        session: aiohttp.ClientSession,
         method: str,
         url: str,
         path: str,
-        headers: dict[str, str],
-        kwargs: dict[str, Any],
-    ) -> None:
-        self.args = (session, method, url, path, headers, kwargs)
-        self.response: aiohttp.ClientResponse | None = None
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        query: str = "",
+    ) -> _Call:
+        headers = {**(headers or {}), "Authorization": auth.sign(self.secret, method, path)}
+        target = f"{path}?{query}" if query else path
+        return _Call(self._pool(url), method, target, body, headers)
 
-    async def __aenter__(self) -> aiohttp.ClientResponse:
-        session, method, url, path, headers, kwargs = self.args
+    def _pool(self, url: str) -> _Pool:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that opened them
+            for pool in self._pools.values():
+                pool.close()
+            self._pools, self._loop = {}, loop
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = _Pool(url, self._connections)
+        return pool
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = time.monotonic()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Pool:
+    """Kept-alive connections to one node, at most `size` at a time, the last used first."""
+
+    def __init__(self, url: str, size: int) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"a node URL is http://host:port, not {url!r}")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.host_header = parts.netloc
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(size)
+
+    async def acquire(self, fresh: bool) -> tuple[_Connection, bool]:
+        """A connection (a new one if `fresh`), and whether it was used before (and so may
+        have been closed by the node)."""
+        await self._slots.acquire()
         try:
-            self.response = await session.request(method, url + path, headers=headers, **kwargs)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise NodeUnavailable(url, f"{method} {path}: {exc!r}") from None
-        status = self.response.status
-        if status < 400:
-            return self.response
-        text = (await self.response.text())[:200] if method != "HEAD" else ""
-        self.response.release()
-        if status == 404:
-            raise BlockMissing(url, f"{method} {path}: not found")
-        if status >= 500:
-            raise NodeUnavailable(url, f"{method} {path}: {status} {text}")
-        raise NodeRefused(url, f"{method} {path}: {status} {text}")
+            now = time.monotonic()
+            while self._idle and not fresh:
+                connection = self._idle.pop()
+                if now - connection.idle_since < KEEP_IDLE_SECONDS:
+                    return connection, True
+                connection.close()
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            return _Connection(reader, writer), False
+        except BaseException:
+            self._slots.release()
+            raise
 
-    async def __aexit__(self, *exc: object) -> None:
+    def release(self, connection: _Connection, reusable: bool) -> None:
+        if reusable:
+            connection.idle_since = time.monotonic()
+            self._idle.append(connection)
+        else:
+            connection.close()
+        self._slots.release()
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+class _Response:
+    """A response's status and head; its body is read (or streamed) once."""
+
+    def __init__(
+        self, connection: _Connection, status: int, headers: dict[str, str], node: str, where: str
+    ) -> None:
+        self.connection = connection
+        self.node = node  # the node's URL and the request, for errors
+        self.where = where
+        self.status = status
+        self.headers = headers
+        self.length = int(headers.get("content-length", "0"))
+        self.remaining = 0  # set by _Call: no body is read after a HEAD
+        self.keep_alive = headers.get("connection", "").lower() != "close"
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the connection can carry another request: the body was read to its end."""
+        return self.keep_alive and self.remaining == 0
+
+    async def read(self) -> bytes:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                data = await self.connection.reader.readexactly(self.remaining)
+        except _BROKEN as exc:
+            raise self._broken(exc) from None
+        self.remaining = 0
+        return data
+
+    async def chunks(self, size: int) -> AsyncIterator[bytes]:
+        while self.remaining:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                    chunk = await self.connection.reader.read(min(size, self.remaining))
+            except _BROKEN as exc:
+                raise self._broken(exc) from None
+            if not chunk:
+                raise NodeUnavailable(self.node, f"{self.where}: the body ended early")
+            self.remaining -= len(chunk)
+            yield chunk
+
+    def _broken(self, exc: BaseException) -> NodeUnavailable:
+        return NodeUnavailable(self.node, f"{self.where}: reading the body: {exc!r}")
+
+    async def json(self) -> Any:
+        return json.loads(await self.read())
+
+    async def text(self) -> str:
+        return (await self.read()).decode("utf-8", "replace")
+
+
+# What a node that went away looks like to a reader or writer of its connection.
+_BROKEN = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
+
+
+class _Call:
+    """`async with` one request: connection failures and error statuses become NodeErrors.
+
+    A request on a kept-alive connection that fails before any response arrives is sent again
+    once on a new connection: the node may have closed the idle connection as the request
+    left. Every node request is idempotent (a block PUT again with the same bytes is a 200).
+    """
+
+    def __init__(
+        self, pool: _Pool, method: str, target: str, body: bytes, headers: dict[str, str]
+    ) -> None:
+        self.pool = pool
+        self.method = method
+        self.target = target
+        self.body = body
+        self.headers = headers
+        self.response: _Response | None = None
+
+    async def __aenter__(self) -> _Response:
+        fresh = False
+        while True:
+            try:
+                connection, reused = await self.pool.acquire(fresh)
+            except OSError as exc:  # refused, unreachable, timed out
+                raise self._unavailable(exc) from None
+            try:
+                response = await self._exchange(connection)
+            except _BROKEN as exc:
+                self.pool.release(connection, reusable=False)
+                if reused:
+                    fresh = True
+                    continue
+                raise self._unavailable(exc) from None
+            except BaseException:
+                self.pool.release(connection, reusable=False)
+                raise
+            try:
+                await self._check_status(response)
+            except BaseException:
+                self.pool.release(connection, response.reusable)
+                raise
+            self.response = response
+            return response
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
         if self.response is not None:
-            self.response.release()
+            response, self.response = self.response, None
+            self.pool.release(response.connection, exc_type is None and response.reusable)
+
+    async def _exchange(self, connection: _Connection) -> _Response:
+        head = [f"{self.method} {self.target} HTTP/1.1", f"Host: {self.pool.host_header}"]
+        head += [f"{key}: {value}" for key, value in self.headers.items()]
+        if self.body or self.method in ("PUT", "POST"):
+            head.append(f"Content-Length: {len(self.body)}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+        async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+            connection.writer.writelines((request, self.body) if self.body else (request,))
+            await connection.writer.drain()
+            status, headers = _parse_head(await connection.reader.readuntil(b"\r\n\r\n"))
+        response = _Response(connection, status, headers, self.pool.url, self._where())
+        response.remaining = 0 if self.method == "HEAD" else response.length
+        return response
+
+    async def _check_status(self, response: _Response) -> None:
+        """Error statuses as NodeErrors, with the start of what the node said."""
+        status = response.status
+        if status < 400:
+            return
+        where = self._where()
+        text = (await response.text())[:200]  # read, so that the connection can be kept
+        if status == 404:
+            raise BlockMissing(self.pool.url, f"{where}: not found")
+        if status >= 500:
+            raise NodeUnavailable(self.pool.url, f"{where}: {status} {text}")
+        raise NodeRefused(self.pool.url, f"{where}: {status} {text}")
+
+    def _unavailable(self, exc: BaseException) -> NodeUnavailable:
+        return NodeUnavailable(self.pool.url, f"{self._where()}: {exc!r}")
+
+    def _where(self) -> str:
+        return f"{self.method} {self.target.split('?')[0]}"
+
+
+def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
+    """Status and headers (names in lower case) of a response head."""
+    if len(raw) > MAX_HEAD_BYTES:
+        raise ValueError("response head too long")
+    lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
+    status = int(rest[:3])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return status, headers

@@ -52,6 +52,10 @@ CHECKSUM_HEADER = "X-Shoal-Checksum"  # XXH3-128 of the block, 32 hex digits (bl
 MAX_BATCH_DELETE = 10000
 MAX_BATCH_DELETE_BODY_BYTES = 1024 * 1024
 MAX_INVENTORY_PAGE = 10000
+# A refused request's body up to this size is read and dropped rather than the connection
+# closed (for requests with a valid token only): the client then reads the refusal instead of
+# a reset, and keeps its connection.
+MAX_DISCARD_BYTES = 64 * 1024 * 1024
 # An idle kept-alive connection is closed after this long; clients drop theirs sooner (aiohttp:
 # 15 s), so a client never sends on a connection the node is closing. A transfer that stalls
 # this long fails the same way.
@@ -201,6 +205,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.request_started()
         self.body = _Body(self.rfile, self._content_length())
         self.replying = False
+        self.authenticated = False
         try:
             self._answer()
         except (ConnectionError, TimeoutError):
@@ -235,6 +240,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             auth.verify(self.server.secret, self.command, path, self.headers.get("Authorization"))
         except auth.InvalidToken as exc:
             raise Refused(401, str(exc)) from None
+        self.authenticated = True
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         method = self.command
@@ -360,7 +366,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "Content-Type": "text/plain; charset=utf-8",
             "Content-Length": str(len(body)),
         }
-        if not self.body.consumed:
+        keep = self.authenticated and self.body.discard(MAX_DISCARD_BYTES)
+        if not self.body.consumed and not keep:
             # What the client still sends of this body would be read as the next request.
             self.close_connection = True
             headers["Connection"] = "close"
@@ -396,6 +403,18 @@ class _Body:
             raise ConnectionError("the client closed the connection in a request body")
         self._remaining -= count
         return count
+
+    def discard(self, limit: int) -> bool:
+        """Read and drop the rest of a body of known length up to `limit` bytes, so that the
+        connection can carry the next request; False if there is more (or no length)."""
+        if self.length is None or self._remaining > limit:
+            return False
+        while self._remaining:
+            dropped = len(self._stream.read(min(self._remaining, 1024 * 1024)))
+            if dropped == 0:
+                raise ConnectionError("the client closed the connection in a request body")
+            self._remaining -= dropped
+        return True
 
     def read_all(self) -> bytes:
         data = self._stream.read(self._remaining)

@@ -232,3 +232,71 @@ def test_worker_processes_share_the_port_the_count_and_the_node_s_fate(
         run(cluster.client.status(node.url))
     cluster.restart(node, run)
     assert run(cluster.client.status(node.url)).block_count == len(blocks) - 10
+
+
+def test_a_kept_connection_the_node_dropped_is_replaced(
+    make_storage: MakeStorage, run: Any
+) -> None:
+    cluster = make_storage(nodes=1)
+    node = cluster.nodes[0]
+    client = BlockClient(cluster.secret)  # its own pool: one kept connection to the node
+    first, second = block_name(uuid7(), 0), block_name(uuid7(), 1)
+    try:
+        assert run(client.put_block(node.url, first, b"before")) is True
+        node.kill()  # the kept connection now leads nowhere
+        cluster.restart(node, run)
+        assert run(client.put_block(node.url, second, b"after")) is True
+        assert run(client.get_block(node.url, first)) == b"before"
+    finally:
+        run(client.close())
+
+
+async def exchange(url: str, requests: list[bytes]) -> list[bytes]:
+    """Requests sent one after the other on one connection; each response's head."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    heads = []
+    try:
+        for request in requests:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(
+                next(
+                    (
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    b"0",
+                )
+            )
+            await reader.readexactly(length)
+            heads.append(head)
+    finally:
+        writer.close()
+    return heads
+
+
+def test_a_refused_body_is_read_and_the_connection_kept(cluster: StorageCluster, run: Any) -> None:
+    name = block_name(uuid7(), 0)
+    path = f"/blocks/{name}"
+    bad_checksum = (
+        f"PUT {path} HTTP/1.1\r\nHost: node\r\nAuthorization: {sign(cluster.secret, 'PUT', path)}"
+        "\r\nX-Shoal-Checksum: nope\r\nContent-Length: 5000\r\n\r\n"
+    ).encode() + bytes(5000)
+    status = (
+        f"GET /status HTTP/1.1\r\nHost: node\r\n"
+        f"Authorization: {sign(cluster.secret, 'GET', '/status')}\r\n\r\n"
+    ).encode()
+    first, second = run(exchange(cluster.nodes[0].url, [bad_checksum, status]))
+    assert first.startswith(b"HTTP/1.1 400") and b"Connection: close" not in first
+    assert second.startswith(b"HTTP/1.1 200")
+
+
+def test_an_unauthenticated_body_closes_the_connection(cluster: StorageCluster, run: Any) -> None:
+    request = (
+        f"PUT /blocks/{block_name(uuid7(), 0)} HTTP/1.1\r\nHost: node\r\n"
+        "Content-Length: 5000\r\n\r\n"
+    ).encode()
+    (head,) = run(exchange(cluster.nodes[0].url, [request]))
+    assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
