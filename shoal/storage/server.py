@@ -21,6 +21,7 @@ pool of connections per node (client.py), which bounds the threads.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import logging
@@ -28,6 +29,7 @@ import multiprocessing
 import re
 import socket
 import socketserver
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +64,8 @@ MAX_DISCARD_BYTES = 64 * 1024 * 1024
 IDLE_SECONDS = 75
 # How long a stopping node lets requests in progress finish.
 DRAIN_SECONDS = 30
+# A client that closed its connection, or stalled past IDLE_SECONDS (EAGAIN).
+_GONE = (ConnectionError, TimeoutError, BlockingIOError)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHECKSUM = re.compile(r"^[0-9a-f]{32}$")
 
@@ -173,7 +177,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """One connection; its requests one after the other (HTTP/1.1 keep-alive)."""
 
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_SECONDS
     server: NodeServer
 
     def do_PUT(self) -> None:
@@ -192,8 +195,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve()
 
     def setup(self) -> None:
+        # A blocking socket whose kernel timeouts end a stalled receive or send (the error is
+        # EAGAIN), rather than Python's socket timeout: that one polls before every recv and
+        # send, a system call and a wake-up more for each piece of a block.
+        connection: socket.socket = self.request
+        connection.setblocking(True)
+        timeval = struct.pack("ll", IDLE_SECONDS, 0)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle(self) -> None:
+        # The client went away or stalled past IDLE_SECONDS: drop the connection.
+        with contextlib.suppress(_GONE):
+            super().handle()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # no access log: the gateway logs the S3 requests these serve
@@ -208,7 +224,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.authenticated = False
         try:
             self._answer()
-        except (ConnectionError, TimeoutError):
+        except _GONE:
             self.close_connection = True
         finally:
             self.server.request_finished()
@@ -226,7 +242,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if isinstance(exc, BlockCorrupt):
                 log.error("corrupt block on this node: %s", exc)
             self._refuse(status, str(exc) if status != 404 else f"no block {exc}")
-        except (ConnectionError, TimeoutError):
+        except _GONE:
             raise
         except Exception:
             log.exception("%s %s failed", self.command, self.path)
