@@ -300,3 +300,21 @@ def test_an_unauthenticated_body_closes_the_connection(cluster: StorageCluster, 
     ).encode()
     (head,) = run(exchange(cluster.nodes[0].url, [request]))
     assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
+
+
+@pytest.mark.parametrize(
+    "request_head, status",
+    [
+        (b"GET /status\r\n\r\n", b"400"),
+        (b"GET /status HTTP/1.0\r\n\r\n", b"400"),
+        (b"GET /status HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /status HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 100 + b"\r\n", b"431"),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", b"400"),
+    ],
+    ids=["no-version", "http-1.0", "bad-header", "too-many-headers", "long-line"],
+)
+def test_malformed_requests_get_an_error_and_the_connection_closes(
+    cluster: StorageCluster, run: Any, request_head: bytes, status: bytes
+) -> None:
+    (head,) = run(exchange(cluster.nodes[0].url, [request_head]))
+    assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
