@@ -33,9 +33,10 @@ T = TypeVar("T")
 
 HEADER = struct.Struct(">8sQ16s")  # magic, data size, XXH3-128 of the data
 MAGIC = b"SHOALBK2"  # BK1 blocks (SHA-256) were written by versions before 2026-11-23
-# Writes receive up to this much before writing it: a default-sized block in one piece, and
-# a bound on a request's memory whatever the block size.
-WRITE_PIECE_BYTES = 4 * 1024 * 1024
+# Writes receive up to this much, then write it while the rest arrives: one 4 MiB write()
+# ran at 55-60% of the speed of 256 KiB pieces here (bench/storage_bench.py, session 4), and
+# it bounds a request's memory whatever the block size.
+WRITE_PIECE_BYTES = 256 * 1024
 # Refuse new blocks that would leave less than this free: a full disk must not corrupt what
 # it holds.
 RESERVED_FREE_BYTES = 64 * 1024 * 1024
@@ -139,8 +140,8 @@ class BlockStore:
         """Store the `size` bytes that `body` yields; True if new, False if an identical
         block was already there.
 
-        The bytes arrive in pieces of up to WRITE_PIECE_BYTES (a default-sized block is one
-        piece) into one buffer, hashed and written to a temporary file as they come; after
+        The bytes arrive in pieces of up to WRITE_PIECE_BYTES into one buffer, hashed and
+        written to a temporary file as they come; after
         the checksum matched, the file is fsynced and linked into place and its folder
         fsynced: only then is the block acknowledged.
         """
