@@ -54,22 +54,29 @@ async def page_of(call: Call, marker: str, limit: int) -> ListingPage:
     )
 
 
-def contents(call: Call, page: ListingPage, encode: Any, with_owner: bool) -> list[dict[str, Any]]:
-    return [
-        {
-            "Key": encode(o.name),
-            "LastModified": o.modified,
-            "ETag": f'"{o.etag}"',
-            "Size": o.content_length,
-            "StorageClass": "STANDARD",
-            "Owner": owner_tree(call) if with_owner else None,
-        }
-        for o in page.objects
-    ]
+def contents(call: Call, page: ListingPage, encode: Any, with_owner: bool) -> s3xml.Fragment:
+    """The page's <Contents> elements, one f-string per key (a page has up to 1000)."""
+    owner = s3xml.element("Owner", owner_tree(call)) if with_owner else ""
+    text, timestamp = s3xml.text, s3xml.timestamp
+    return s3xml.Fragment(
+        "".join(
+            f"<Contents><Key>{text(encode(o.name))}</Key>"
+            f"<LastModified>{timestamp(o.modified)}</LastModified>"
+            f'<ETag>"{o.etag}"</ETag><Size>{o.content_length}</Size>'
+            f"<StorageClass>STANDARD</StorageClass>{owner}</Contents>"
+            for o in page.objects
+        )
+    )
 
 
-def common_prefixes(page: ListingPage, encode: Any) -> list[dict[str, Any]]:
-    return [{"Prefix": encode(p)} for p in page.common_prefixes]
+def common_prefixes(page: ListingPage, encode: Any) -> s3xml.Fragment:
+    text = s3xml.text
+    return s3xml.Fragment(
+        "".join(
+            f"<CommonPrefixes><Prefix>{text(encode(p))}</Prefix></CommonPrefixes>"
+            for p in page.common_prefixes
+        )
+    )
 
 
 @handles(Endpoint.ListObjects)

@@ -24,6 +24,25 @@ Tree = dict[str, Any]  # tag -> text, or nested Tree, or list of Trees for repea
 _SPECIAL = re.compile("[&<>]")  # what escape() would change
 
 
+class Fragment(str):
+    """XML already rendered, tags included: `document` inserts it as it is. For the parts of
+    a response a page repeats 1000 times, where one f-string per entry is ~3x cheaper than
+    rendering a tree per entry."""
+
+
+def text(value: str) -> str:
+    """Element text, escaped (most keys and values need no escaping, so look first)."""
+    return escape(value) if _SPECIAL.search(value) else value
+
+
+def element(tag: str, body: Tree) -> Fragment:
+    """One element rendered, to repeat inside a Fragment."""
+    parts = [f"<{tag}>"]
+    _render(parts, body)
+    parts.append(f"</{tag}>")
+    return Fragment("".join(parts))
+
+
 def document(root: str, body: Tree | str) -> bytes:
     """Render `{tag: value}` trees: lists repeat a tag, None skips it, datetimes are ISO 8601.
 
@@ -90,9 +109,12 @@ def _render(parts: list[str], body: Tree) -> None:
         for item in value if type(value) is list else (value,):
             kind = type(item)
             if kind is str:
-                text = escape(item) if _SPECIAL.search(item) else item
+                value = text(item)
+            elif kind is Fragment:
+                parts.append(item)
+                continue
             elif kind is int:
-                text = str(item)
+                value = str(item)
             elif item is None:
                 continue
             elif kind is dict:
@@ -101,9 +123,9 @@ def _render(parts: list[str], body: Tree) -> None:
                 parts.append(f"</{tag}>")
                 continue
             elif isinstance(item, datetime):
-                text = timestamp(item)
+                value = timestamp(item)
             elif kind is bool:
-                text = "true" if item else "false"
+                value = "true" if item else "false"
             else:
-                text = escape(str(item))
-            parts.append(f"<{tag}>{text}</{tag}>")
+                value = escape(str(item))
+            parts.append(f"<{tag}>{value}</{tag}>")
