@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from boto3.s3.transfer import TransferConfig
@@ -155,6 +156,26 @@ def test_list_with_delimiter_and_pagination(s3: Any, bucket: str) -> None:
     assert listed_v1 == [k for k in sorted(keys) if k.startswith("dir1/")]
     encoded = s3.list_objects_v2(Bucket=bucket, Prefix="top", EncodingType="url")
     assert [o["Key"] for o in encoded["Contents"]] == ["top1", "top2"]
+
+
+def test_listed_keys_and_prefixes_are_escaped_encoded_and_owned(s3: Any, bucket: str) -> None:
+    keys = ["a&b <c>/one", "a&b <c>/two", "plain", "ünï cödé & more"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"12345")
+    # botocore asks for url-encoded keys and decodes them; asked for explicitly, it does not.
+    page = s3.list_objects_v2(Bucket=bucket, Delimiter="/", FetchOwner=True)
+    assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["a&b <c>/"]
+    assert [o["Key"] for o in page["Contents"]] == ["plain", "ünï cödé & more"]
+    for listed in page["Contents"]:
+        assert listed["Size"] == 5 and listed["ETag"] == '"827ccb0eea8a706c4c34a16891f84e7b"'
+        assert listed["Owner"]["ID"] and listed["StorageClass"] == "STANDARD"
+    raw = s3.list_objects_v2(Bucket=bucket, Delimiter="/", EncodingType="url")
+    assert [p["Prefix"] for p in raw["CommonPrefixes"]] == [quote("a&b <c>/", safe="/")]
+    assert [o["Key"] for o in raw["Contents"]] == ["plain", quote("ünï cödé & more")]
+    without_owner = s3.list_objects_v2(Bucket=bucket, Prefix="plain")["Contents"]
+    assert "Owner" not in without_owner[0]
+    v1 = s3.list_objects(Bucket=bucket, Prefix="a&b <c>/")["Contents"]
+    assert [o["Key"] for o in v1] == ["a&b <c>/one", "a&b <c>/two"] and v1[0]["Owner"]["ID"]
 
 
 def test_multipart_upload_of_30_mib_through_the_transfer_manager(
