@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.types.json import Jsonb
 
 from shoal.metadata.errors import BucketNotFound
@@ -49,13 +49,18 @@ class Component:
         return await self.retrying_window(vnode, attempt)
 
     async def shard_rows(
-        self, shard: Shard, statement: str, params: Mapping[str, Any]
-    ) -> list[Row]:
+        self,
+        shard: Shard,
+        statement: str,
+        params: Mapping[str, Any],
+        row_factory: AsyncRowFactory[Any] = dict_row,
+    ) -> list[Any]:
         """Run a statement over the vnodes of a shard (shards.render_arms): these are long,
-        so they go through a raw cursor with their placeholders converted once."""
+        so they go through a raw cursor with their placeholders converted once. Rows are
+        dicts unless `row_factory` makes them otherwise."""
         text, names = positional(statement)
         async with shard.pool.connection() as conn:
-            cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
+            cur = psycopg.AsyncRawCursor(conn, row_factory=row_factory)
             await cur.execute(text, [params[name] for name in names], prepare=True)
             return await cur.fetchall()
 
