@@ -332,9 +332,9 @@ class _TempBlock:
 
 
 class _Buffers:
-    """Receive buffers kept for the next writes: a fresh 1 MiB buffer costs its page faults
-    again (~0.2 ms, a sixth of a node's CPU per block), a reused one does not. At most
-    KEPT_BUFFERS are kept, so an idle node holds at most that many pieces of memory."""
+    """Receive buffers of WRITE_PIECE_BYTES, kept for the next writes: a fresh buffer costs
+    its page faults again (~0.2 ms per MiB, a sixth of a node's CPU per block), a reused one
+    does not. At most KEPT_BUFFERS are kept (2 MiB), whatever the number of connections."""
 
     KEPT_BUFFERS = 8
 
@@ -343,11 +343,10 @@ class _Buffers:
         self._lock = threading.Lock()
 
     def take(self, size: int) -> memoryview:
+        """A buffer's first `size` bytes (at most WRITE_PIECE_BYTES)."""
         with self._lock:
-            for index, buffer in enumerate(self._free):
-                if len(buffer) >= size:
-                    return memoryview(self._free.pop(index))[:size]
-        return memoryview(bytearray(size))
+            buffer = self._free.pop() if self._free else None
+        return memoryview(buffer or bytearray(WRITE_PIECE_BYTES))[:size]
 
     def give_back(self, view: memoryview) -> None:
         buffer = view.obj
