@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from psycopg import AsyncCursor
 
@@ -159,10 +159,10 @@ class Objects(Component):
                 owner, found.id, prefix, delimiter, bounds, arm_limit, wanted - len(entries)
             )
             # Each shard's page is complete up to its `through`; all are up to the least.
-            ends = [page[0].through for page in pages if page and page[0].through]
+            ends = [page[0][1] for page in pages if page and page[0][1]]
             through = min(ends) if ends else None
             usable = [
-                [row.entry for row in page if through is None or row.key <= through]
+                [entry for key, _, entry in page if through is None or key <= through]
                 for page in pages
             ]
             found_now = merge_sorted(usable, key_of=_entry_key, limit=wanted - len(entries))
@@ -230,10 +230,10 @@ def check_version_id(version_id: uuid.UUID) -> None:
 _LISTED_COLUMNS = "key through prefix name id modified content_length content_md5 parts_count"
 
 
-class _ListedRow(NamedTuple):
-    key: str  # the entry's name or common prefix, in the order pages merge on
-    through: str | None  # how far the shard's page is complete (the same on every row)
-    entry: ObjectSummary | CommonPrefix
+# A listing row: (key, through, entry). `key` is the entry's name or common prefix, the
+# order pages merge on; `through` says how far the shard's page is complete (the same on
+# every row). A plain tuple: a named one costs a constructor call per row.
+_ListedRow = tuple[str, str | None, ObjectSummary | CommonPrefix]
 
 
 def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedRow]:
@@ -246,7 +246,7 @@ def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedR
 
     def make(values: Sequence[Any]) -> _ListedRow:
         if values[prefix] is not None:
-            return _ListedRow(values[key], values[through], CommonPrefix(prefix=values[prefix]))
+            return values[key], values[through], CommonPrefix(prefix=values[prefix])
         entry = ObjectSummary(
             values[name],
             values[id_],
@@ -255,7 +255,7 @@ def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedR
             bytes(values[md5] or b""),
             values[parts],
         )
-        return _ListedRow(values[key], values[through], entry)
+        return values[key], values[through], entry
 
     return make
 
