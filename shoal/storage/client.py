@@ -10,6 +10,7 @@ instead of 0.2 ms of CPU per 4 KiB block written and half the CPU per MiB.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -70,7 +71,11 @@ class NodeStatus:
 
 
 class BlockClient:
-    """One pool of connections per node, for all the nodes a process talks to."""
+    """One pool of connections per node, for all the nodes a process talks to.
+
+    Connections belong to the event loop that opened them: close() the client in that loop
+    when done with it. Used from another loop afterwards, it opens new connections.
+    """
 
     def __init__(self, secret: bytes, connections_per_node: int = 32) -> None:
         self.secret = secret
@@ -172,7 +177,10 @@ class _Connection:
         self.idle_since = time.monotonic()
 
     def close(self) -> None:
-        self.writer.close()
+        # A connection of a loop that has been closed cannot schedule its own closing; its
+        # socket goes with the transport.
+        with contextlib.suppress(RuntimeError):
+            self.writer.close()
 
 
 class _Pool:

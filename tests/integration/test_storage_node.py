@@ -318,3 +318,17 @@ def test_malformed_requests_get_an_error_and_the_connection_closes(
 ) -> None:
     (head,) = run(exchange(cluster.nodes[0].url, [request_head]))
     assert head.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in head
+
+
+def test_a_client_can_be_used_from_one_event_loop_after_another(cluster: StorageCluster) -> None:
+    """Pipeline tasks run node I/O in loops of their own, closing the client in each."""
+    client = BlockClient(cluster.secret)
+    url = cluster.nodes[0].url
+
+    async def status_then_close() -> str:
+        try:
+            return (await client.status(url)).name
+        finally:
+            await client.close()
+
+    assert asyncio.run(status_then_close()) == asyncio.run(status_then_close())
