@@ -217,10 +217,11 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
     response.headers["Server"] = "Shoal"
 
 
-def _bytes_out(response: web.StreamResponse) -> int:
-    """Body bytes of a response: streamed ones are sent by now, plain ones not yet."""
-    if response.prepared:
-        return response.body_length
+def _bytes_out(request: web.Request, response: web.StreamResponse) -> int:
+    """Body bytes of a response (not its head, as S3's access logs count): a streamed body
+    counts what was written of it, a plain one is about to be sent whole."""
+    if "body_bytes_sent" in request:
+        return int(request["body_bytes_sent"])
     body = getattr(response, "body", None)
     return len(body) if isinstance(body, bytes | bytearray) else 0
 
@@ -235,6 +236,6 @@ def _log_access(
         call.endpoint.name if call else "-",
         response.status,
         request.content_length or 0,
-        _bytes_out(response),
+        _bytes_out(request, response),
         (time.monotonic() - started) * 1000,
     )

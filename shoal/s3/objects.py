@@ -133,8 +133,10 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
         return response
     await response.prepare(call.request)
     runs = block_runs(version.id, size, version.sharks, version.properties)
+    call.request["body_bytes_sent"] = 0  # for the access log, however far the body gets
     async for chunk in call.data.read(runs, start, end):
         await response.write(chunk)
+        call.request["body_bytes_sent"] += len(chunk)
     await response.write_eof()
     return response
 

@@ -114,7 +114,8 @@ def test_unsupported_subresources_say_not_implemented(served: Served, bucket: st
 
 
 def test_one_access_log_line_per_request(served: Served, bucket: str) -> None:
-    response = raw_request(served, "GET", f"/{bucket}/k")
+    served.client().put_object(Bucket=bucket, Key="logged", Body=bytes(1234))
+    response = raw_request(served, "GET", f"/{bucket}/logged")
     request_id = response.headers["x-amz-request-id"]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -124,6 +125,7 @@ def test_one_access_log_line_per_request(served: Served, bucket: str) -> None:
         time.sleep(0.1)
     assert len(lines) == 1
     assert "op=GetObject status=200" in lines[0] and "account=" in lines[0]
+    assert "bytes_out=1234 " in lines[0]  # the body, not the response head
 
 
 def test_other_accounts_see_nothing_of_mine(served: Served, bucket: str) -> None:
