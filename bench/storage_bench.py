@@ -84,7 +84,7 @@ BYTES_PER_CASE = {64 * KiB: 64 * MiB, MiB: 512 * MiB, 4 * MiB: 512 * MiB}
 QUICK_DIVISOR = 8
 DISTINCT_PAYLOADS = 16  # payloads cycle through this many random buffers
 SLICE_BYTES = 16 * MiB  # node and raw take turns, a slice each
-# Raw files are written in pieces of this size, as the node does (blockfile.READ_CHUNK_BYTES):
+# Raw files are written in pieces of this size, as the node does (blockfile.WRITE_PIECE_BYTES):
 # here one 4 MiB write() before the fsync ran at half the speed of 256 KiB pieces.
 RAW_WRITE_BYTES = 256 * KiB
 TARGET_RATIO = 0.70

@@ -233,7 +233,13 @@ class _Response:
     """A response's status and head; its body is read (or streamed) once."""
 
     def __init__(
-        self, connection: _Connection, status: int, headers: dict[str, str], node: str, where: str
+        self,
+        connection: _Connection,
+        status: int,
+        headers: dict[str, str],
+        has_body: bool,
+        node: str,
+        where: str,
     ) -> None:
         self.connection = connection
         self.node = node  # the node's URL and the request, for errors
@@ -241,7 +247,7 @@ class _Response:
         self.status = status
         self.headers = headers
         self.length = int(headers.get("content-length", "0"))
-        self.remaining = 0  # set by _Call: no body is read after a HEAD
+        self.remaining = self.length if has_body else 0  # a HEAD's length has no body
         self.keep_alive = headers.get("connection", "").lower() != "close"
 
     @property
@@ -343,9 +349,8 @@ class _Call:
             connection.writer.writelines((request, self.body) if self.body else (request,))
             await connection.writer.drain()
             status, headers = _parse_head(await connection.reader.readuntil(b"\r\n\r\n"))
-        response = _Response(connection, status, headers, self.pool.url, self._where())
-        response.remaining = 0 if self.method == "HEAD" else response.length
-        return response
+        has_body = self.method != "HEAD"
+        return _Response(connection, status, headers, has_body, self.pool.url, self._where())
 
     async def _check_status(self, response: _Response) -> None:
         """Error statuses as NodeErrors, with the start of what the node said."""

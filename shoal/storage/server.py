@@ -157,10 +157,8 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self._in_progress = 0
         self._idle = threading.Condition()
 
-    def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="node-accept", daemon=True)
-        thread.start()
-        return thread
+    def serve_in_thread(self) -> None:
+        threading.Thread(target=self.serve_forever, name="node-accept", daemon=True).start()
 
     def stop(self) -> None:
         """Accept no more connections, and let requests in progress finish (a while)."""
