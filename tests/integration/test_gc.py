@@ -133,8 +133,13 @@ def test_one_batch_keeps_exactly_the_records_on_a_node_that_is_down(
     # One replica per version, so each record names one node; all records in one batch.
     path = cluster.data_path(replicas=1, block_size=16 * KiB)
     world = run(build_garbage(cluster.store, path))
-    down = cluster.nodes[0]
-    on_down = {uuid.UUID(f.name.split(".")[0]) for f in down.block_files()} & world.garbage
+    # Placement is random, so take the node holding the most garbage (never all of it: 13
+    # records over 3 nodes all landing on one has odds of 3 ** -12).
+    held = [
+        (node, {uuid.UUID(f.name.split(".")[0]) for f in node.block_files()} & world.garbage)
+        for node in cluster.nodes
+    ]
+    down, on_down = max(held, key=lambda pair: len(pair[1]))
     assert on_down and on_down != world.garbage
     down.kill()
     partial = run(Collector(cluster.store, path, timedelta(0), batch_size=1000).run_once())
