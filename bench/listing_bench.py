@@ -192,7 +192,7 @@ def statement_and_params(store: MetadataStore, case: Case) -> tuple[str, dict[st
     if bounds is None:
         raise ValueError(f"{case.label}: empty key range")
     lower, upper = bounds
-    arm = queries.LIST_OBJECTS_DELIMITED_ARM if case.delimiter else queries.LIST_OBJECTS_ARM
+    arm = queries.LIST_OBJECTS_ARM  # every listing's first round reads rows in order
     vnodes = tuple(store.shards.placed()[0].vnodes)
     statement = render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, upper is not None)
     params = {

@@ -9,7 +9,7 @@ What is measured, on one shard of 64 vnodes (the default):
           deletion record in the same statement (queries.PUT_OBJECT)
   get     read one of the N keys (queries.SELECT_OBJECT)
   list    the first page of 1000 keys, no delimiter (LIST_OBJECTS_ARM, one arm per vnode)
-  list /  the first page with delimiter '/' (the skip-scan arm, LIST_OBJECTS_DELIMITED_ARM)
+  list /  the first page with delimiter '/' (its first round: LIST_OBJECTS_ARM, rows in order)
 
 Each runs through the async API (asyncio tasks sharing one MetadataStore) at 1 and 16
 concurrent callers for a fixed duration, after a warm-up at 16 callers that lets psycopg
@@ -350,7 +350,7 @@ def pgbench_scripts(kind: str, setup: Setup, lookup: bool) -> list[tuple[str, in
                 head += f"\\set content_length random(1, {MAX_LENGTH})\n"
             scripts.append((head + first + pgbench_sql(render(template, vnode)), count))
         return scripts
-    arm = queries.LIST_OBJECTS_DELIMITED_ARM if kind == "list /" else queries.LIST_OBJECTS_ARM
+    arm = queries.LIST_OBJECTS_ARM  # the first round of a listing, delimiter or not
     vnodes = tuple(setup.store.shards.placed()[0].vnodes)
     statement = render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, False)
     first = bucket_lookup_sql(setup, setup.api_bucket) if lookup else ""

@@ -18,6 +18,9 @@ _SURROGATES_END = 0xDFFF
 # names spread evenly over vnodes, so most pages need one round (see first_arm_limit).
 FIRST_ROUND_SHARE = 2.0
 MIN_ARM_LIMIT = 8
+# What one step of a skip scan (an index descent in a recursive query) costs, in rows read
+# in index order: 7-8 us against about 0.5 (bench/listing_bench.py, 64 vnodes, session 5).
+SKIP_STEP_COST_IN_ROWS = 15
 # The smallest character; `name > m` is `name >= m + SMALLEST` because no name holds NUL.
 SMALLEST = "\x01"
 
@@ -111,3 +114,14 @@ def next_arm_limit(arm_limit: int, covered: int, missing: int, wanted: int) -> i
     """
     estimate = math.ceil(1.5 * missing * arm_limit / max(covered, 1))
     return min(wanted, max(2 * arm_limit, estimate))
+
+
+def prefer_skip_scan(rows_read: int, covered: int, arms_per_shard: int) -> bool:
+    """Whether the rest of a delimiter listing should skip-scan instead of reading rows.
+
+    Reading in order costs a row for every key under a common prefix; a skip scan costs a step
+    in each arm that holds keys under it, at most `arms_per_shard`, and a step costs
+    SKIP_STEP_COST_IN_ROWS rows. So rows are cheaper until prefixes hold more than about that
+    many times `arms_per_shard` keys, which `rows_read` per entry `covered` estimates.
+    """
+    return rows_read > SKIP_STEP_COST_IN_ROWS * arms_per_shard * max(covered, 1)

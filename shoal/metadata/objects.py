@@ -23,6 +23,7 @@ from shoal.metadata.listing import (
     key_range,
     merge_sorted,
     next_arm_limit,
+    prefer_skip_scan,
 )
 from shoal.metadata.models import (
     CommonPrefix,
@@ -152,11 +153,21 @@ class Objects(Component):
             raise InvalidName(f"limit must be between 0 and {MAX_KEYS}")
         found = await self.bucket(owner, bucket)
         wanted = limit + 1  # one more than the page says whether it is truncated
-        arm_limit = first_arm_limit(wanted, self.shards.ring.vnodes)
+        vnodes = self.shards.ring.vnodes
+        arm_limit = first_arm_limit(wanted, vnodes)
         entries: list[ObjectSummary | CommonPrefix] = []
+        # Rows are read in order until they prove to be many keys per common prefix.
+        skip_scan = False
         while limit and (bounds := key_range(prefix, delimiter, marker)) is not None:
             pages = await self._read_arms(
-                owner, found.id, prefix, delimiter, bounds, arm_limit, wanted - len(entries)
+                owner,
+                found.id,
+                prefix,
+                delimiter,
+                bounds,
+                arm_limit,
+                wanted - len(entries),
+                skip_scan,
             )
             # Each shard's page is complete up to its `through`; all are up to the least.
             ends = [page[0][1] for page in pages if page and page[0][1]]
@@ -171,7 +182,14 @@ class Objects(Component):
                 break
             # The next round starts after `through`, as a next page would after that marker.
             marker = through
-            arm_limit = next_arm_limit(arm_limit, len(found_now), wanted - len(entries), wanted)
+            missing = wanted - len(entries)
+            if delimiter and not skip_scan:
+                arms_per_shard = max(len(shard.vnodes) for shard in self.shards.placed())
+                skip_scan = prefer_skip_scan(vnodes * arm_limit, len(found_now), arms_per_shard)
+                if skip_scan:  # steps, not rows: start again from the even share
+                    arm_limit = first_arm_limit(missing, vnodes)
+                    continue
+            arm_limit = next_arm_limit(arm_limit, len(found_now), missing, wanted)
         truncated = len(entries) > limit
         entries = entries[:limit]
         return ListingPage(
@@ -189,8 +207,10 @@ class Objects(Component):
         bounds: tuple[str, str | None],
         arm_limit: int,
         limit: int,
+        skip_scan: bool,
     ) -> list[list[_ListedRow]]:
-        """Per shard: up to `limit` entries merged from `arm_limit` per vnode, in key order."""
+        """Per shard: up to `limit` entries merged from `arm_limit` rows (or skip-scan steps)
+        per vnode, in key order."""
         lower, upper = bounds
         params = {
             "owner": owner,
@@ -202,7 +222,7 @@ class Objects(Component):
             "arm_limit": arm_limit,
             "limit": limit,
         }
-        arm = queries.LIST_OBJECTS_DELIMITED_ARM if delimiter else queries.LIST_OBJECTS_ARM
+        arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM if skip_scan else queries.LIST_OBJECTS_ARM
         bounded = upper is not None
         return await asyncio.gather(
             *(

@@ -222,9 +222,11 @@ SELECT {object_columns} FROM gone
 
 # -- listing ------------------------------------------------------------------------------
 
-# Each listing arm reads up to %(arm_limit)s entries of one vnode, tagged with the vnode.
+# Each listing arm reads up to %(arm_limit)s rows of one vnode, tagged with the vnode. With a
+# delimiter, rows under one common prefix carry it, and the merge keeps one row per prefix.
 LIST_OBJECTS_ARM = """
-(SELECT {vnode} AS arm, name, NULL::text AS prefix, id, modified, content_length, content_md5,
+(SELECT {vnode} AS arm, name, shoal.common_prefix(name, %(prefix)s, %(delimiter)s) AS prefix,
+        id, modified, content_length, content_md5,
         jsonb_array_length(properties -> 'parts') AS parts_count
  FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
@@ -234,8 +236,9 @@ LIST_OBJECTS_ARM = """
 
 # A skip scan over one vnode: each step is one index probe for the next name at or after
 # `next`, where `next` jumps past the whole common prefix of the previous entry. So the
-# work grows with the entries returned, not with the keys under each common prefix.
-LIST_OBJECTS_DELIMITED_ARM = """
+# work grows with the entries returned, not with the keys under each common prefix; but a
+# step costs what reading many rows in order does (objects.list chooses between the two).
+LIST_OBJECTS_SKIP_SCAN_ARM = """
 (WITH RECURSIVE walk AS (
     (SELECT o.name, shoal.common_prefix(o.name, %(prefix)s, %(delimiter)s) AS prefix,
             o.id, o.modified, o.content_length, o.content_md5,

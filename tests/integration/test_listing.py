@@ -49,12 +49,20 @@ def listed(page: Any) -> list[tuple[str, bool]]:
     return [(e.prefix, True) if hasattr(e, "prefix") else (e.name, False) for e in page.entries]
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=["1-shard-one-entry-arms", "3-shards"])
+@pytest.fixture(
+    scope="module",
+    params=[1, 3],
+    ids=["1-shard-one-entry-arms-skip-scans", "3-shards-one-entry-arms-rows"],
+)
 def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Iterator[MetadataStore]:
+    # One-entry arms, so that most pages take many rounds. On one shard, delimiter pages
+    # switch from reading rows to skip scans after their first round; on three, they
+    # read rows in every round.
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(listing, "MIN_ARM_LIMIT", 1)
+        patch.setattr(listing, "FIRST_ROUND_SHARE", 0.1)
         if request.param == 1:
-            patch.setattr(listing, "MIN_ARM_LIMIT", 1)
-            patch.setattr(listing, "FIRST_ROUND_SHARE", 0.1)
+            patch.setattr(listing, "SKIP_STEP_COST_IN_ROWS", 0.5)
         yield make_store(shards=request.param, vnodes=6)
 
 

@@ -9,6 +9,7 @@ from shoal.metadata.listing import (
     key_range,
     merge_sorted,
     next_arm_limit,
+    prefer_skip_scan,
     successor,
 )
 
@@ -74,3 +75,11 @@ def test_arm_limits_start_at_twice_the_share_and_never_exceed_the_page() -> None
     assert next_arm_limit(32, covered=200, missing=801, wanted=1001) == 193
     assert next_arm_limit(32, covered=1, missing=900, wanted=1001) == 1001
     assert next_arm_limit(32, covered=1000, missing=1, wanted=1001) == 64
+
+
+def test_a_delimiter_listing_skip_scans_only_when_prefixes_hold_many_keys() -> None:
+    # 2,048 rows covered 150 entries: 14 keys a prefix, rows are cheaper than steps.
+    assert not prefer_skip_scan(rows_read=2048, covered=150, arms_per_shard=64)
+    # 2,048 rows covered 1 entry: a step per arm (64 x 15 rows) is cheaper.
+    assert prefer_skip_scan(rows_read=2048, covered=1, arms_per_shard=64)
+    assert prefer_skip_scan(rows_read=2048, covered=0, arms_per_shard=1)
