@@ -3,10 +3,11 @@
     .venv/bin/python bench/listing_bench.py            # 1,000,000 objects, about 3.5 minutes
     .venv/bin/python bench/listing_bench.py --quick    # 100,000 objects, about 35 seconds
 
-Two buckets on one shard of 64 vnodes:
+Three buckets on one shard of 64 vnodes:
 
   tree   N objects "dir%05d/file%05d": N/10 directories of 10 keys each
   flat   N/10 objects "dir%05d/file00000": as many directories, 1 key each
+  dense  N objects in 100 directories of N/100 keys each
 
 They are loaded in bulk: placement (ring.vnode_for_object, BLAKE2b of owner, bucket id and
 name) is computed in Python, the names of each vnode are COPYed into a temporary table, and
@@ -24,10 +25,10 @@ reads about twice its share of the page; the merge is complete up to the smalles
 a full arm, and objects.list reads again from there only if the page is not yet full), how
 the merge sorts them, and planning and execution time.
 
-The claim under test: a page costs in proportion to the entries it returns, not to the keys
-under the common prefixes it rolls up. So the tree (10 keys a prefix) and the flat bucket
-(1 key a prefix) should list a delimiter page in about the same time, and limits 10, 100 and
-1000 should cost about 10x apart.
+The claim under test: a page costs in proportion to the entries it returns, and at most
+about the vnodes per shard times that, however many keys the common prefixes it rolls up
+hold: a delimiter listing reads rows in order while prefixes hold few keys (tree, flat) and
+skip-scans when they hold many (dense). Limits 10, 100 and 1000 should cost about 10x apart.
 """
 
 from __future__ import annotations
@@ -287,7 +288,7 @@ def check_page(case: Case, page: ListingPage) -> None:
         raise RuntimeError(f"{case.label}: expected common prefixes, got {key!r}")
 
 
-def cases(tree: Layout, flat: Layout) -> list[Case]:
+def cases(tree: Layout, flat: Layout, dense: Layout) -> list[Case]:
     """First pages at each limit, a deep page, and prefix listings, for each bucket."""
     # 90% of the way in: past 900,000 keys (1M objects), with enough after it that every
     # vnode still fills its share of the page, as on the first page.
@@ -302,20 +303,31 @@ def cases(tree: Layout, flat: Layout) -> list[Case]:
         table.append(Case("'/' deep page (90%)", layout, delimiter="/", marker=deep_prefix))
     table.append(Case("prefix dirNNNNN/ '/'", tree, prefix=f"{middle}/", delimiter="/"))
     table.append(Case("prefix dirNNN '/'", tree, prefix=middle[:-2], delimiter="/"))
+    table.append(Case("'/' all prefixes", dense, delimiter="/"))
     return table
 
 
 # -- the run -----------------------------------------------------------------------------
 
 
-async def setup_layouts(store: MetadataStore, dsn: str, objects: int) -> tuple[Layout, Layout]:
+DENSE_DIRECTORIES = 100
+
+
+async def setup_layouts(store: MetadataStore, dsn: str, objects: int) -> list[Layout]:
     account = await store.accounts.create(f"bench-{uuid.uuid4().hex[:8]}")
     directories = objects // KEYS_PER_DIRECTORY
     tree = Layout(
         "tree", await store.buckets.create(account.id, "tree"), directories, KEYS_PER_DIRECTORY
     )
     flat = Layout("flat", await store.buckets.create(account.id, "flat"), directories, 1)
-    for layout in (tree, flat):
+    dense = Layout(
+        "dense",
+        await store.buckets.create(account.id, "dense"),
+        DENSE_DIRECTORIES,
+        objects // DENSE_DIRECTORIES,
+    )
+    layouts = [tree, flat, dense]
+    for layout in layouts:
         started = time.perf_counter()
         await load(store, dsn, layout)
         print(
@@ -326,18 +338,18 @@ async def setup_layouts(store: MetadataStore, dsn: str, objects: int) -> tuple[L
     started = time.perf_counter()
     await vacuum(dsn)
     print(f"VACUUM ANALYZE in {time.perf_counter() - started:.1f} s", flush=True)
-    for layout in (tree, flat):
+    for layout in layouts:
         await check_placement(store, layout)
-    return tree, flat
+    return layouts
 
 
 async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> list[Timing]:
     store = await open_store(shard, args.vnodes, pool_max_size=4)
     try:
-        tree, flat = await setup_layouts(store, shard.dsn, args.objects)
+        layouts = await setup_layouts(store, shard.dsn, args.objects)
         timings = []
         async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-            for case in cases(tree, flat):
+            for case in cases(*layouts):
                 timing = await time_case(store, conn, case, args)
                 print(
                     f"  {case.layout.label:<4} {case.label:<28} {median(timing.api_ms):8.1f} ms",

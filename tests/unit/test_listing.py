@@ -80,6 +80,6 @@ def test_arm_limits_start_at_twice_the_share_and_never_exceed_the_page() -> None
 def test_a_delimiter_listing_skip_scans_only_when_prefixes_hold_many_keys() -> None:
     # 2,048 rows covered 150 entries: 14 keys a prefix, rows are cheaper than steps.
     assert not prefer_skip_scan(rows_read=2048, covered=150, arms_per_shard=64)
-    # 2,048 rows covered 1 entry: a step per arm (64 x 15 rows) is cheaper.
-    assert prefer_skip_scan(rows_read=2048, covered=1, arms_per_shard=64)
+    # 2,048 rows covered 4 entries: a step per arm (64 x 4 rows) is cheaper.
+    assert prefer_skip_scan(rows_read=2048, covered=4, arms_per_shard=64)
     assert prefer_skip_scan(rows_read=2048, covered=0, arms_per_shard=1)
