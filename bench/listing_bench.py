@@ -349,6 +349,7 @@ async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> list[Timing
         layouts = await setup_layouts(store, shard.dsn, args.objects)
         timings = []
         async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")  # as the store's
             for case in cases(*layouts):
                 timing = await time_case(store, conn, case, args)
                 print(

@@ -129,6 +129,12 @@ async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
         # rendering 1000 of them for a listing page costs a third less (no SQL here
         # depends on the session's zone).
         await conn.execute("SET TimeZone = 'UTC'")
+        # Prepared statements run their generic plan. PostgreSQL otherwise plans a statement
+        # anew for each call while a custom plan's estimated cost beats the generic one's,
+        # which for the listing statements (64 vnode arms a shard) it always did: 3 ms of
+        # planning in every 6-9 ms round (bench/listing_bench.py). Shoal's statements find
+        # rows by key or key range, so one plan suits every parameter.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
     pool = LastInFirstOutPool(
         config.dsn,
