@@ -3,6 +3,7 @@
     .venv/bin/python bench/peer_bench.py --quick                 # ~4-5 min
     .venv/bin/python bench/peer_bench.py                         # ~15 min
     .venv/bin/python bench/peer_bench.py --profile /tmp/profiles # + a profiled Shoal pass
+    .venv/bin/python bench/peer_bench.py --shoal-replicas 1      # one copy, as SeaweedFS
     # on a shared machine: flock /tmp/shoal-bench.lock .venv/bin/python bench/peer_bench.py
 
 Servers (both started here, in new sessions, in temp dirs, stopped and removed at the end, also
@@ -13,13 +14,15 @@ on an error, Ctrl-C or SIGTERM):
              credentials come from an identities file (-s3.config).
 
 Durability. Shoal acknowledges a PUT once its blocks are fsynced on two storage nodes and the
-metadata is committed (PostgreSQL, fsync on). SeaweedFS acknowledges once the volume server has
-the needle in its page cache, unless the filer's location configuration sets `fsync` for the
-path. One SeaweedFS server holds two sets of buckets: `peer-fsync-*`, configured through
-`weed shell` (fs.configure -locationPrefix=/buckets/peer-fsync- -fsync -apply; read back from
-the filer), which is the headline comparison, and `peer-default-*` with the default (no fsync),
-reported beside it. When strace is installed, a few PUTs to each are traced to show the fsync
-calls (SeaweedFS's filer metadata, in LevelDB, is not fsynced in either case; Shoal's is).
+metadata is committed (PostgreSQL, fsync on); with --shoal-replicas 1, on one node: one copy,
+as SeaweedFS keeps under its default replication (000). SeaweedFS acknowledges once the volume
+server has the needle in its page cache, unless the filer's location configuration sets
+`fsync` for the path. One SeaweedFS server holds two sets of buckets: `peer-fsync-*`,
+configured through `weed shell` (fs.configure -locationPrefix=/buckets/peer-fsync- -fsync
+-apply; read back from the filer), which is the headline comparison, and `peer-default-*`
+with the default (no fsync), reported beside it. When strace is installed, a few PUTs to each
+are traced to show the fsync calls (SeaweedFS's filer metadata, in LevelDB, is not fsynced in
+either case; Shoal's is).
 
 Workloads (the load generator is s3_bench's: this one process, one asyncio loop, aiohttp,
 botocore SigV4 with UNSIGNED-PAYLOAD), each phase bounded by a count and a time:
@@ -174,6 +177,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="Shoal's [s3] workers (default: what shoal serve does without configuration)",
+    )
+    parser.add_argument(
+        "--shoal-replicas",
+        type=int,
+        metavar="N",
+        help="Shoal's [storage] replicas (default 2 with its 2 nodes; 1 keeps one copy, "
+        "as SeaweedFS's default replication 000 does)",
     )
     # For developing the benchmark itself: tiny runs.
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
@@ -1024,12 +1034,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_on_sigterm(),
         tempfile.TemporaryDirectory(prefix="shoal-peer-raw-") as scratch,
         started_seaweedfs(weed_binary) as weed,
-        started_shoal("shoal-peer-bench-", args.gateway_workers) as shoal,
+        started_shoal("shoal-peer-bench-", args.gateway_workers, args.shoal_replicas) as shoal,
     ):
         header = machine_lines(weed)
         workers = "default" if args.gateway_workers is None else args.gateway_workers
+        replicas = "default (2)" if args.shoal_replicas is None else args.shoal_replicas
         header.append(
-            f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}, [s3] workers {workers}"
+            f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}, [s3] workers "
+            f"{workers}, [storage] replicas {replicas}"
         )
         header.append(f"SeaweedFS: {weed.server.endpoint}, pid {weed.server.gateway_pid}")
         mode = "quick" if settings.quick else "full"

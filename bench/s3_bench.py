@@ -185,18 +185,26 @@ def shoal_server(args: argparse.Namespace) -> Iterator[Server]:
 
 @contextlib.contextmanager
 def started_shoal(
-    temp_prefix: str = "shoal-s3-bench-", gateway_workers: int | None = None
+    temp_prefix: str = "shoal-s3-bench-",
+    gateway_workers: int | None = None,
+    replicas: int | None = None,
 ) -> Iterator[Server]:
     """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
 
-    gateway_workers: `[s3] workers` in a configuration file (else Shoal's default)."""
+    gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, in a configuration file
+    (else Shoal's defaults)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
         where = ["--data-dir", str(scratch / "data")]
-        if gateway_workers is not None:
+        if gateway_workers is not None or replicas is not None:
             config = scratch / "shoal.toml"
-            config.write_text(f'data_dir = "data"\n\n[s3]\nworkers = {gateway_workers}\n')
+            text = 'data_dir = "data"\n'
+            if gateway_workers is not None:
+                text += f"\n[s3]\nworkers = {gateway_workers}\n"
+            if replicas is not None:
+                text += f"\n[storage]\nreplicas = {replicas}\n"
+            config.write_text(text)
             where = ["--config", str(config)]
         with open(scratch / "serve.log", "w") as log:
             # A new session: a Ctrl-C in the terminal reaches only us, and we send one SIGINT.
