@@ -30,10 +30,6 @@ READ_TIMEOUT_SECONDS = 60
 KEEP_IDLE_SECONDS = 15
 RANGE_CHUNK_BYTES = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
-# A connection's read buffer may hold this much before it stops reading from the socket
-# (twice asyncio's `limit`). asyncio's 64 KiB default paused and resumed reading about
-# eight times for each 1 MiB block a GET waited for.
-READ_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class NodeError(Exception):
@@ -213,9 +209,7 @@ class _Pool:
                     return connection, True
                 connection.close()
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                reader, writer = await asyncio.open_connection(
-                    self.host, self.port, limit=READ_BUFFER_BYTES // 2
-                )
+                reader, writer = await asyncio.open_connection(self.host, self.port)
             return _Connection(reader, writer), False
         except BaseException:
             self._slots.release()
