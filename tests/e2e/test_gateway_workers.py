@@ -15,11 +15,15 @@ def gateway_workers(serve_pid: int) -> list[int]:
     """The worker processes of `shoal serve` (not its storage nodes or multiprocessing's
     resource tracker)."""
     children = Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()
-    return [
-        int(pid)
-        for pid in children
-        if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    workers = []
+    for pid in children:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # exited (a killed worker reaped) since the list was read
+        if b"multiprocessing.spawn" in command:
+            workers.append(int(pid))
+    return workers
 
 
 def cpu_ticks(pid: int) -> int:
