@@ -175,7 +175,7 @@ class DataPath:
         total = sum(r.size for r in runs)
         end = total if end is None else min(end, total)
         wanted = list(_blocks_overlapping(runs, start, end))
-        ahead: collections.deque[asyncio.Future[bytes]] = collections.deque()
+        ahead: collections.deque[asyncio.Future[bytearray]] = collections.deque()
         try:
             for position, (_run, _index, lo, hi) in enumerate(wanted):
                 # Keep the window full: the blocks are spread over the replicas, so several
@@ -184,7 +184,7 @@ class DataPath:
                     run, index, _, _ = wanted[position + len(ahead)]
                     ahead.append(asyncio.ensure_future(self._fetch(run, index)))
                 data = await ahead.popleft()
-                yield data[lo:hi]
+                yield data if lo == 0 and hi == len(data) else data[lo:hi]  # a slice copies
         finally:
             for fetch in ahead:
                 fetch.cancel()
@@ -215,7 +215,7 @@ class DataPath:
                 outcome.failed_nodes.append(shark)
         return outcome
 
-    async def _fetch(self, run: BlockRun, index: int) -> bytes:
+    async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)
         expected = min(run.block_size, run.size - index * run.block_size)
         # Start at a different replica per block so reads spread over the nodes.
