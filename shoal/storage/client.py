@@ -19,7 +19,7 @@ from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
-from shoal.storage.blockfile import BlockInfo, checksum_of
+from shoal.storage.blockfile import MAX_BLOCK_BYTES, BlockInfo, checksum_of
 from shoal.storage.server import CHECKSUM_HEADER
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -30,6 +30,8 @@ READ_TIMEOUT_SECONDS = 60
 KEEP_IDLE_SECONDS = 15
 RANGE_CHUNK_BYTES = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
+# The largest body read whole: a block (blockfile.MAX_BLOCK_BYTES) or a page of inventory.
+MAX_BODY_BYTES = MAX_BLOCK_BYTES + 1024 * 1024
 
 
 class NodeError(Exception):
@@ -219,6 +221,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     async def read_exactly(self, size: int) -> bytearray:
         """The next `size` bytes, received into the bytearray returned."""
+        if size > MAX_BODY_BYTES:  # allocated up front: a confused node must not get that far
+            raise ValueError(f"a response body of {size} bytes is over {MAX_BODY_BYTES}")
         body = bytearray(size)
         view = memoryview(body)
         taken = min(size, self._end - self._start)

@@ -1,0 +1,99 @@
+"""The node client against a server on loopback that answers wrongly on purpose: bodies cut
+short, bodies too large to allocate, heads that never end, replies split in tiny pieces."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from shoal.storage import BlockClient, NodeUnavailable
+from shoal.storage.blockfile import checksum_of
+from shoal.storage.client import MAX_BODY_BYTES, MAX_HEAD_BYTES
+
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+SECRET = b"s" * 32
+
+
+@asynccontextmanager
+async def node_answering(answer: Answer) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 that reads one request head per connection, then `answer`s."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await answer(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def get_from(answer: Answer) -> bytes:
+    client = BlockClient(SECRET)
+    try:
+        async with node_answering(answer) as url:
+            return await client.get_block(url, "01a20000-0000-7000-8000-000000000000.0")
+    finally:
+        await client.close()
+
+
+def block_reply(body: bytes, declared: int | None = None) -> bytes:
+    length = len(body) if declared is None else declared
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n"
+        f"X-Shoal-Checksum: {checksum_of(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def test_a_body_sent_in_small_pieces_arrives_whole(run: Any) -> None:
+    body = bytes(range(256)) * 1200  # 300 KiB: past the connection's own 64 KiB buffer
+
+    async def trickle(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reply = block_reply(body)
+        for start in range(0, len(reply), 7_777):
+            writer.write(reply[start : start + 7_777])
+            await writer.drain()
+            await asyncio.sleep(0)
+
+    assert run(get_from(trickle)) == body
+
+
+def test_a_body_cut_short_is_an_unavailable_node(run: Any) -> None:
+    async def cut(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(block_reply(b"x" * 1000, declared=5000))
+        await writer.drain()
+
+    with pytest.raises(NodeUnavailable, match="reading the body"):
+        run(get_from(cut))
+
+
+def test_a_body_too_large_to_allocate_is_refused_before_allocating(run: Any) -> None:
+    async def huge(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(block_reply(b"", declared=MAX_BODY_BYTES + 1))
+        await writer.drain()
+
+    with pytest.raises(NodeUnavailable, match="over"):
+        run(get_from(huge))
+
+
+def test_a_head_that_never_ends_is_an_unavailable_node(run: Any) -> None:
+    async def endless(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * (2 * MAX_HEAD_BYTES))
+        await writer.drain()
+        await asyncio.sleep(5)  # holds the connection open: only the head's size can end it
+
+    with pytest.raises(NodeUnavailable, match="too long"):
+        run(get_from(endless))
