@@ -99,6 +99,9 @@ def test_gc_job_keeps_records_of_a_node_that_is_down(
     check_live(cluster.store, path, world, run)
 
 
+SHARKS_OF_RECORDS = "SELECT sharks FROM {schema}.manta_bucket_deleted_object"
+
+
 def node_splitting_a_window(cluster: StorageCluster) -> NodeProcess:
     """A node that some, not all, deletion records of one vnode's window name: with it down,
     that window keeps some records and loses others, so the job must vacuum it. Placement is
@@ -114,9 +117,6 @@ def node_splitting_a_window(cluster: StorageCluster) -> NodeProcess:
             if any(named) and not all(named):
                 return node
     raise AssertionError(f"every window's records name the same nodes: {windows}")
-
-
-SHARKS_OF_RECORDS = "SELECT sharks FROM {schema}.manta_bucket_deleted_object"
 
 
 def test_killed_gc_job_converges(cluster: StorageCluster, run: Any) -> None:
