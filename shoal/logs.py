@@ -4,13 +4,61 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from typing import TextIO
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# The access log writes a line per request: those go out in batches (see BatchedLines).
+ACCESS_LOGGER = "shoal.access"
 
 
 def configure() -> None:
     """Shoal's own INFO lines (the access log among them); only warnings from libraries."""
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=logging.WARNING, format=FORMAT, stream=sys.stderr)
     logging.getLogger("shoal").setLevel(logging.INFO)
+    access = logging.getLogger(ACCESS_LOGGER)
+    if not any(isinstance(h, BatchedLines) for h in access.handlers):
+        batched = BatchedLines(sys.stderr)
+        batched.setFormatter(logging.Formatter(FORMAT))
+        access.addHandler(batched)
+        access.propagate = False
+
+
+class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """Lines written to the stream in batches, at most FLUSH_SECONDS after they were logged.
+
+    For loggers with a line per request: one write per line was ~2% of a gateway's CPU under
+    load. Lines still held are written when logging shuts down (at exit); a process killed
+    with SIGKILL loses at most FLUSH_SECONDS of them.
+    """
+
+    FLUSH_SECONDS = 0.2
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._held: list[str] = []
+        flusher = threading.Thread(target=self._flush_now_and_then, name="log-lines", daemon=True)
+        flusher.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Called under self.lock (Handler.handle takes it).
+        try:
+            self._held.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self.lock:  # an RLock: flush may run inside emit's hold of it
+            if self._held:
+                lines, self._held = "".join(self._held), []
+                try:
+                    self.stream.write(lines)
+                except Exception:  # a closed stderr must not break requests
+                    return
+            super().flush()
+
+    def _flush_now_and_then(self) -> None:
+        while True:
+            time.sleep(self.FLUSH_SECONDS)
+            self.flush()

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import ExecStatus
 from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.types.json import Jsonb
 
@@ -20,6 +21,7 @@ from shoal.metadata.queries import SELECT_BUCKET
 from shoal.metadata.shards import Shard, ShardSet, positional, render
 
 Row = dict[str, Any]
+TUPLES_OK = ExecStatus.TUPLES_OK
 T = TypeVar("T")
 
 
@@ -44,7 +46,10 @@ class Component:
             async with self.shards.of_vnode(vnode).pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(render(template, vnode, upper_bound), params, prepare=True)
-                return await cur.fetchall() if cur.description else []
+                # Not `cur.description`: it builds a Column object per column, ~12% of a
+                # point read's client CPU.
+                result = cur.pgresult
+                return await cur.fetchall() if result and result.status == TUPLES_OK else []
 
         return await self.retrying_window(vnode, attempt)
 

@@ -8,6 +8,7 @@ an error can only abort the connection.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
@@ -116,8 +117,18 @@ def make_app(gateway: Gateway) -> web.Application:
     return app
 
 
+# Request ids: this process's random tag, then a counter (unique per process, as S3's are
+# per request; a fresh random id cost a getrandom call per request).
+_PROCESS_TAG = secrets.token_hex(4).upper()
+_REQUEST_NUMBERS = itertools.count()
+
+
+def next_request_id() -> str:
+    return f"{_PROCESS_TAG}{next(_REQUEST_NUMBERS) & 0xFFFFFFFF:08X}"
+
+
 async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
-    request_id = secrets.token_hex(8).upper()
+    request_id = next_request_id()
     request["request_id"] = request_id
     started = time.monotonic()
     call: Call | None = None

@@ -72,7 +72,6 @@ __all__ = [
     "verify",
 ]
 
-_AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SCOPE_DATE = re.compile(r"[0-9]{8}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
@@ -354,7 +353,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
         region=region,
         scope=_scope(scope_date, region),
         request_time=request_time,
-        amz_date=request_time.strftime(_AMZ_DATE_FORMAT),
+        amz_date=amz_date(request_time),
         signed_headers=signed_headers,
         signature=signature,
         presigned=False,
@@ -450,7 +449,7 @@ def _parse_credential(value: str, code: str) -> tuple[str, str, str]:
             '"<YOUR-AKID>/YYYYMMDD/REGION/SERVICE/aws4_request".',
         )
     access_key_id, scope_date, region, service, terminator = parts
-    if _SCOPE_DATE.fullmatch(scope_date) is None or _strptime(scope_date, "%Y%m%d") is None:
+    if _SCOPE_DATE.fullmatch(scope_date) is None or not _is_calendar_day(scope_date):
         raise SigV4Error(code, f"Invalid credential date {scope_date[:16]!r}; expecting YYYYMMDD.")
     if service != SERVICE:
         raise SigV4Error(
@@ -487,18 +486,18 @@ def _scope(scope_date: str, region: str) -> str:
 
 
 def _check_scope_date(scope_date: str, request_time: datetime, code: str) -> None:
-    if scope_date != request_time.strftime("%Y%m%d"):
+    if scope_date != amz_date(request_time)[:8]:
         raise SigV4Error(
             code,
             f"Invalid credential date {scope_date!r}: it is not the day of the request time "
-            f"{request_time.strftime(_AMZ_DATE_FORMAT)}.",
+            f"{amz_date(request_time)}.",
         )
 
 
 def _header_request_time(headers: Mapping[str, str]) -> datetime:
     """The request time from X-Amz-Date or, failing that, the Date header (RFC 7231)."""
-    amz_date = headers.get("x-amz-date")
-    when = _parse_amz_date(amz_date) if amz_date is not None else _parse_http_date(headers)
+    stamp = headers.get("x-amz-date")
+    when = _parse_amz_date(stamp) if stamp is not None else _parse_http_date(headers)
     if when is None:
         raise SigV4Error(
             "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header"
@@ -535,11 +534,26 @@ def _parse_http_date(headers: Mapping[str, str]) -> datetime | None:
         return None
 
 
-def _strptime(value: str, layout: str) -> datetime | None:
+def _is_calendar_day(digits: str) -> bool:
+    """True for eight digits that name a day (YYYYMMDD): not a month 13 or an April 31st."""
     try:
-        return datetime.strptime(value, layout)
+        datetime(int(digits[0:4]), int(digits[4:6]), int(digits[6:8]))
     except ValueError:
-        return None
+        return False
+    return True
+
+
+def amz_date(moment: datetime) -> str:
+    """A UTC moment in SigV4's ISO 8601 basic form, 20240131T120000Z (formatting the fields
+    is ~4x cheaper than strftime, and every request needs it twice)."""
+    return "%04d%02d%02dT%02d%02d%02dZ" % (  # noqa: UP031 - measured faster
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+    )
 
 
 def _presign_params(query: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -577,8 +591,8 @@ def check_clock_skew(request_time: datetime, now: datetime) -> None:
             "RequestTimeTooSkewed",
             "The difference between the request time and the current time is too large.",
             {
-                "RequestTime": request_time.strftime(_AMZ_DATE_FORMAT),
-                "ServerTime": now.strftime(_AMZ_DATE_FORMAT),
+                "RequestTime": amz_date(request_time),
+                "ServerTime": amz_date(now),
                 "MaxAllowedSkewMilliseconds": str(int(MAX_CLOCK_SKEW.total_seconds() * 1000)),
             },
         )
@@ -586,7 +600,7 @@ def check_clock_skew(request_time: datetime, now: datetime) -> None:
 
 def _check_presigned_window(request_time: datetime, expires: datetime, now: datetime) -> None:
     window = {
-        "X-Amz-Date": request_time.strftime(_AMZ_DATE_FORMAT),
+        "X-Amz-Date": amz_date(request_time),
         "Expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "ServerTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
