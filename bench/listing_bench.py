@@ -20,10 +20,11 @@ prefixes, first and deep page. Each case runs `--warmup` times first (psycopg pr
 statement on its 5th run, PostgreSQL settles on a plan after 5 more), then `--runs` times;
 the table shows the median. Beside it, the listing's first round of reads run directly on a
 connection (no API), to show what is PostgreSQL and what is Python. A second table gives
-EXPLAIN ANALYZE of that statement: how many rows the 64 vnode arms hand to the merge (each arm
-reads about twice its share of the page; the merge is complete up to the smallest last key of
-a full arm, and objects.list reads again from there only if the page is not yet full), how
-the merge sorts them, and planning and execution time.
+EXPLAIN ANALYZE of that statement: how many rows the 64 vnode arms hand to the merge, how the
+merge sorts them, and planning and execution time. Without a delimiter the arms are merged
+as a Merge Append, which takes from each arm only the rows the page needs; with one, each arm
+reads about twice its share of the page, the merge is complete up to the smallest last key
+of a full arm, and objects.list reads again from there only if the page is not yet full.
 
 The claim under test: a page costs in proportion to the entries it returns, and at most
 about the vnodes per shard times that, however many keys the common prefixes it rolls up
@@ -193,9 +194,12 @@ def statement_and_params(store: MetadataStore, case: Case) -> tuple[str, dict[st
     if bounds is None:
         raise ValueError(f"{case.label}: empty key range")
     lower, upper = bounds
-    arm = queries.LIST_OBJECTS_ARM  # every listing's first round reads rows in order
     vnodes = tuple(store.shards.placed()[0].vnodes)
-    statement = render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, upper is not None)
+    if case.delimiter:  # every delimiter listing's first round reads rows in order
+        merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_ARM
+    else:
+        merge, arm = queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM
+    statement = render_arms(merge, arm, vnodes, upper is not None)
     params = {
         "owner": case.layout.bucket.owner,
         "bucket_id": case.layout.bucket.id,
@@ -256,9 +260,9 @@ async def explain(conn: psycopg.AsyncConnection, statement: str, params: dict[st
     cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
     document = (await cur.fetchone())[0][0]  # type: ignore[index]
     nodes = list(plan_nodes(document["Plan"]))
-    append = next(n for n in nodes if n["Node Type"] == "Append")
+    append = next(n for n in nodes if n["Node Type"] in ("Append", "Merge Append"))
     sort = next((n for n in nodes if n["Node Type"] == "Sort"), None)
-    sorted_how = "-"
+    sorted_how = "merge append, no sort" if append["Node Type"] == "Merge Append" else "-"
     if sort is not None:
         space = f"{sort['Sort Space Used']} kB {sort['Sort Space Type'].lower()}"
         sorted_how = f"{sort['Sort Method']}, {space}"

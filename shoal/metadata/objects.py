@@ -222,13 +222,18 @@ class Objects(Component):
             "arm_limit": arm_limit,
             "limit": limit,
         }
-        arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM if skip_scan else queries.LIST_OBJECTS_ARM
+        if not delimiter:
+            merge, arm = queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM
+        elif skip_scan:
+            merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_SKIP_SCAN_ARM
+        else:
+            merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_ARM
         bounded = upper is not None
         return await asyncio.gather(
             *(
                 self.shard_rows(
                     shard,
-                    render_arms(queries.LIST_OBJECTS_MERGE, arm, tuple(shard.vnodes), bounded),
+                    render_arms(merge, arm, tuple(shard.vnodes), bounded),
                     params,
                     row_factory=_listed_rows,
                 )
