@@ -7,6 +7,7 @@ so plain `str` comparison is S3's order. No name contains NUL (PostgreSQL text c
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
@@ -84,6 +85,8 @@ def merge_sorted(streams: Sequence[Iterable[T]], key_of: Callable[[T], str], lim
 
     Equal keys happen only for common prefixes, which every shard may report.
     """
+    if len(streams) == 1:  # one shard: its keys are already distinct (and a page is 1000)
+        return list(itertools.islice(streams[0], limit))
     merged: list[T] = []
     last_key: str | None = None
     for item in heapq.merge(*streams, key=key_of):

@@ -72,7 +72,7 @@ class ObjectSummary(NamedTuple):
 
     name: str
     id: uuid.UUID
-    modified: datetime
+    last_modified: str  # as S3 listings show it, 2024-01-31T12:00:00.000Z (queries.py)
     content_length: int
     content_md5: bytes
     parts_count: int | None

@@ -252,7 +252,7 @@ def check_version_id(version_id: uuid.UUID) -> None:
 
 
 # The columns of LIST_OBJECTS_MERGE that a listing reads, in _listed_rows's order.
-_LISTED_COLUMNS = "key through prefix name id modified content_length content_md5 parts_count"
+_LISTED_COLUMNS = "key through prefix name id last_modified content_length content_md5 parts_count"
 
 
 # A listing row: (key, through, entry). `key` is the entry's name or common prefix, the
@@ -265,7 +265,7 @@ def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedR
     """Listing rows made straight into entries: a page is up to 1000 rows a shard, and a dict
     per row, then an entry from the dict, cost twice as much."""
     columns = [column.name for column in cursor.description or ()]
-    key, through, prefix, name, id_, modified, length, md5, parts = map(
+    key, through, prefix, name, id_, last_modified, length, md5, parts = map(
         columns.index, _LISTED_COLUMNS.split()
     )
 
@@ -275,7 +275,7 @@ def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedR
         entry = ObjectSummary(
             values[name],
             values[id_],
-            values[modified],
+            values[last_modified],
             values[length],
             bytes(values[md5] or b""),
             values[parts],

@@ -159,13 +159,20 @@ async def read_ring(conn: psycopg.AsyncConnection) -> Ring:
     return Ring(version=rows[0][0], assignment=tuple(shard for _, _, shard in rows))
 
 
+# The pieces of queries.py's statements that several of them share.
+_FRAGMENTS = {
+    "object_columns": sql.SQL(queries.OBJECT_COLUMNS),
+    "part_columns": sql.SQL(queries.PART_COLUMNS),
+    "part_as_deletion_record": sql.SQL(queries.PART_AS_DELETION_RECORD),
+    "last_modified": sql.SQL(queries.LAST_MODIFIED),
+}
+
+
 @functools.lru_cache(maxsize=8192)
 def render(template: str, vnode: int | None = None, upper_bound: bool = False) -> str:
     """A statement of queries.py for one vnode, as text ready to execute (and prepare)."""
     fragments = {
-        "object_columns": sql.SQL(queries.OBJECT_COLUMNS),
-        "part_columns": sql.SQL(queries.PART_COLUMNS),
-        "part_as_deletion_record": sql.SQL(queries.PART_AS_DELETION_RECORD),
+        **_FRAGMENTS,
         "upper_bound": sql.SQL(UPPER_BOUND if upper_bound else ""),
     }
     if vnode is not None:
@@ -184,7 +191,7 @@ def render_arms(
 ) -> str:
     """One statement reading every vnode of a shard: `merge` around the arms of each vnode."""
     arms = f"\n{joiner}\n".join(render(arm, v, upper_bound) for v in vnodes)
-    return merge.replace("{arms}", arms)
+    return sql.SQL(merge).format(arms=sql.SQL(arms), **_FRAGMENTS).as_string(None)
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")

@@ -57,11 +57,11 @@ async def page_of(call: Call, marker: str, limit: int) -> ListingPage:
 def contents(call: Call, page: ListingPage, encode: Any, with_owner: bool) -> s3xml.Fragment:
     """The page's <Contents> elements, one f-string per key (a page has up to 1000)."""
     owner = s3xml.element("Owner", owner_tree(call)) if with_owner else ""
-    text, timestamp = s3xml.text, s3xml.timestamp
+    text = s3xml.text
     return s3xml.Fragment(
         "".join(
             f"<Contents><Key>{text(encode(o.name))}</Key>"
-            f"<LastModified>{timestamp(o.modified)}</LastModified>"
+            f"<LastModified>{o.last_modified}</LastModified>"
             f'<ETag>"{o.etag}"</ETag><Size>{o.content_length}</Size>'
             f"<StorageClass>STANDARD</StorageClass>{owner}</Contents>"
             for o in page.objects
@@ -142,7 +142,7 @@ async def list_object_versions(call: Call) -> web.Response:
             "Key": encode(o.name),
             "VersionId": "null",
             "IsLatest": True,
-            "LastModified": o.modified,
+            "LastModified": o.last_modified,
             "ETag": f'"{o.etag}"',
             "Size": o.content_length,
             "StorageClass": "STANDARD",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 
 import pytest
@@ -156,6 +157,19 @@ def test_listing_returns_object_fields_and_literal_wildcards(
     assert page.objects[0].content_length == 4
     page = run(store.objects.list(owner, bucket, prefix="a_"))
     assert [o.name for o in page.objects] == ["a_b"]
+
+
+def test_listed_modification_times_are_s3_timestamps_cut_to_milliseconds(
+    store: MetadataStore, run: Any, owner: Any
+) -> None:
+    names = [f"t{i}" for i in range(5)]
+    bucket = fill_bucket(store, run, owner, names)
+    for listed_object in run(store.objects.list(owner, bucket)).objects:
+        modified = run(store.objects.get(owner, bucket, listed_object.name)).modified
+        # S3's form, in UTC; milliseconds cut, not rounded (so never a second too late).
+        milliseconds = modified.microsecond // 1000
+        expected = f"{modified.astimezone(UTC):%Y-%m-%dT%H:%M:%S}.{milliseconds:03d}Z"
+        assert listed_object.last_modified == expected
 
 
 def test_max_keys_is_bounded(store: MetadataStore, run: Any, owner: Any) -> None:
