@@ -21,10 +21,10 @@ statement on its 5th run, PostgreSQL settles on a plan after 5 more), then `--ru
 the table shows the median. Beside it, the listing's first round of reads run directly on a
 connection (no API), to show what is PostgreSQL and what is Python. A second table gives
 EXPLAIN ANALYZE of that statement: how many rows the 64 vnode arms hand to the merge, how the
-merge sorts them, and planning and execution time. Without a delimiter the arms are merged
-as a Merge Append, which takes from each arm only the rows the page needs; with one, each arm
-reads about twice its share of the page, the merge is complete up to the smallest last key
-of a full arm, and objects.list reads again from there only if the page is not yet full.
+merge sorts them, and planning and execution time. The arms are merged as a Merge Append,
+which takes from each arm only the rows the page needs; with a delimiter, up to a budget of
+rows (4 per entry wanted at first), one kept per entry, and objects.list reads again from the
+last entry only if the page is not yet full (with skip scans if prefixes held many keys).
 
 The claim under test: a page costs in proportion to the entries it returns, and at most
 about the vnodes per shard times that, however many keys the common prefixes it rolls up
@@ -57,9 +57,10 @@ from benchlib import (
 
 import shoal.loop
 from shoal.config import ShardConfig
-from shoal.metadata import Bucket, CommonPrefix, ListingPage, MetadataStore, queries
-from shoal.metadata.listing import first_arm_limit, key_range
-from shoal.metadata.shards import render, render_arms
+from shoal.metadata import Bucket, CommonPrefix, ListingPage, MetadataStore
+from shoal.metadata.listing import first_arm_limit, first_row_budget, key_range
+from shoal.metadata.objects import Reading, listing_statement
+from shoal.metadata.shards import render
 
 KEYS_PER_DIRECTORY = 10
 SAMPLE_GETS = 200
@@ -195,11 +196,16 @@ def statement_and_params(store: MetadataStore, case: Case) -> tuple[str, dict[st
         raise ValueError(f"{case.label}: empty key range")
     lower, upper = bounds
     vnodes = tuple(store.shards.placed()[0].vnodes)
-    if case.delimiter:  # every delimiter listing's first round reads rows in order
-        merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_ARM
-    else:
-        merge, arm = queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM
-    statement = render_arms(merge, arm, vnodes, upper is not None)
+    wanted = case.limit + 1
+    reading = Reading(
+        case.prefix,
+        case.delimiter,
+        bounds,
+        rows=first_row_budget(wanted),
+        arm_limit=first_arm_limit(wanted, len(vnodes)),
+        skip_scan=False,  # every listing's first round reads rows in order
+    )
+    statement = listing_statement(vnodes, reading)
     params = {
         "owner": case.layout.bucket.owner,
         "bucket_id": case.layout.bucket.id,
@@ -207,8 +213,9 @@ def statement_and_params(store: MetadataStore, case: Case) -> tuple[str, dict[st
         "delimiter": case.delimiter,
         "lower": lower,
         "upper": upper,
-        "arm_limit": first_arm_limit(case.limit + 1, len(vnodes)),
-        "limit": case.limit + 1,
+        "rows": reading.rows,
+        "arm_limit": reading.arm_limit,
+        "limit": wanted,
     }
     return statement, params
 

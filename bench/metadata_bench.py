@@ -8,8 +8,8 @@ What is measured, on one shard of 64 vnodes (the default):
   put     overwrite one of N existing keys: the upsert whose replaced version becomes a
           deletion record in the same statement (queries.PUT_OBJECT)
   get     read one of the N keys (queries.SELECT_OBJECT)
-  list    the first page of 1000 keys, no delimiter (LIST_OBJECTS_ARM, one arm per vnode)
-  list /  the first page with delimiter '/' (its first round: LIST_OBJECTS_ARM, rows in order)
+  list    the first page of 1000 keys, no delimiter (LIST_NAMES_ARM, one arm per vnode)
+  list /  the first page with delimiter '/' (its first round: LIST_PREFIXES_ARM, rows in order)
 
 Each runs through the async API (asyncio tasks sharing one MetadataStore) at 1 and 16
 concurrent callers for a fixed duration, after a warm-up at 16 callers that lets psycopg
@@ -68,8 +68,9 @@ from benchlib import (
 import shoal.loop
 from shoal.config import ShardConfig
 from shoal.metadata import Bucket, MetadataStore, ObjectWrite, queries
-from shoal.metadata.listing import first_arm_limit
-from shoal.metadata.shards import render, render_arms
+from shoal.metadata.listing import first_arm_limit, first_row_budget
+from shoal.metadata.objects import Reading, listing_statement
+from shoal.metadata.shards import render
 
 OPS = ("put", "get", "list", "list /")
 SIDES = ("API", "pgbench", "pgbench+lookup")
@@ -104,6 +105,7 @@ PGBENCH_VALUES = {
     "prefix": "''",
     "lower": "''",
     "delimiter": ":delimiter",
+    "rows": ":rows",
     "arm_limit": ":arm_limit",
     "limit": ":limit",
 }
@@ -350,9 +352,10 @@ def pgbench_scripts(kind: str, setup: Setup, lookup: bool) -> list[tuple[str, in
                 head += f"\\set content_length random(1, {MAX_LENGTH})\n"
             scripts.append((head + first + pgbench_sql(render(template, vnode)), count))
         return scripts
-    arm = queries.LIST_OBJECTS_ARM  # the first round of a listing, delimiter or not
     vnodes = tuple(setup.store.shards.placed()[0].vnodes)
-    statement = render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, False)
+    delimiter = "/" if kind == "list /" else ""
+    reading = Reading("", delimiter, ("", None), rows=0, arm_limit=0, skip_scan=False)
+    statement = listing_statement(vnodes, reading)  # a listing's first round
     first = bucket_lookup_sql(setup, setup.api_bucket) if lookup else ""
     # 64 arms x 4 uses of owner and bucket_id would pass pgbench's limit of 255 parameters.
     literals = {
@@ -369,6 +372,7 @@ def pgbench_variables(kind: str, setup: Setup) -> dict[str, str]:
         "bucket_id": str(bucket.id),
         "bucket": bucket.name,
         "delimiter": "/",
+        "rows": str(first_row_budget(LIST_LIMIT + 1)),
         "arm_limit": str(first_arm_limit(LIST_LIMIT + 1, setup.store.shards.ring.vnodes)),
         "limit": str(LIST_LIMIT + 1),
     }

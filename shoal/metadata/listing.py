@@ -15,10 +15,18 @@ from typing import TypeVar
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES_START = 0xD800
 _SURROGATES_END = 0xDFFF
-# A listing reads each vnode (arm) for this many times its even share of the page at first:
-# names spread evenly over vnodes, so most pages need one round (see first_arm_limit).
+# A skip-scanning listing steps through each vnode (arm) for this many times its even share
+# of the entries it wants at first: names spread evenly over vnodes (see first_arm_limit).
 FIRST_ROUND_SHARE = 2.0
 MIN_ARM_LIMIT = 8
+# A delimiter listing's first round reads at most this many rows per entry it wants: enough
+# for most trees in one round (3 keys a prefix: 3,003 rows for a page of 1000), and little
+# to waste where prefixes hold so many keys that skip scans will be cheaper (see
+# prefer_skip_scan). A round stops as soon as it has its entries, so a budget costs nothing
+# that a page does not need.
+FIRST_ROUND_ROWS_PER_ENTRY = 4
+MIN_ROW_BUDGET = 256
+MAX_ROW_BUDGET = 262_144
 # What one step of a skip scan (an index descent in a recursive query) costs, in rows read
 # in order and merged: about 7.5 us against 1.7 (bench/listing_bench.py --quick, 64 vnodes:
 # 2,048 steps in 15.5 ms; 2,048 rows in 9.3 ms, 17,408 in 36 ms).
@@ -101,11 +109,11 @@ def merge_sorted(streams: Sequence[Iterable[T]], key_of: Callable[[T], str], lim
 
 
 def first_arm_limit(wanted: int, arms: int) -> int:
-    """How many entries to ask of each arm in a listing's first round.
+    """How many skip-scan steps to ask of each arm in a listing's first skip-scan round.
 
-    Asking every arm for the whole page costs `arms` times the work (64 x 1001 rows for a page
-    of 1000 over 64 vnodes); asking for twice its share covers the page in one round when
-    names spread evenly, and later rounds fetch only what is still missing.
+    Asking every arm for the whole page costs `arms` times the work (64 x 1001 steps for a
+    page of 1000 over 64 vnodes); asking for twice its share covers the page in one round
+    when entries spread evenly, and later rounds fetch only what is still missing.
     """
     return min(wanted, max(MIN_ARM_LIMIT, math.ceil(FIRST_ROUND_SHARE * wanted / arms)))
 
@@ -118,6 +126,18 @@ def next_arm_limit(arm_limit: int, covered: int, missing: int, wanted: int) -> i
     """
     estimate = math.ceil(1.5 * missing * arm_limit / max(covered, 1))
     return min(wanted, max(2 * arm_limit, estimate))
+
+
+def first_row_budget(wanted: int) -> int:
+    """How many rows a delimiter listing's first round may read (of one shard)."""
+    return max(MIN_ROW_BUDGET, math.ceil(FIRST_ROUND_ROWS_PER_ENTRY * wanted))
+
+
+def next_row_budget(rows: int, covered: int, missing: int) -> int:
+    """The row budget of the next round, from how many entries `rows` rows covered: enough
+    for the `missing` entries at that density, with a margin."""
+    estimate = math.ceil(1.5 * missing * rows / max(covered, 1))
+    return min(MAX_ROW_BUDGET, max(2 * rows, estimate))
 
 
 def prefer_skip_scan(rows_read: int, covered: int, arms_per_shard: int) -> bool:

@@ -20,9 +20,11 @@ from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
 from shoal.metadata.listing import (
     first_arm_limit,
+    first_row_budget,
     key_range,
     merge_sorted,
     next_arm_limit,
+    next_row_budget,
     prefer_skip_scan,
 )
 from shoal.metadata.models import (
@@ -153,22 +155,17 @@ class Objects(Component):
             raise InvalidName(f"limit must be between 0 and {MAX_KEYS}")
         found = await self.bucket(owner, bucket)
         wanted = limit + 1  # one more than the page says whether it is truncated
-        vnodes = self.shards.ring.vnodes
-        arm_limit = first_arm_limit(wanted, vnodes)
-        entries: list[ObjectSummary | CommonPrefix] = []
-        # Rows are read in order until they prove to be many keys per common prefix.
+        shards = self.shards.placed()
+        arms_per_shard = max(len(shard.vnodes) for shard in shards)
+        # A delimiter listing reads rows in order, up to a budget a round, until they prove to
+        # be many keys per common prefix; then it skip-scans, `arm_limit` steps per vnode.
+        rows = first_row_budget(wanted)
+        arm_limit = first_arm_limit(wanted, self.shards.ring.vnodes)
         skip_scan = False
+        entries: list[ObjectSummary | CommonPrefix] = []
         while limit and (bounds := key_range(prefix, delimiter, marker)) is not None:
-            pages = await self._read_arms(
-                owner,
-                found.id,
-                prefix,
-                delimiter,
-                bounds,
-                arm_limit,
-                wanted - len(entries),
-                skip_scan,
-            )
+            reading = Reading(prefix, delimiter, bounds, rows, arm_limit, skip_scan)
+            pages = await self._read_arms(owner, found.id, reading, wanted - len(entries))
             # Each shard's page is complete up to its `through`; all are up to the least.
             ends = [page[0][1] for page in pages if page and page[0][1]]
             through = min(ends) if ends else None
@@ -183,13 +180,13 @@ class Objects(Component):
             # The next round starts after `through`, as a next page would after that marker.
             marker = through
             missing = wanted - len(entries)
-            if delimiter and not skip_scan:
-                arms_per_shard = max(len(shard.vnodes) for shard in self.shards.placed())
-                skip_scan = prefer_skip_scan(vnodes * arm_limit, len(found_now), arms_per_shard)
-                if skip_scan:  # steps, not rows: start again from the even share
-                    arm_limit = first_arm_limit(missing, vnodes)
-                    continue
-            arm_limit = next_arm_limit(arm_limit, len(found_now), missing, wanted)
+            if skip_scan:
+                arm_limit = next_arm_limit(arm_limit, len(found_now), missing, wanted)
+            elif prefer_skip_scan(rows * len(shards), len(found_now), arms_per_shard):
+                skip_scan = True  # steps, not rows: start from the even share
+                arm_limit = first_arm_limit(missing, self.shards.ring.vnodes)
+            else:
+                rows = next_row_budget(rows, len(found_now), missing)
         truncated = len(entries) > limit
         entries = entries[:limit]
         return ListingPage(
@@ -199,41 +196,26 @@ class Objects(Component):
         )
 
     async def _read_arms(
-        self,
-        owner: uuid.UUID,
-        bucket_id: uuid.UUID,
-        prefix: str,
-        delimiter: str,
-        bounds: tuple[str, str | None],
-        arm_limit: int,
-        limit: int,
-        skip_scan: bool,
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, reading: Reading, limit: int
     ) -> list[list[_ListedRow]]:
-        """Per shard: up to `limit` entries merged from `arm_limit` rows (or skip-scan steps)
-        per vnode, in key order."""
-        lower, upper = bounds
+        """Per shard: up to `limit` entries in key order, as `reading` says to read them."""
+        lower, upper = reading.bounds
         params = {
             "owner": owner,
             "bucket_id": bucket_id,
-            "prefix": prefix,
-            "delimiter": delimiter,
+            "prefix": reading.prefix,
+            "delimiter": reading.delimiter,
             "lower": lower,
             "upper": upper,
-            "arm_limit": arm_limit,
+            "rows": reading.rows,
+            "arm_limit": reading.arm_limit,
             "limit": limit,
         }
-        if not delimiter:
-            merge, arm = queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM
-        elif skip_scan:
-            merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_SKIP_SCAN_ARM
-        else:
-            merge, arm = queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_ARM
-        bounded = upper is not None
         return await asyncio.gather(
             *(
                 self.shard_rows(
                     shard,
-                    render_arms(merge, arm, tuple(shard.vnodes), bounded),
+                    listing_statement(tuple(shard.vnodes), reading),
                     params,
                     row_factory=_listed_rows,
                 )
@@ -244,6 +226,31 @@ class Objects(Component):
     async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id, "name": name}
         return bool(await self.rows(vnode, queries.SELECT_OBJECT, params))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How one round of a listing reads a shard."""
+
+    prefix: str
+    delimiter: str
+    bounds: tuple[str, str | None]  # [lower, upper) of names (listing.key_range)
+    rows: int  # a delimiter listing's budget of rows read in order
+    arm_limit: int  # a skip-scanning listing's steps per vnode
+    skip_scan: bool
+
+
+def listing_statement(vnodes: tuple[int, ...], reading: Reading) -> str:
+    """The statement a round of objects.list sends to the shard that holds `vnodes`: rows in
+    name order without a delimiter; with one, rows in order keeping one per entry, or skip
+    scans once prefixes proved to hold many keys."""
+    bounded = reading.bounds[1] is not None
+    if not reading.delimiter:
+        return render_arms(queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM, vnodes, bounded)
+    if reading.skip_scan:
+        arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM
+        return render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, bounded)
+    return render_arms(queries.LIST_PREFIXES_MERGE, queries.LIST_PREFIXES_ARM, vnodes, bounded)
 
 
 def check_version_id(version_id: uuid.UUID) -> None:

@@ -222,16 +222,17 @@ SELECT {object_columns} FROM gone
 
 # -- listing ------------------------------------------------------------------------------
 
-# Each listing arm reads up to %(arm_limit)s rows of one vnode, tagged with the vnode. With a
-# delimiter, rows under one common prefix carry it, and the merge keeps one row per prefix.
-LIST_OBJECTS_ARM = """
-(SELECT {vnode} AS arm, name, shoal.common_prefix(name, %(prefix)s, %(delimiter)s) AS prefix,
-        id, modified, content_length, content_md5,
-        jsonb_array_length(properties -> 'parts') AS parts_count
+# A delimiter listing reads a shard's rows in name order, each row carrying the common prefix
+# it rolls up into, and keeps one row per entry (LIST_PREFIXES_MERGE). Each arm may give up
+# to the round's whole budget of rows; PostgreSQL merges the arms as a Merge Append and pulls
+# only what the page takes.
+LIST_PREFIXES_ARM = """
+(SELECT name, shoal.common_prefix(name, %(prefix)s, %(delimiter)s) AS prefix,
+        id, modified, content_length, content_md5, properties
  FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
    AND name >= %(lower)s {upper_bound}
- ORDER BY name LIMIT %(arm_limit)s)
+ ORDER BY name LIMIT %(rows)s)
 """
 
 # A skip scan over one vnode: each step is one index probe for the next name at or after
@@ -266,10 +267,6 @@ LIST_OBJECTS_SKIP_SCAN_ARM = """
  FROM walk)
 """
 
-# Merges the arms of one shard. An arm that came back full may have more entries after its
-# last, so the merge is complete only up to the smallest last key of a full arm (`through`,
-# NULL when no arm was full): entries past it are left for the caller's next round
-# (objects.py). A common prefix found by several vnodes appears once.
 # A listed key's modification time as S3 listings show it (2024-01-31T12:00:00.000Z, UTC,
 # milliseconds cut, not rounded, as S3 does): formatted here, ~0.35 us a row, where loading a
 # datetime and formatting it in Python cost the gateway ~1.4 us (a page of 1000 rows: 4.6 ms).
@@ -298,6 +295,36 @@ ORDER BY name
 LIMIT %(limit)s
 """
 
+# Up to %(limit)s entries from the first %(rows)s rows of a shard, in name order. A row's
+# entry key is its common prefix, or its name when it has none; keys never decrease in name
+# order (every name under a prefix P sorts after P and before any name that does not start
+# with P), so a group of rows with one key is contiguous, and the last row of each group
+# stands for its entry (`lead` looks one row ahead; no sort). The page is complete up to
+# its last key (`through`) when the rows or the entries ran out before the range did; the
+# caller's next round starts after it, past every name under it if it is a prefix.
+LIST_PREFIXES_MERGE = """
+WITH page AS (
+    SELECT key, name, prefix, id, modified, content_length, content_md5, properties, row_read
+    FROM (SELECT ordered.*, coalesce(prefix, name) COLLATE "C" AS key,
+                 lead(coalesce(prefix, name)) OVER by_name AS next_key,
+                 row_number() OVER by_name AS row_read
+          FROM (SELECT * FROM ({arms}) AS arms ORDER BY name LIMIT %(rows)s) AS ordered
+          WINDOW by_name AS (ORDER BY name)) AS keyed
+    WHERE next_key IS DISTINCT FROM key
+    LIMIT %(limit)s
+)
+SELECT key, name, prefix, id, {last_modified}, content_length, content_md5,
+       jsonb_array_length(properties -> 'parts') AS parts_count,
+       CASE WHEN max(row_read) OVER () >= %(rows)s OR count(*) OVER () >= %(limit)s
+            THEN max(key) OVER () END AS through
+FROM page
+ORDER BY key
+"""
+
+# Merges the skip-scan arms of one shard. An arm that came back full may have more entries
+# after its last, so the merge is complete only up to the smallest last key of a full arm
+# (`through`, NULL when no arm was full): entries past it are left for the caller's next
+# round (objects.py). A common prefix found by several vnodes appears once.
 LIST_OBJECTS_MERGE = """
 WITH entries AS (
     SELECT arm, name, prefix, id, modified, content_length, content_md5, parts_count,

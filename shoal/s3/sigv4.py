@@ -338,8 +338,8 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
     access_key_id, scope_date, region = _parse_credential(fields["Credential"], code)
     signed_headers = _parse_signed_headers(fields["SignedHeaders"], code)
     signature = _parse_signature(fields["Signature"], code)
-    request_time = _header_request_time(request.headers)
-    _check_scope_date(scope_date, request_time, code)
+    request_time, stamp = _header_request_time(request.headers)
+    _check_scope_date(scope_date, stamp, code)
     check_clock_skew(request_time, now)
     content_sha256 = request.headers.get("x-amz-content-sha256")
     if content_sha256 is None:
@@ -353,7 +353,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
         region=region,
         scope=_scope(scope_date, region),
         request_time=request_time,
-        amz_date=amz_date(request_time),
+        amz_date=stamp,
         signed_headers=signed_headers,
         signature=signature,
         presigned=False,
@@ -378,7 +378,7 @@ def _parse_query_auth(request: SignedRequest, now: datetime) -> Credentials:
         raise SigV4Error(
             code, "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\""
         )
-    _check_scope_date(scope_date, request_time, code)
+    _check_scope_date(scope_date, params["X-Amz-Date"], code)
     expires = request_time + timedelta(seconds=_parse_expires(params["X-Amz-Expires"]))
     _check_presigned_window(request_time, expires, now)
     payload, mode = _presigned_payload(request.headers, signed_headers)
@@ -485,24 +485,26 @@ def _scope(scope_date: str, region: str) -> str:
     return f"{scope_date}/{region}/{SERVICE}/{TERMINATOR}"
 
 
-def _check_scope_date(scope_date: str, request_time: datetime, code: str) -> None:
-    if scope_date != amz_date(request_time)[:8]:
+def _check_scope_date(scope_date: str, stamp: str, code: str) -> None:
+    """`stamp`: the request time as signed (YYYYMMDDTHHMMSSZ)."""
+    if scope_date != stamp[:8]:
         raise SigV4Error(
             code,
             f"Invalid credential date {scope_date!r}: it is not the day of the request time "
-            f"{amz_date(request_time)}.",
+            f"{stamp}.",
         )
 
 
-def _header_request_time(headers: Mapping[str, str]) -> datetime:
-    """The request time from X-Amz-Date or, failing that, the Date header (RFC 7231)."""
+def _header_request_time(headers: Mapping[str, str]) -> tuple[datetime, str]:
+    """The request time from X-Amz-Date or, failing that, the Date header (RFC 7231), and
+    as it is signed: X-Amz-Date's value as sent (it was checked to be one), else formatted."""
     stamp = headers.get("x-amz-date")
     when = _parse_amz_date(stamp) if stamp is not None else _parse_http_date(headers)
     if when is None:
         raise SigV4Error(
             "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header"
         )
-    return when
+    return when, stamp if stamp is not None else amz_date(when)
 
 
 def _parse_amz_date(value: str) -> datetime | None:
@@ -544,16 +546,8 @@ def _is_calendar_day(digits: str) -> bool:
 
 
 def amz_date(moment: datetime) -> str:
-    """A UTC moment in SigV4's ISO 8601 basic form, 20240131T120000Z (formatting the fields
-    is ~4x cheaper than strftime, and every request needs it twice)."""
-    return "%04d%02d%02dT%02d%02d%02dZ" % (  # noqa: UP031 - measured faster
-        moment.year,
-        moment.month,
-        moment.day,
-        moment.hour,
-        moment.minute,
-        moment.second,
-    )
+    """A UTC moment in SigV4's ISO 8601 basic form, 20240131T120000Z."""
+    return moment.strftime("%Y%m%dT%H%M%SZ")
 
 
 def _presign_params(query: Sequence[tuple[str, str]]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3.
 
-With one shard the listing reads as few entries per vnode as it can (one at first), so that
-pages take several rounds of reads (objects.list); with three it reads as configured.
+Both read as few rows (or skip-scan steps) a round as they can, so that delimiter pages take
+several rounds of reads (objects.list): on one shard they skip-scan after the first round, on
+three they read rows in every round.
 """
 
 from __future__ import annotations
@@ -56,14 +57,16 @@ def listed(page: Any) -> list[tuple[str, bool]]:
     ids=["1-shard-one-entry-arms-skip-scans", "3-shards-one-entry-arms-rows"],
 )
 def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Iterator[MetadataStore]:
-    # One-entry arms, so that most pages take many rounds. On one shard, delimiter pages
-    # switch from reading rows to skip scans after their first round; on three, they
-    # read rows in every round.
+    # Tiny row budgets and one-step arms, so that most delimiter pages take many rounds. On
+    # one shard they switch from reading rows to skip scans after their first round; on
+    # three, they read rows in every round.
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(listing, "MIN_ROW_BUDGET", 1)
+        patch.setattr(listing, "FIRST_ROUND_ROWS_PER_ENTRY", 0.1)
         patch.setattr(listing, "MIN_ARM_LIMIT", 1)
         patch.setattr(listing, "FIRST_ROUND_SHARE", 0.1)
-        if request.param == 1:
-            patch.setattr(listing, "SKIP_STEP_COST_IN_ROWS", 0.5)
+        skip_step_cost = 0.1 if request.param == 1 else 1_000_000
+        patch.setattr(listing, "SKIP_STEP_COST_IN_ROWS", skip_step_cost)
         yield make_store(shards=request.param, vnodes=6)
 
 

@@ -6,9 +6,11 @@ from hypothesis import strategies as st
 from shoal.metadata.listing import (
     common_prefix,
     first_arm_limit,
+    first_row_budget,
     key_range,
     merge_sorted,
     next_arm_limit,
+    next_row_budget,
     prefer_skip_scan,
     successor,
 )
@@ -75,6 +77,20 @@ def test_arm_limits_start_at_twice_the_share_and_never_exceed_the_page() -> None
     assert next_arm_limit(32, covered=200, missing=801, wanted=1001) == 193
     assert next_arm_limit(32, covered=1, missing=900, wanted=1001) == 1001
     assert next_arm_limit(32, covered=1000, missing=1, wanted=1001) == 64
+
+
+def test_one_shard_is_taken_as_it_is() -> None:
+    assert merge_sorted([["a", "b/", "c"]], key_of=str, limit=2) == ["a", "b/"]
+
+
+def test_row_budgets_start_at_four_rows_an_entry_and_grow_with_the_density_found() -> None:
+    assert first_row_budget(wanted=1001) == 4004
+    assert first_row_budget(wanted=3) == 256  # the least worth a round trip
+    # 4,004 rows covered 400 entries: 601 missing at 10 rows each, with a margin.
+    assert next_row_budget(4004, covered=400, missing=601) == 9025
+    # A round that covered nearly all still doubles, so that pages end in few rounds.
+    assert next_row_budget(4004, covered=1000, missing=1) == 8008
+    assert next_row_budget(4004, covered=1, missing=1000) == 262_144  # capped
 
 
 def test_a_delimiter_listing_skip_scans_only_when_prefixes_hold_many_keys() -> None:
