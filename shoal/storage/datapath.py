@@ -175,6 +175,10 @@ class DataPath:
         total = sum(r.size for r in runs)
         end = total if end is None else min(end, total)
         wanted = list(_blocks_overlapping(runs, start, end))
+        if len(wanted) == 1:  # most objects are one block: no window, no task to fetch it
+            run, index, lo, hi = wanted[0]
+            yield _cut(await self._fetch(run, index), lo, hi)
+            return
         ahead: collections.deque[asyncio.Future[bytearray]] = collections.deque()
         try:
             for position, (_run, _index, lo, hi) in enumerate(wanted):
@@ -183,8 +187,7 @@ class DataPath:
                 while len(ahead) < BLOCKS_IN_FLIGHT and position + len(ahead) < len(wanted):
                     run, index, _, _ = wanted[position + len(ahead)]
                     ahead.append(asyncio.ensure_future(self._fetch(run, index)))
-                data = await ahead.popleft()
-                yield data if lo == 0 and hi == len(data) else data[lo:hi]  # a slice copies
+                yield _cut(await ahead.popleft(), lo, hi)
         finally:
             for fetch in ahead:
                 fetch.cancel()
@@ -241,6 +244,11 @@ class DataPath:
                 continue
             return data
         raise DataUnavailable(f"no replica of block {name} could be read (tried {order})")
+
+
+def _cut(data: bytearray, lo: int, hi: int) -> bytearray:
+    """Bytes [lo, hi) of a block: the block itself when that is all of it (a slice copies)."""
+    return data if lo == 0 and hi == len(data) else data[lo:hi]
 
 
 class _VersionWriter:
