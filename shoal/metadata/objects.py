@@ -258,7 +258,7 @@ def check_version_id(version_id: uuid.UUID) -> None:
         raise InvalidName(f"version id {version_id} is not a UUIDv7")
 
 
-# The columns of LIST_OBJECTS_MERGE that a listing reads, in _listed_rows's order.
+# The columns every listing statement returns (listing_statement), in _listed_rows's order.
 _LISTED_COLUMNS = "key through prefix name id last_modified content_length content_md5 parts_count"
 
 
