@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
-import threading
-import time
 from typing import TextIO
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -29,8 +28,9 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     """Lines written to the stream in batches, at most FLUSH_SECONDS after they were logged.
 
     For loggers with a line per request: one write per line was ~2% of a gateway's CPU under
-    load. Lines still held are written when logging shuts down (at exit); a process killed
-    with SIGKILL loses at most FLUSH_SECONDS of them.
+    load. The event loop of the thread that logs writes them out later; a line logged where
+    no loop runs is written at once. Lines still held are written when logging shuts down
+    (at exit); a process killed with SIGKILL loses at most FLUSH_SECONDS of them.
     """
 
     FLUSH_SECONDS = 0.2
@@ -38,18 +38,22 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self._held: list[str] = []
-        flusher = threading.Thread(target=self._flush_now_and_then, name="log-lines", daemon=True)
-        flusher.start()
 
     def emit(self, record: logging.LogRecord) -> None:
-        # Called under self.lock (Handler.handle takes it).
+        # Called under self.lock (Handler.handle takes it; an RLock, so flush may take it too).
         try:
             self._held.append(self.format(record) + self.terminator)
         except Exception:
             self.handleError(record)
+            return
+        if len(self._held) == 1:  # the first line held: have it written out soon
+            try:
+                asyncio.get_running_loop().call_later(self.FLUSH_SECONDS, self.flush)
+            except RuntimeError:  # no event loop here to do it later
+                self.flush()
 
     def flush(self) -> None:
-        with self.lock:  # an RLock: flush may run inside emit's hold of it
+        with self.lock:
             if self._held:
                 lines, self._held = "".join(self._held), []
                 try:
@@ -57,8 +61,3 @@ class BatchedLines(logging.StreamHandler):  # type: ignore[type-arg]
                 except Exception:  # a closed stderr must not break requests
                     return
             super().flush()
-
-    def _flush_now_and_then(self) -> None:
-        while True:
-            time.sleep(self.FLUSH_SECONDS)
-            self.flush()
