@@ -166,8 +166,9 @@ class Objects(Component):
         while limit and (bounds := key_range(prefix, delimiter, marker)) is not None:
             reading = Reading(prefix, delimiter, bounds, rows, arm_limit, skip_scan)
             pages = await self._read_arms(owner, found.id, reading, wanted - len(entries))
-            # Each shard's page is complete up to its `through`; all are up to the least.
-            ends = [page[0][1] for page in pages if page and page[0][1]]
+            # Each shard's page is complete up to its `through` (on its last row, if on any);
+            # all are up to the least.
+            ends = [page[-1][1] for page in pages if page and page[-1][1]]
             through = min(ends) if ends else None
             usable = [
                 [entry for key, _, entry in page if through is None or key <= through]

@@ -301,26 +301,22 @@ LIMIT %(limit)s
 # entry key is its common prefix, or its name when it has none; keys never decrease in name
 # order (every name under a prefix P sorts after P and before any name that does not start
 # with P), so a group of rows with one key is contiguous, and the last row of each group
-# stands for its entry (`lead` looks one row ahead; no sort). The page is complete up to
-# its last key (`through`) when the rows or the entries ran out before the range did; the
-# caller's next round starts after it, past every name under it if it is a prefix.
+# stands for its entry (`lead` looks one row ahead; no sort). When the budget of rows ran
+# out, the entry of the last row read is the page's last, and the page is complete up to
+# its key (`through`, set on that row only); the caller's next round starts after it, past
+# every name under it if it is a prefix.
 LIST_PREFIXES_MERGE = """
-WITH page AS (
-    SELECT key, name, prefix, id, modified, content_length, content_md5, properties, row_read
-    FROM (SELECT ordered.*, coalesce(prefix, name) COLLATE "C" AS key,
-                 lead(coalesce(prefix, name)) OVER by_name AS next_key,
-                 row_number() OVER by_name AS row_read
-          FROM (SELECT * FROM ({arms}) AS arms ORDER BY name LIMIT %(rows)s) AS ordered
-          WINDOW by_name AS (ORDER BY name)) AS keyed
-    WHERE next_key IS DISTINCT FROM key
-    LIMIT %(limit)s
-)
 SELECT key, name, prefix, id, {last_modified}, content_length, content_md5,
        jsonb_array_length(properties -> 'parts') AS parts_count,
-       CASE WHEN max(row_read) OVER () >= %(rows)s OR count(*) OVER () >= %(limit)s
-            THEN max(key) OVER () END AS through
-FROM page
-ORDER BY key
+       CASE WHEN row_read >= %(rows)s THEN key END AS through
+FROM (SELECT ordered.*, coalesce(prefix, name) COLLATE "C" AS key,
+             lead(coalesce(prefix, name)) OVER by_name AS next_key,
+             row_number() OVER by_name AS row_read
+      FROM (SELECT * FROM ({arms}) AS arms ORDER BY name LIMIT %(rows)s) AS ordered
+      WINDOW by_name AS (ORDER BY name)) AS keyed
+WHERE next_key IS DISTINCT FROM key
+ORDER BY name
+LIMIT %(limit)s
 """
 
 # Merges the skip-scan arms of one shard. An arm that came back full may have more entries
