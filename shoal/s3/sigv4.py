@@ -504,7 +504,7 @@ def _header_request_time(headers: Mapping[str, str]) -> tuple[datetime, str]:
         raise SigV4Error(
             "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header"
         )
-    return when, stamp if stamp is not None else amz_date(when)
+    return when, stamp if stamp is not None else _amz_date(when)
 
 
 def _parse_amz_date(value: str) -> datetime | None:
@@ -545,7 +545,7 @@ def _is_calendar_day(digits: str) -> bool:
     return True
 
 
-def amz_date(moment: datetime) -> str:
+def _amz_date(moment: datetime) -> str:
     """A UTC moment in SigV4's ISO 8601 basic form, 20240131T120000Z."""
     return moment.strftime("%Y%m%dT%H%M%SZ")
 
@@ -585,8 +585,8 @@ def check_clock_skew(request_time: datetime, now: datetime) -> None:
             "RequestTimeTooSkewed",
             "The difference between the request time and the current time is too large.",
             {
-                "RequestTime": amz_date(request_time),
-                "ServerTime": amz_date(now),
+                "RequestTime": _amz_date(request_time),
+                "ServerTime": _amz_date(now),
                 "MaxAllowedSkewMilliseconds": str(int(MAX_CLOCK_SKEW.total_seconds() * 1000)),
             },
         )
@@ -594,7 +594,7 @@ def check_clock_skew(request_time: datetime, now: datetime) -> None:
 
 def _check_presigned_window(request_time: datetime, expires: datetime, now: datetime) -> None:
     window = {
-        "X-Amz-Date": amz_date(request_time),
+        "X-Amz-Date": _amz_date(request_time),
         "Expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "ServerTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
