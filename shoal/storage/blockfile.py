@@ -41,6 +41,8 @@ WRITE_PIECE_BYTES = 256 * 1024
 # it holds.
 RESERVED_FREE_BYTES = 64 * 1024 * 1024
 MAX_BLOCK_BYTES = 64 * 1024 * 1024
+# Empty temporary files a process keeps made ahead of the writes to come (see make_spare).
+SPARE_FILES = 8
 _BLOCK_NAME = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|[1-9][0-9]{0,8})$"
 )
@@ -125,6 +127,8 @@ class BlockStore:
         self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp" / f"w{worker}"
         self._buffers = _Buffers()
+        self._spares: list[_TempBlock] = []
+        self._spares_lock = threading.Lock()
         self.blocks.mkdir(parents=True, exist_ok=True)
         self._make_fan_out_folders()
         # What an earlier run left half-written: the node process (worker 0) starts before
@@ -149,7 +153,7 @@ class BlockStore:
         if size > MAX_BLOCK_BYTES:
             raise BlockError(f"block of {size} bytes is over the {MAX_BLOCK_BYTES} limit")
         self._check_space(size)
-        temp = _TempBlock(self.tmp / f"{name}.{uuid.uuid4().hex}")
+        temp = self._take_spare() or _TempBlock(self.tmp / uuid.uuid4().hex)
         buffer = self._buffers.take(min(size, WRITE_PIECE_BYTES))
         try:
             temp.write(HEADER.pack(MAGIC, size, bytes.fromhex(checksum)))
@@ -171,6 +175,27 @@ class BlockStore:
         finally:
             temp.discard()
             self._buffers.give_back(buffer)
+
+    def make_spare(self) -> None:
+        """Make an empty temporary file for a write to come, unless SPARE_FILES wait already.
+
+        Creating a file took ~0.17 ms here, an eighth of a 1 MiB block's write with fsync: a
+        connection that has just answered a write makes the next one's file while its client
+        sends the next request, and the write finds it made.
+        """
+        with self._spares_lock:
+            if len(self._spares) >= SPARE_FILES:
+                return
+        spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+        with self._spares_lock:
+            self._spares.append(spare)
+
+    def close(self) -> None:
+        """Remove the spare temporary files (a stopping node's)."""
+        with self._spares_lock:
+            spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.discard()
 
     def info(self, name: str) -> BlockInfo:
         path = self.path_of(name)
@@ -220,6 +245,10 @@ class BlockStore:
         """(capacity, free) bytes of the file system holding the blocks."""
         stats = os.statvfs(self.blocks)
         return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+    def _take_spare(self) -> _TempBlock | None:
+        with self._spares_lock:
+            return self._spares.pop() if self._spares else None
 
     def _check_space(self, size: int) -> None:
         stats = os.statvfs(self.tmp)

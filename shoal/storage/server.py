@@ -165,6 +165,7 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.shutdown()
         with self._idle:
             self._idle.wait_for(lambda: self._in_progress == 0, timeout=DRAIN_SECONDS)
+        self.store.close()
 
     def request_started(self) -> None:
         with self._idle:
@@ -207,6 +208,8 @@ class _Handler(socketserver.StreamRequestHandler):
         with contextlib.suppress(_GONE):
             while not self.close_connection and self._read_request():
                 self._serve()
+                if self.command == "PUT":  # a writer: more blocks are likely to come
+                    self.server.store.make_spare()
 
     def _read_request(self) -> bool:
         """The next request's line and headers; False when the connection is over."""

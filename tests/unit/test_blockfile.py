@@ -11,6 +11,7 @@ import pytest
 
 from shoal.ids import uuid7
 from shoal.storage.blockfile import (
+    SPARE_FILES,
     WRITE_PIECE_BYTES,
     BlockCorrupt,
     BlockExists,
@@ -186,6 +187,26 @@ def test_a_worker_clears_only_its_own_tmp_folder(tmp_path: Path) -> None:
     assert list(worker.tmp.iterdir()) == []
     BlockStore(tmp_path)  # the whole node restarted: nothing of the last run is left
     assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []
+
+
+def test_writes_take_the_files_made_ahead_and_close_removes_the_rest(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path)
+    for _ in range(SPARE_FILES + 3):
+        store.make_spare()
+    spares = set(store.tmp.iterdir())
+    assert len(spares) == SPARE_FILES  # no more than that, however many writers ask
+    first, second = block_name(uuid7(), 0), block_name(uuid7(), 1)
+    assert write(store, first, b"one") is True
+    with pytest.raises(ChecksumMismatch):
+        write(store, second, b"two", sha=checksum_of(b"other"))
+    left = set(store.tmp.iterdir())
+    assert left < spares and len(left) == SPARE_FILES - 2  # each write used, then removed, one
+    assert read(store, first, 0, 3) == b"one"
+    with pytest.raises(BlockNotFound):
+        store.info(second)
+    store.close()
+    assert list(store.tmp.iterdir()) == []
+    assert write(store, second, b"two") is True  # with no spare left, a write makes its file
 
 
 def test_a_block_that_would_fill_the_disk_is_refused(tmp_path: Path) -> None:
