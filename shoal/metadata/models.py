@@ -71,15 +71,9 @@ class ObjectSummary(NamedTuple):
     dataclass costs ~3x as much to construct)."""
 
     name: str
-    id: uuid.UUID
     last_modified: str  # as S3 listings show it, 2024-01-31T12:00:00.000Z (queries.py)
     content_length: int
-    content_md5: bytes
-    parts_count: int | None
-
-    @property
-    def etag(self) -> str:
-        return etag(self.content_md5, self.parts_count)
+    etag: str  # as S3 shows it, without quotes (queries.ETAG)
 
 
 @dataclass(frozen=True)

@@ -260,7 +260,7 @@ def check_version_id(version_id: uuid.UUID) -> None:
 
 
 # The columns every listing statement returns (listing_statement), in _listed_rows's order.
-_LISTED_COLUMNS = "key through prefix name id last_modified content_length content_md5 parts_count"
+_LISTED_COLUMNS = "key through prefix last_modified content_length etag"
 
 
 # A listing row: (key, through, entry). `key` is the entry's name or common prefix, the
@@ -273,24 +273,20 @@ def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedR
     """Listing rows made straight into entries: a page is up to 1000 rows a shard, and a dict
     per row, then an entry from the dict, cost twice as much."""
     columns = [column.name for column in cursor.description or ()]
-    key, through, prefix, name, id_, last_modified, length, md5, parts = map(
-        columns.index, _LISTED_COLUMNS.split()
-    )
+    key, through, prefix, last_modified, length, etag = map(columns.index, _LISTED_COLUMNS.split())
 
     def make(values: Sequence[Any]) -> _ListedRow:
         if values[prefix] is not None:
             return values[key], values[through], CommonPrefix(prefix=values[prefix])
-        entry = ObjectSummary(
-            values[name],
-            values[id_],
-            values[last_modified],
-            values[length],
-            bytes(values[md5] or b""),
-            values[parts],
-        )
-        return values[key], values[through], entry
+        # An object's entry key is its name. tuple.__new__ skips the named tuple's
+        # constructor, a Python function call (0.33 against 0.20 us a row).
+        fields = (values[key], values[last_modified], values[length], values[etag])
+        return values[key], values[through], _new_tuple(ObjectSummary, fields)
 
     return make
+
+
+_new_tuple = tuple.__new__
 
 
 def _entry_key(entry: ObjectSummary | CommonPrefix) -> str:

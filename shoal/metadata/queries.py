@@ -228,7 +228,8 @@ SELECT {object_columns} FROM gone
 # only what the page takes.
 LIST_PREFIXES_ARM = """
 (SELECT name, shoal.common_prefix(name, %(prefix)s, %(delimiter)s) AS prefix,
-        id, modified, content_length, content_md5, properties
+        modified, content_length, content_md5,
+        jsonb_array_length(properties -> 'parts') AS parts_count
  FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
    AND name >= %(lower)s {upper_bound}
@@ -242,7 +243,7 @@ LIST_PREFIXES_ARM = """
 LIST_OBJECTS_SKIP_SCAN_ARM = """
 (WITH RECURSIVE walk AS (
     (SELECT o.name, shoal.common_prefix(o.name, %(prefix)s, %(delimiter)s) AS prefix,
-            o.id, o.modified, o.content_length, o.content_md5,
+            o.modified, o.content_length, o.content_md5,
             jsonb_array_length(o.properties -> 'parts') AS parts_count, 1 AS step
      FROM {schema}.manta_bucket_object o
      WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s
@@ -252,7 +253,7 @@ LIST_OBJECTS_SKIP_SCAN_ARM = """
     SELECT nxt.*, walk.step + 1
     FROM walk CROSS JOIN LATERAL (
         SELECT o.name, shoal.common_prefix(o.name, %(prefix)s, %(delimiter)s) AS prefix,
-               o.id, o.modified, o.content_length, o.content_md5,
+               o.modified, o.content_length, o.content_md5,
                jsonb_array_length(o.properties -> 'parts') AS parts_count
         FROM {schema}.manta_bucket_object o
         WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s
@@ -263,7 +264,7 @@ LIST_OBJECTS_SKIP_SCAN_ARM = """
     ) nxt
     WHERE walk.step < %(arm_limit)s
  )
- SELECT {vnode} AS arm, name, prefix, id, modified, content_length, content_md5, parts_count
+ SELECT {vnode} AS arm, name, prefix, modified, content_length, content_md5, parts_count
  FROM walk)
 """
 
@@ -275,13 +276,20 @@ LIST_OBJECTS_SKIP_SCAN_ARM = """
 LAST_MODIFIED = """\
 to_char(modified AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24":"MI":"SS.MS"Z"') AS last_modified"""
 
+# A listed key's ETag as S3 shows it (without its quotes): the MD5's hex digits, then `-N` for
+# a multipart object of N parts (models.etag, for one object, says the same). Made here, the
+# gateway loads one short text a row instead of a bytea and a count and formats them (a page
+# of 1000 rows: ~0.3 ms of the gateway's time).
+ETAG = """\
+coalesce(encode(content_md5, 'hex'), '') || coalesce('-' || parts_count, '') AS etag"""
+
 # A listing without a delimiter: each arm is read in name order, and PostgreSQL merges the
 # arms as a Merge Append, pulling from each only the rows the page takes (a 1000-key page
 # over 64 vnodes reads 1,001 rows, where bounded rounds of 32 rows an arm read 2,048 and
 # sorted them: 1.9 against 4.3 ms in PostgreSQL). Each arm's LIMIT is the whole page, so one
 # round is exact; the columns are every listing statement's, `through` NULL (complete).
 LIST_NAMES_ARM = """
-(SELECT name, id, modified, content_length, content_md5,
+(SELECT name, modified, content_length, content_md5,
         jsonb_array_length(properties -> 'parts') AS parts_count
  FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
@@ -290,8 +298,8 @@ LIST_NAMES_ARM = """
 """
 
 LIST_NAMES_MERGE = """
-SELECT name AS key, name, NULL::text AS prefix, id, {last_modified}, content_length,
-       content_md5, parts_count, NULL::text AS through
+SELECT name AS key, NULL::text AS prefix, {last_modified}, content_length, {etag},
+       NULL::text AS through
 FROM ({arms}) AS arms
 ORDER BY name
 LIMIT %(limit)s
@@ -306,8 +314,7 @@ LIMIT %(limit)s
 # its key (`through`, set on that row only); the caller's next round starts after it, past
 # every name under it if it is a prefix.
 LIST_PREFIXES_MERGE = """
-SELECT key, name, prefix, id, {last_modified}, content_length, content_md5,
-       jsonb_array_length(properties -> 'parts') AS parts_count,
+SELECT key, prefix, {last_modified}, content_length, {etag},
        CASE WHEN row_read >= %(rows)s THEN key END AS through
 FROM (SELECT ordered.*, coalesce(prefix, name) COLLATE "C" AS key,
              lead(coalesce(prefix, name)) OVER by_name AS next_key,
@@ -325,7 +332,7 @@ LIMIT %(limit)s
 # round (objects.py). A common prefix found by several vnodes appears once.
 LIST_OBJECTS_MERGE = """
 WITH entries AS (
-    SELECT arm, name, prefix, id, modified, content_length, content_md5, parts_count,
+    SELECT arm, name, prefix, modified, content_length, content_md5, parts_count,
            coalesce(prefix, name) COLLATE "C" AS key
     FROM ({arms}) AS arms
 ), complete AS (
@@ -333,8 +340,8 @@ WITH entries AS (
     FROM (SELECT max(key) AS last_key FROM entries
           GROUP BY arm HAVING count(*) >= %(arm_limit)s) AS full_arms
 )
-SELECT DISTINCT ON (key) key, name, prefix, id, {last_modified}, content_length, content_md5,
-       parts_count, complete.through
+SELECT DISTINCT ON (key) key, prefix, {last_modified}, content_length, {etag},
+       complete.through
 FROM entries CROSS JOIN complete
 WHERE complete.through IS NULL OR key <= complete.through
 ORDER BY key

@@ -165,6 +165,7 @@ _FRAGMENTS = {
     "part_columns": sql.SQL(queries.PART_COLUMNS),
     "part_as_deletion_record": sql.SQL(queries.PART_AS_DELETION_RECORD),
     "last_modified": sql.SQL(queries.LAST_MODIFIED),
+    "etag": sql.SQL(queries.ETAG),
 }
 
 

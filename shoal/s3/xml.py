@@ -5,7 +5,6 @@ Every document is in S3's namespace, written compact with an XML declaration, as
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +20,6 @@ DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'
 MAX_REQUEST_XML_BYTES = 1024 * 1024
 
 Tree = dict[str, Any]  # tag -> text, or nested Tree, or list of Trees for repeated tags
-_SPECIAL = re.compile("[&<>]")  # what escape() would change
 
 
 class Fragment(str):
@@ -31,8 +29,11 @@ class Fragment(str):
 
 
 def text(value: str) -> str:
-    """Element text, escaped (most keys and values need no escaping, so look first)."""
-    return escape(value) if _SPECIAL.search(value) else value
+    """Element text, escaped (most keys and values need no escaping, so look first: three
+    substring tests take a third of the time of one regular expression search)."""
+    if "&" in value or "<" in value or ">" in value:
+        return escape(value)
+    return value
 
 
 def element(tag: str, body: Tree) -> Fragment:

@@ -189,6 +189,9 @@ def test_multipart_upload_of_30_mib_through_the_transfer_manager(
     s3.upload_file(str(source), bucket, "big.bin", Config=config)
     head = s3.head_object(Bucket=bucket, Key="big.bin")
     assert head["ContentLength"] == 30 * MiB and head["ETag"].endswith('-4"')
+    for delimiter in ("", "/"):  # both kinds of listing show the multipart ETag
+        listed = s3.list_objects_v2(Bucket=bucket, Delimiter=delimiter)["Contents"]
+        assert [(o["Key"], o["ETag"]) for o in listed] == [("big.bin", head["ETag"])]
     target = tmp_path / "back.bin"
     s3.download_file(bucket, "big.bin", str(target), Config=config)
     assert target.read_bytes() == source.read_bytes()
