@@ -363,20 +363,26 @@ class _VersionWriter:
 
 
 async def _blocks(stream: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
-    """Exactly `size` bytes per block, the last one shorter; nothing for an empty stream."""
-    pending = bytearray()
+    """Exactly `size` bytes per block, the last one shorter; nothing for an empty stream.
+
+    A block is joined once from views of the chunks received: one copy per byte, where
+    appending to a buffer and copying the block out of it made two. Views are held of bytes
+    only, which cannot change under them; a mutable chunk is copied first.
+    """
+    pieces: list[memoryview] = []
+    held = 0
     async for chunk in stream:
-        pending += chunk
-        while len(pending) >= size:
-            if len(pending) == size:  # the common case: one copy, not two
-                block = bytes(pending)
-                pending.clear()
-            else:
-                block = bytes(pending[:size])
-                del pending[:size]
-            yield block
-    if pending:
-        yield bytes(pending)
+        view = memoryview(chunk if isinstance(chunk, bytes) else bytes(chunk))
+        while held + len(view) >= size:
+            cut = size - held
+            pieces.append(view[:cut])
+            yield b"".join(pieces)
+            pieces, held, view = [], 0, view[cut:]
+        if view:
+            pieces.append(view)
+            held += len(view)
+    if held:
+        yield b"".join(pieces)
 
 
 async def _numbered(blocks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
