@@ -150,13 +150,22 @@ class DataPath:
         writer = _VersionWriter(self, version_id, replicas, nodes)
         digests = Digests(checksums)
         size = 0
+        # Block k's digests are computed (in a thread, for a large block) while block k is
+        # sent to the nodes and block k+1 arrives; one block at a time, in order.
+        digesting: asyncio.Future[None] | None = None
         try:
             async for index, block in _numbered(_blocks(stream, self.block_size)):
-                await _maybe_in_thread(digests.update, block)
+                if digesting is not None:
+                    await digesting
+                digesting = asyncio.ensure_future(_maybe_in_thread(digests.update, block))
                 size += len(block)
                 await writer.submit(index, block)
+            if digesting is not None:
+                await digesting
             await writer.finish()
         except BaseException:
+            if digesting is not None:
+                digesting.cancel()
             await writer.abandon()
             raise
         return WriteResult(
