@@ -1,0 +1,157 @@
+"""Where one S3 operation's CPU goes: its rate against a fresh `shoal serve`, and the CPU
+milliseconds per operation of the load generator, the gateway, the storage nodes and
+PostgreSQL, measured apart; optionally a py-spy profile of the gateway during the phase.
+
+    .venv/bin/python bench/cpu_split.py get --concurrency 16
+    .venv/bin/python bench/cpu_split.py list --concurrency 4 --gateway-workers 1
+    .venv/bin/python bench/cpu_split.py part --profile /tmp/part-profile   # ~1 min each
+
+Workloads (the bucket is filled first through the S3 API):
+  put, get, head  4 KiB objects (GET and HEAD of random ones of --objects keys)
+  list            ListObjectsV2 pages of 1000 keys from a random start-after, over --objects keys
+  part            UploadPart of 8 MiB into one multipart upload (MiB are the units)
+
+The peer comparison (peer_bench.py) says how Shoal compares; this says which process to look
+at, with the figures that changes in bench/RESULTS.md were measured by. With --profile, the
+gateway (with --gateway-workers 1, the only gateway process) is sampled by py-spy; the phase's
+figures then include py-spy's cost to the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from peer_bench import PY_SPY, ProfiledProcesses, Profiler, ensure_tool, profile_report
+from s3_bench import (
+    S3,
+    Phase,
+    Server,
+    ServerProcesses,
+    run_phase,
+    started_shoal,
+    xml_value,
+)
+
+SMALL_BYTES = 4096
+PART_BYTES = 8 * 1024 * 1024
+BUCKET = "cpu-split"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", choices=["put", "get", "head", "list", "part"])
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the measured phase")
+    parser.add_argument("--objects", type=int, help="keys to fill (get/head: 2000, list: 20000)")
+    parser.add_argument("--gateway-workers", type=int, help="Shoal's [s3] workers")
+    parser.add_argument("--profile", metavar="DIR", type=Path, help="py-spy the gateway")
+    return parser.parse_args()
+
+
+async def fill(s3: S3, processes: ServerProcesses, keys: int, size: int) -> None:
+    body = os.urandom(size)
+
+    async def put(number: int) -> float:
+        await s3.call("PUT", BUCKET, f"key/{number:08d}", data=body)
+        return 0
+
+    await run_phase("fill", 32, put, keys, 600, processes)
+
+
+async def operation(
+    args: argparse.Namespace, s3: S3, processes: ServerProcesses
+) -> Callable[[int], Awaitable[float]]:
+    """The measured operation (after filling what it reads); it returns its units."""
+    rng = random.Random(7)
+    body = os.urandom(SMALL_BYTES)
+    if args.workload == "put":
+        return lambda n: put_small(s3, f"new/{n:08d}", body)
+    if args.workload in ("get", "head"):
+        keys = args.objects or 2000
+        await fill(s3, processes, keys, SMALL_BYTES)
+        method = args.workload.upper()
+        return lambda n: read_small(s3, method, f"key/{rng.randrange(keys):08d}")
+    if args.workload == "list":
+        keys = args.objects or 20000
+        await fill(s3, processes, keys, 0)
+        return lambda n: list_page(s3, f"key/{rng.randrange(max(1, keys - 1000)):08d}")
+    reply, _ = await s3.call("POST", BUCKET, "big", query={"uploads": ""})
+    upload_id = xml_value(reply, "UploadId")
+    part = os.urandom(PART_BYTES)
+    return lambda n: upload_part(s3, upload_id, n % 10000 + 1, part)
+
+
+async def put_small(s3: S3, key: str, body: bytes) -> float:
+    await s3.call("PUT", BUCKET, key, data=body)
+    return 1
+
+
+async def read_small(s3: S3, method: str, key: str) -> float:
+    await s3.call(method, BUCKET, key)
+    return 1
+
+
+async def list_page(s3: S3, start_after: str) -> float:
+    query = {"list-type": "2", "max-keys": "1000", "start-after": start_after}
+    await s3.call("GET", BUCKET, query=query)
+    return 1
+
+
+async def upload_part(s3: S3, upload_id: str, number: int, part: bytes) -> float:
+    query = {"partNumber": str(number), "uploadId": upload_id}
+    headers = {"Content-Length": str(len(part))}
+    await s3.call("PUT", BUCKET, "big", query=query, data=part, headers=headers)
+    return len(part) / (1024 * 1024)
+
+
+def report(args: argparse.Namespace, phase: Phase) -> str:
+    unit = "MiB" if args.workload == "part" else ("page" if args.workload == "list" else "op")
+    cpu, amount = phase.cpu, phase.units or 1
+    per_unit = {
+        "load generator": cpu.client,
+        "gateway": cpu.gateway,
+        "storage nodes": cpu.nodes,
+        "PostgreSQL": cpu.postgres,
+    }
+    split = ", ".join(f"{name} {seconds / amount * 1000:.3f}" for name, seconds in per_unit.items())
+    return (
+        f"{args.workload} c={args.concurrency}: {phase.units / phase.seconds:,.1f} {unit}/s, "
+        f"p50 {phase.ms(0.5):.2f} ms, {len(phase.errors)} errors; "
+        f"CPU ms per {unit}: {split}"
+    )
+
+
+async def measure(args: argparse.Namespace, server: Server) -> None:
+    assert server.gateway_pid is not None
+    processes: ServerProcesses = ServerProcesses.find(server.gateway_pid)
+    profiler = None
+    async with S3(server, max(32, args.concurrency)) as s3:
+        await s3.call("PUT", BUCKET)
+        run = await operation(args, s3, processes)
+        await run_phase("warm-up", args.concurrency, run, 200, 5, processes)
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            pids = {"gateway": server.gateway_pid}
+            profiler = Profiler(ensure_tool(*PY_SPY), args.profile, pids)
+            processes = ProfiledProcesses(processes.gateway, processes.postmaster, profiler)
+        phase = await run_phase(
+            args.workload, args.concurrency, run, 10**9, args.seconds, processes
+        )
+    print(report(args, phase))
+    if profiler is not None:
+        print(profile_report(profiler))
+
+
+def main() -> None:
+    args = parse_args()
+    with started_shoal("shoal-cpu-split-", gateway_workers=args.gateway_workers) as server:
+        asyncio.run(measure(args, server))
+
+
+if __name__ == "__main__":
+    main()
