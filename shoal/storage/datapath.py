@@ -150,14 +150,18 @@ class DataPath:
         writer = _VersionWriter(self, version_id, replicas, nodes)
         digests = Digests(checksums)
         size = 0
-        # Block k's digests are computed (in a thread, for a large block) while block k is
-        # sent to the nodes and block k+1 arrives; one block at a time, in order.
+        # A large block's digests are computed in a thread while the block is sent to the
+        # nodes and the next one arrives; one block at a time, in order. A small one's here.
         digesting: asyncio.Future[None] | None = None
         try:
             async for index, block in _numbered(_blocks(stream, self.block_size)):
                 if digesting is not None:
                     await digesting
-                digesting = asyncio.ensure_future(_maybe_in_thread(digests.update, block))
+                    digesting = None
+                if len(block) < THREAD_THRESHOLD_BYTES:
+                    digests.update(block)
+                else:
+                    digesting = asyncio.ensure_future(in_thread(digests.update, block))
                 size += len(block)
                 await writer.submit(index, block)
             if digesting is not None:
@@ -418,9 +422,3 @@ def _blocks_overlapping(
             lo = max(first, block_start) - block_start
             hi = min(last, block_start + run.block_size) - block_start
             yield run, index, lo, hi
-
-
-async def _maybe_in_thread(function: Any, data: bytes) -> Any:
-    if len(data) < THREAD_THRESHOLD_BYTES:
-        return function(data)
-    return await in_thread(function, data)
