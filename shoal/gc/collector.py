@@ -76,7 +76,10 @@ class Collector:
             async with gate:
                 await self._records(vnode, tally)
                 await self._buckets(vnode, tally)
-                tally.windows += await self.store.gc_book.drop_empty_windows(vnode)
+                # Not `tally.windows += await ...`: that reads the tally before the await, and
+                # the vnode passes running meanwhile would have their counts overwritten.
+                dropped = await self.store.gc_book.drop_empty_windows(vnode)
+                tally.windows += dropped
 
         vnodes = [v for shard in self.store.shards.placed() for v in shard.vnodes]
         await asyncio.gather(*(vnode_pass(v) for v in vnodes))

@@ -191,30 +191,31 @@ def test_reclaimed_windows_are_dropped_whole(cluster: StorageCluster, run: Any) 
     old = run(put(store, path, world, "k", b"old"))
     run(put(store, path, world, "k", b"new"))
     vnode = store.ring.vnode_for_object(owner, run(store.buckets.get(owner, world.bucket)).id, "k")
-    schema = vnode_schema(vnode)
+    vnodes = [v for shard in store.shards.placed() for v in shard.vnodes]
 
     async def backdate() -> None:
-        async with store.shards.of_vnode(vnode).pool.connection() as conn:
-            # A window three days ago, and the record moved into it.
-            await conn.execute("SET TimeZone = 'UTC'")
-            await ensure_windows(conn, [vnode], timedelta(days=1), ahead=0)
-            from shoal.metadata.partitions import _create_window, window_start
+        # A window three days ago in every vnode (the vnode passes drop theirs concurrently,
+        # and every drop must be counted), and the record moved into its vnode's.
+        from shoal.metadata.partitions import _create_window, window_start
 
-            start = window_start(
-                (await (await conn.execute("SELECT now()")).fetchone())[0] - timedelta(days=3),
-                timedelta(days=1),
-            )
-            await _create_window(
-                conn, schema, "manta_bucket_deleted_object", start, timedelta(days=1)
-            )
-            await conn.execute(
-                f"UPDATE {schema}.manta_bucket_deleted_object SET deleted_at = %s WHERE id = %s",
-                (start + timedelta(hours=1), old),
-            )
+        for each in vnodes:
+            schema = vnode_schema(each)
+            async with store.shards.of_vnode(each).pool.connection() as conn:
+                await conn.execute("SET TimeZone = 'UTC'")
+                await ensure_windows(conn, [each], timedelta(days=1), ahead=0)
+                now = (await (await conn.execute("SELECT now()")).fetchone())[0]
+                start = window_start(now - timedelta(days=3), timedelta(days=1))
+                table = "manta_bucket_deleted_object"
+                await _create_window(conn, schema, table, start, timedelta(days=1))
+                if each == vnode:
+                    await conn.execute(
+                        f"UPDATE {schema}.{table} SET deleted_at = %s WHERE id = %s",
+                        (start + timedelta(hours=1), old),
+                    )
 
     run(backdate())
     done = run(Collector(store, path, timedelta(0)).run_once())
-    assert done.records_reclaimed >= 1 and done.windows_dropped >= 1
+    assert done.records_reclaimed >= 1 and done.windows_dropped >= len(vnodes)
     assert old not in block_ids(cluster)
 
 
