@@ -164,6 +164,7 @@ _FRAGMENTS = {
     "object_columns": sql.SQL(queries.OBJECT_COLUMNS),
     "part_columns": sql.SQL(queries.PART_COLUMNS),
     "part_as_deletion_record": sql.SQL(queries.PART_AS_DELETION_RECORD),
+    "listed_columns": sql.SQL(queries.LISTED_COLUMNS),
     "last_modified": sql.SQL(queries.LAST_MODIFIED),
     "etag": sql.SQL(queries.ETAG),
 }
