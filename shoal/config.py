@@ -14,6 +14,9 @@ from typing import Any
 
 DEFAULT_DATA_DIR = Path("shoal-data")
 DEFAULT_VNODES = 64
+# A row's data is read whole by every GET and HEAD of its object, and goes through the
+# metadata shard's WAL and replicas: past this size blocks on the storage nodes serve better.
+MAX_INLINE_BYTES = 256 * 1024
 
 
 class ConfigError(Exception):
@@ -71,6 +74,9 @@ class S3Config:
     credentials_key_file: Path | None = None
     # Processes serving the S3 port (one event loop each; see docs/s3.md).
     workers: int = 2
+    # Objects of at most this many bytes keep their data in their metadata row, not in blocks
+    # on the storage nodes (docs/s3.md, "Small objects"; 0: only empty objects).
+    inline_max_bytes: int = 4096
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,17 @@ def _parse_gc(raw: Any) -> GcConfig:
 
 def _parse_s3(raw: Any, base: Path) -> S3Config:
     _reject_unknown(
-        raw, {"host", "port", "region", "domains", "credentials_key_file", "workers"}, "[s3]"
+        raw,
+        {
+            "host",
+            "port",
+            "region",
+            "domains",
+            "credentials_key_file",
+            "workers",
+            "inline_max_bytes",
+        },
+        "[s3]",
     )
     domains = raw.get("domains", list(S3Config.domains))
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
@@ -183,7 +199,15 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         domains=tuple(domains),
         credentials_key_file=(base / key_file).absolute() if key_file else None,
         workers=_positive_int(raw, "workers", S3Config.workers, "[s3]"),
+        inline_max_bytes=_inline_limit(raw),
     )
+
+
+def _inline_limit(raw: dict[str, Any]) -> int:
+    value = _non_negative_int(raw, "inline_max_bytes", S3Config.inline_max_bytes)
+    if value > MAX_INLINE_BYTES:
+        raise ConfigError(f"[s3] inline_max_bytes must be at most {MAX_INLINE_BYTES}, not {value}")
+    return value
 
 
 def _parse_storage(raw: Any, base: Path) -> StorageConfig:

@@ -116,6 +116,7 @@ def object_from_row(row: Row) -> ObjectVersion:
         roles=row["roles"] or [],
         sharks=row["sharks"] or [],
         properties=row["properties"] or {},
+        data=row.get("data"),
         deleted_at=row.get("deleted_at"),
     )
 
@@ -135,4 +136,5 @@ def write_params(owner: uuid.UUID, bucket_id: uuid.UUID, name: str, write: Objec
         "roles": list(write.roles),
         "sharks": list(write.sharks),
         "properties": Jsonb(write.properties),
+        "data": write.data,
     }

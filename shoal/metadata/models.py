@@ -27,7 +27,8 @@ class Bucket:
 
 @dataclass(frozen=True)
 class ObjectWrite:
-    """What a put records: the data path has already written the blocks named by `id`."""
+    """What a put records: the data path has already written the blocks named by `id`, or
+    `data` holds the bytes of a small object, kept in the row itself (no blocks)."""
 
     content_length: int
     content_md5: bytes  # the S3 ETag's bytes: MD5 of the data, or MD5 of part MD5s
@@ -38,6 +39,7 @@ class ObjectWrite:
     roles: list[uuid.UUID] = field(default_factory=list)
     creator: uuid.UUID | None = None
     id: uuid.UUID = field(default_factory=uuid7)
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class ObjectVersion:
     roles: list[uuid.UUID]
     sharks: list[str]
     properties: dict[str, Any]
+    data: bytes | None = None  # a small object's bytes, when its row holds them (no blocks)
     deleted_at: datetime | None = None
 
     @property

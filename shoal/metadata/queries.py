@@ -107,8 +107,9 @@ SELECT 1 FROM {schema}.manta_bucket_upload WHERE owner = %(owner)s AND bucket_id
 
 # -- objects (on the object's vnode) ------------------------------------------------------
 
+# `data`: a small object's bytes, kept in its row (schema.py, vnode migration 2).
 SELECT_OBJECT = """
-SELECT {object_columns} FROM {schema}.manta_bucket_object
+SELECT {object_columns}, data FROM {schema}.manta_bucket_object
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 """
 
@@ -117,10 +118,10 @@ PUT_OBJECT = """
 WITH upsert AS (
     INSERT INTO {schema}.manta_bucket_object (
         id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
-        headers, roles, sharks, properties)
+        headers, roles, sharks, properties, data)
     VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
             %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s,
-            %(properties)s)
+            %(properties)s, %(data)s)
     ON CONFLICT (owner, bucket_id, name) DO UPDATE SET
         id = EXCLUDED.id,
         created = current_timestamp,
@@ -132,7 +133,8 @@ WITH upsert AS (
         headers = EXCLUDED.headers,
         roles = EXCLUDED.roles,
         sharks = EXCLUDED.sharks,
-        properties = EXCLUDED.properties
+        properties = EXCLUDED.properties,
+        data = EXCLUDED.data
     RETURNING new.created, new.modified,
         old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
         old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
@@ -165,7 +167,8 @@ WITH replaced AS (
         headers = %(headers)s,
         roles = %(roles)s,
         sharks = %(sharks)s,
-        properties = %(properties)s
+        properties = %(properties)s,
+        data = %(data)s
     WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
       AND content_md5 = %(if_match)s
     RETURNING new.created, new.modified,
@@ -189,9 +192,10 @@ SELECT created, modified, old_id FROM replaced
 CREATE_OBJECT = """
 INSERT INTO {schema}.manta_bucket_object (
     id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
-    headers, roles, sharks, properties)
+    headers, roles, sharks, properties, data)
 VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
-        %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s)
+        %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s,
+        %(data)s)
 ON CONFLICT (owner, bucket_id, name) DO NOTHING
 RETURNING created, modified, NULL::uuid AS old_id
 """

@@ -262,6 +262,18 @@ CREATE TABLE {schema}.manta_bucket_upload_part (
 );
 """,
     ),
+    Migration(
+        2,
+        "small objects' data in their row",
+        """
+-- The bytes of an object no larger than the gateway's inline limit (docs/s3.md, "Small
+-- objects"); NULL when the data is in blocks on storage nodes. Rows up to a page's worth stay
+-- whole in the heap: PostgreSQL would otherwise move any value past ~2 KB to the TOAST table,
+-- one more heap row and index entry to write and to read per object.
+ALTER TABLE {schema}.manta_bucket_object ADD COLUMN data bytea;
+ALTER TABLE {schema}.manta_bucket_object SET (toast_tuple_target = 8160);
+""",
+    ),
 )
 
 # The two RFD 149 tables partitioned by deleted_at, in windows (see partitions.py).

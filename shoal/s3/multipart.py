@@ -18,7 +18,6 @@ from shoal.s3.errors import InvalidArgument, InvalidPart, InvalidRange, Malforme
 from shoal.s3.listing import max_keys
 from shoal.s3.objects import check_key, conditional_write, copy_source
 from shoal.s3.router import Endpoint
-from shoal.storage import block_runs
 
 XML = "application/xml"
 MAX_COMPLETE_BODY = 4 * 1024 * 1024
@@ -91,9 +90,8 @@ async def upload_part_copy(call: Call) -> web.Response:
     start, end = _copy_range(
         call.request.headers.get("x-amz-copy-source-range"), source.content_length
     )
-    runs = block_runs(source.id, source.content_length, source.sharks, source.properties)
     stored = await payload.store_body(
-        call.data, call.data.read(runs, start, end), {}, {}, end - start, []
+        call.data, payload.read_version(call.data, source, start, end), {}, {}, end - start, []
     )
     await _record_part(call, upload.id, number, stored)
     body = s3xml.document(
@@ -113,7 +111,7 @@ async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: paylo
         content_length=stored.result.size,
         content_md5=stored.result.md5,
         sharks=stored.result.sharks,
-        properties={"block_size": stored.result.block_size, "checksums": stored.checksums},
+        properties=stored.properties(),
     )
     try:
         await call.store.uploads.put_part(call.account, call.bucket, call.key, upload, part)

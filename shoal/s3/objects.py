@@ -23,7 +23,6 @@ from shoal.s3.errors import (
     from_domain,
 )
 from shoal.s3.router import Endpoint
-from shoal.storage import block_runs
 
 XML = "application/xml"
 MAX_DELETE_KEYS = 1000
@@ -67,21 +66,34 @@ async def put_object(call: Call) -> web.Response:
     kept = h.object_headers(call.request.headers)
     checksums = payload.requested_checksums(call.request.headers)
     stored = await payload.store_body(
-        call.data, call.body(), call.request.headers, call.verified.trailers, length, checksums
+        call.data,
+        call.body(),
+        call.request.headers,
+        call.verified.trailers,
+        length,
+        checksums,
+        call.gateway.config.inline_max_bytes,
     )
-    write = ObjectWrite(
+    content_type = call.request.headers.get("Content-Type") or None
+    await _commit(call, _object_write(stored, content_type, kept), stored)
+    response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
+    response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
+    return web.Response(headers=response_headers)
+
+
+def _object_write(
+    stored: payload.Stored, content_type: str | None, headers: dict[str, str]
+) -> ObjectWrite:
+    return ObjectWrite(
         id=stored.version_id,
         content_length=stored.result.size,
         content_md5=stored.result.md5,
         sharks=stored.result.sharks,
-        content_type=call.request.headers.get("Content-Type") or None,
-        headers=kept,
-        properties={"block_size": stored.result.block_size, "checksums": stored.checksums},
+        content_type=content_type,
+        headers=headers,
+        properties=stored.properties(),
+        data=stored.data,
     )
-    await _commit(call, write, stored)
-    response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
-    response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
-    return web.Response(headers=response_headers)
 
 
 async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> None:
@@ -132,9 +144,8 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     if not send_body:
         return response
     await response.prepare(call.request)
-    runs = block_runs(version.id, size, version.sharks, version.properties)
     call.request["body_bytes_sent"] = 0  # for the access log, however far the body gets
-    async for chunk in call.data.read(runs, start, end):
+    async for chunk in payload.read_version(call.data, version, start, end):
         await response.write(chunk)
         call.request["body_bytes_sent"] += len(chunk)
     await response.write_eof()
@@ -207,21 +218,17 @@ async def copy_object(call: Call) -> web.Response:
         kept = h.object_headers(call.request.headers)
     else:
         content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
-    runs = block_runs(source.id, source.content_length, source.sharks, source.properties)
     checksums = sorted(source.properties.get("checksums", {}))
     stored = await payload.store_body(
-        call.data, call.data.read(runs), {}, {}, source.content_length, checksums
+        call.data,
+        payload.read_version(call.data, source),
+        {},
+        {},
+        source.content_length,
+        checksums,
+        call.gateway.config.inline_max_bytes,
     )
-    write = ObjectWrite(
-        id=stored.version_id,
-        content_length=stored.result.size,
-        content_md5=stored.result.md5,
-        sharks=stored.result.sharks,
-        content_type=content_type,
-        headers=kept,
-        properties={"block_size": stored.result.block_size, "checksums": stored.checksums},
-    )
-    await _commit(call, write, stored)
+    await _commit(call, _object_write(stored, content_type, kept), stored)
     copied = await call.store.objects.get(call.account, call.bucket, call.key)
     body = s3xml.document(
         "CopyObjectResult",

@@ -1,7 +1,10 @@
-"""Request bodies into blocks: lengths, Content-MD5 and x-amz-checksum-* verified.
+"""Object bodies: request bodies into blocks, verified (lengths, Content-MD5,
+x-amz-checksum-*), and a version's bytes back out.
 
 A body is written to the storage nodes before its metadata row commits; when a check fails
 after the data is stored, the blocks are deleted again (the orphan job is the backstop).
+A body no larger than the gateway's inline limit is not sent to the nodes at all: its bytes
+go into the metadata row (docs/s3.md, "Small objects").
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from shoal.ids import uuid7
+from shoal.metadata import ObjectVersion
 from shoal.s3 import headers as h
 from shoal.s3.errors import (
     BadDigest,
@@ -23,8 +27,8 @@ from shoal.s3.errors import (
     InvalidRequest,
     MissingContentLength,
 )
-from shoal.storage import BlockRun, DataPath, WriteResult
-from shoal.storage.checksums import S3_CHECKSUMS
+from shoal.storage import BlockRun, DataPath, WriteResult, block_runs
+from shoal.storage.checksums import S3_CHECKSUMS, Digests
 
 log = logging.getLogger("shoal.s3")
 
@@ -36,6 +40,13 @@ class Stored:
     version_id: uuid.UUID
     result: WriteResult
     checksums: dict[str, str]  # the ones the client asked for, S3 form
+    data: bytes | None = None  # a small body, kept for the row instead of written to nodes
+
+    def properties(self) -> dict[str, object]:
+        """What the object row's properties record of how the data is stored."""
+        if self.data is not None:
+            return {"inline": True, "checksums": self.checksums}
+        return {"block_size": self.result.block_size, "checksums": self.checksums}
 
 
 def declared_length(headers: Mapping[str, str]) -> int:
@@ -79,11 +90,17 @@ async def store_body(
     trailers: Mapping[str, str],
     length: int,
     checksums: list[str],
+    inline_limit: int | None = None,
 ) -> Stored:
-    """Write a request body as a new version id's blocks and verify it, or remove it again."""
+    """Write a request body as a new version id's blocks and verify it, or remove it again.
+
+    A body of at most `inline_limit` bytes is read into memory instead (Stored.data)."""
     version_id = uuid7()
     expected_md5 = h.content_md5(headers)
-    result = await data.write(version_id, body, checksums)
+    if inline_limit is not None and length <= inline_limit:
+        kept, result = await _read_small(body, length, checksums)
+    else:
+        kept, result = None, await data.write(version_id, body, checksums)
     try:
         if result.size != length:
             raise IncompleteBody()
@@ -93,7 +110,40 @@ async def store_body(
     except BaseException:
         await discard(data, version_id, result)
         raise
-    return Stored(version_id, result, {k: result.checksums[k] for k in checksums})
+    return Stored(version_id, result, {k: result.checksums[k] for k in checksums}, kept)
+
+
+async def _read_small(
+    body: AsyncIterator[bytes], length: int, checksums: list[str]
+) -> tuple[bytes, WriteResult]:
+    """A body of `length` bytes, whole, with its digests (reading stops past `length`: the
+    size check then fails without holding more)."""
+    received = bytearray()
+    async for chunk in body:
+        received += chunk
+        if len(received) > length:
+            break
+    kept = bytes(received)
+    digests = Digests(checksums)
+    digests.update(kept)
+    result = WriteResult(
+        sharks=[], size=len(kept), block_size=0, md5=digests.md5, checksums=digests.s3_values()
+    )
+    return kept, result
+
+
+def read_version(
+    data: DataPath, version: ObjectVersion, start: int = 0, end: int | None = None
+) -> AsyncIterator[bytes]:
+    """Bytes [start, end) of a version, from its row or from its blocks."""
+    if version.data is not None:
+        return _from_row(version.data[start:end])
+    runs = block_runs(version.id, version.content_length, version.sharks, version.properties)
+    return data.read(runs, start, end)
+
+
+async def _from_row(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 def verify_checksums(computed: Mapping[str, str], sent: Mapping[str, str]) -> None:
@@ -108,6 +158,8 @@ def verify_checksums(computed: Mapping[str, str], sent: Mapping[str, str]) -> No
 
 async def discard(data: DataPath, version_id: uuid.UUID, result: WriteResult) -> None:
     """Best-effort removal of blocks that will never be named by a row."""
+    if not result.sharks:
+        return  # nothing was written to a node
     with contextlib.suppress(Exception):
         run = BlockRun(version_id, result.size, result.block_size, result.sharks)
         await asyncio.shield(data.delete([run]))

@@ -91,7 +91,10 @@ class BlockRun:
 def block_runs(
     version_id: uuid.UUID, size: int, sharks: Sequence[str], properties: dict[str, Any]
 ) -> list[BlockRun]:
-    """The blocks of an object row: its own, or those of the parts its properties name."""
+    """The blocks of an object row: its own, or those of the parts its properties name; none
+    for a small object whose row holds its bytes."""
+    if properties.get("inline"):
+        return []
     parts = properties.get("parts")
     if parts is None:
         block_size = int(properties.get("block_size", DEFAULT_BLOCK_SIZE))

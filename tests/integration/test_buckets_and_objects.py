@@ -20,6 +20,7 @@ from shoal.metadata import (
     ObjectWrite,
     PreconditionFailed,
 )
+from shoal.storage import block_runs
 from tests.fixtures.postgres import MakeStore, unique
 
 INVALID_UTF8 = b"caf\xe9".decode("utf-8", "surrogateescape")
@@ -42,10 +43,11 @@ def bucket(store: MetadataStore, run: Any, owner: uuid.UUID) -> str:
     return name
 
 
-def blob(data: bytes, **kwargs: Any) -> ObjectWrite:
+def blob(content: bytes, **kwargs: Any) -> ObjectWrite:
     import hashlib
 
-    return ObjectWrite(content_length=len(data), content_md5=hashlib.md5(data).digest(), **kwargs)
+    md5 = hashlib.md5(content).digest()
+    return ObjectWrite(content_length=len(content), content_md5=md5, **kwargs)
 
 
 def test_bucket_lifecycle(store: MetadataStore, run: Any, owner: uuid.UUID) -> None:
@@ -161,6 +163,34 @@ def test_put_get_update_delete(
         run(store.objects.get(owner, bucket, "greeting"))
     with pytest.raises(ObjectNotFound):
         run(store.objects.update_metadata(owner, bucket, "greeting", {}, None))
+
+
+def test_a_small_object_keeps_its_bytes_in_its_row(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    small = blob(b"tiny", data=b"tiny", properties={"inline": True})
+    run(store.objects.put(owner, bucket, "k", small))
+    got = run(store.objects.get(owner, bucket, "k"))
+    assert (got.data, got.sharks, block_runs(got.id, 4, got.sharks, got.properties)) == (
+        b"tiny",
+        [],
+        [],
+    )
+    # Replaced by a version in blocks, and back: each row holds only its own version's data.
+    large = blob(b"x" * 10, sharks=["dc1:n1"], properties={"block_size": 1048576})
+    assert run(store.objects.put(owner, bucket, "k", large)).replaced == small.id
+    assert run(store.objects.get(owner, bucket, "k")).data is None
+    again = blob(b"again", data=b"again", properties={"inline": True})
+    params = {"if_match": large.content_md5}
+    assert run(store.objects.put(owner, bucket, "k", again, **params)).replaced == large.id
+    assert run(store.objects.get(owner, bucket, "k")).data == b"again"
+    created = blob(b"new", data=b"new", properties={"inline": True})
+    run(store.objects.put(owner, bucket, "fresh", created, if_none_match=True))
+    assert run(store.objects.get(owner, bucket, "fresh")).data == b"new"
+    # The deletion record names no blocks, so GC has nothing to delete from a node for it.
+    deleted = run(store.objects.delete(owner, bucket, "k"))
+    assert deleted is not None and deleted.id == again.id
+    assert block_runs(deleted.id, 5, deleted.sharks, deleted.properties) == []
 
 
 def test_conditional_writes(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> None:

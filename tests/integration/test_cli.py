@@ -176,12 +176,20 @@ def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str
         ("[metadata\n", "not valid TOML"),
         ("[metadata]\nvnodes = 0\n", "vnodes must be a positive integer"),
         ("[metadata]\ncolour = 'blue'\n", "unknown setting(s) in [metadata]: colour"),
+        ("[s3]\ninline_max_bytes = 1048576\n", "inline_max_bytes must be at most 262144"),
         (
             '[[metadata.shards]]\ndsn = "postgresql://nobody@127.0.0.1:1/x"\n',
             "cannot connect to shard shard0",
         ),
     ],
-    ids=["missing-file", "bad-toml", "zero-vnodes", "unknown-key", "unreachable-shard"],
+    ids=[
+        "missing-file",
+        "bad-toml",
+        "zero-vnodes",
+        "unknown-key",
+        "inline-too-large",
+        "unreachable-shard",
+    ],
 )
 def test_bad_input_is_one_readable_line(
     tmp_path: Path, config_text: str | None, message: str

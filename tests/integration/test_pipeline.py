@@ -190,7 +190,12 @@ def test_meter_transform_on_inline_rows(spark: Any) -> None:
         )
 
     live = spark.createDataFrame(
-        [obj("b1", 10, ["a", "b"]), obj("b1", 5, ["a"]), obj("b2", 7, ["a", "b"])]
+        [
+            obj("b1", 10, ["a", "b"]),
+            obj("b1", 5, ["a"]),
+            obj("b1", 4, [], '{"inline": true}'),  # held once, in its metadata row
+            obj("b2", 7, ["a", "b"]),
+        ]
     )
     waiting = spark.createDataFrame([Row(owner="o1", bucket_id="b1", content_length=3)])
     parts = spark.createDataFrame([Row(owner="o1", bucket_id="b2", content_length=100)])
@@ -205,9 +210,9 @@ def test_meter_transform_on_inline_rows(spark: Any) -> None:
     assert rows["one"] == {
         "account": "alice",
         "bucket": "one",
-        "objects": 2,
-        "logical_bytes": 15,
-        "stored_bytes": 25,
+        "objects": 3,
+        "logical_bytes": 19,
+        "stored_bytes": 29,
         "gc_bytes": 3,
         "multipart_bytes": 0,
     }

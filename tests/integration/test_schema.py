@@ -126,12 +126,16 @@ def fetch(
     return run(go())
 
 
+# Columns Shoal adds after RFD 149's (docs/metadata.md, "Additions, and why").
+ADDED_COLUMNS = {"manta_bucket_object": [("data", "bytea", False, None)]}
+
+
 @pytest.mark.parametrize("table", sorted(RFD_149))
 def test_columns_match_rfd_149_on_every_vnode(store: MetadataStore, run: Any, table: str) -> None:
     for vnode in range(store.ring.vnodes):
         rows = fetch(store, run, vnode, COLUMNS, table)
         assert [(name, type_, notnull, default) for name, type_, notnull, default, _ in rows] == (
-            RFD_149[table]
+            RFD_149[table] + ADDED_COLUMNS.get(table, [])
         ), f"{table} on vnode {vnode}"
         collations = {name: coll for name, _, _, _, coll in rows if coll}
         assert collations == {"name": "C"}  # names compare by UTF-8 bytes (our addition)

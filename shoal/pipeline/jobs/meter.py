@@ -21,8 +21,12 @@ from shoal.pipeline.context import JobContext, Summary
 
 
 def stored_bytes_of(length: int | None, sharks: list[str] | None, properties: str | None) -> int:
-    """Bytes on disk: each part (or the object) times the nodes that hold it."""
-    parts = json.loads(properties).get("parts") if properties else None
+    """Bytes on disk: each part (or the object) times the nodes that hold it; a small object
+    kept in its metadata row counts once (its shard's copy)."""
+    described = json.loads(properties) if properties else {}
+    if described.get("inline"):
+        return length or 0
+    parts = described.get("parts")
     if parts:
         return sum(int(p["size"]) * len(p.get("sharks", [])) for p in parts)
     return (length or 0) * len(sharks or [])
