@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from shoal.metadata import MetadataStore
+from shoal.metadata import MetadataStore, ObjectWrite
 from shoal.metadata.ring import vnode_schema
-from tests.fixtures.postgres import MakeStore
+from tests.fixtures.postgres import MakeStore, unique
 
 TS = "timestamp with time zone"
 NOW = "CURRENT_TIMESTAMP"
@@ -177,3 +179,31 @@ def test_vnode_schemas_live_on_the_shard_the_ring_names(store: MetadataStore, ru
     for name, shard in store.shards.shards.items():
         assert run(schemas(name)) == {vnode_schema(v) for v in shard.vnodes}
     assert sorted(v for s in store.shards.shards.values() for v in s.vnodes) == [0, 1, 2, 3]
+
+
+def test_small_object_bytes_stay_out_of_the_heap_row(store: MetadataStore, run: Any) -> None:
+    """A 4 KiB object's bytes go to the TOAST table (STORAGE EXTERNAL), so listings still
+    read ~30 rows a heap page; a few bytes stay in the row."""
+    owner = run(store.accounts.create(unique("toast"))).id
+    bucket = unique("toast")
+    run(store.buckets.create(owner, bucket))
+    for name, size in (("big", 4096), ("tiny", 10)):
+        data = os.urandom(size)
+        write = ObjectWrite(content_length=size, content_md5=hashlib.md5(data).digest(), data=data)
+        run(store.objects.put(owner, bucket, name, write))
+        assert run(store.objects.get(owner, bucket, name)).data == data
+
+    async def kept_in_toast(name: str) -> bool:
+        found = await store.objects.bucket(owner, bucket)
+        vnode = store.ring.vnode_for_object(owner, found.id, name)
+        async with store.shards.of_vnode(vnode).pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT pg_column_toast_chunk_id(data) IS NOT NULL "
+                f"FROM {vnode_schema(vnode)}.manta_bucket_object "
+                "WHERE owner = %s AND bucket_id = %s AND name = %s",
+                (owner, found.id, name),
+            )
+            return bool((await cur.fetchone())[0])  # type: ignore[index]
+
+    assert run(kept_in_toast("big"))
+    assert not run(kept_in_toast("tiny"))
