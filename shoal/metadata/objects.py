@@ -84,12 +84,17 @@ class Objects(Component):
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return PutResult(id=write.id, created=rows[0]["created"], replaced=rows[0]["old_id"])
 
-    async def get(self, owner: uuid.UUID, bucket: str, name: str) -> ObjectVersion:
+    async def get(
+        self, owner: uuid.UUID, bucket: str, name: str, *, with_data: bool = True
+    ) -> ObjectVersion:
+        """The live version of `name`; with_data=False leaves a small object's bytes out
+        (`data` None: for a HEAD, which has no use for them)."""
         check_object_name(name)
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        statement = queries.SELECT_OBJECT_WITH_DATA if with_data else queries.SELECT_OBJECT
         rows = await self.rows(
-            vnode, queries.SELECT_OBJECT, {"owner": owner, "bucket_id": found.id, "name": name}
+            vnode, statement, {"owner": owner, "bucket_id": found.id, "name": name}
         )
         if not rows:
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")

@@ -107,8 +107,13 @@ SELECT 1 FROM {schema}.manta_bucket_upload WHERE owner = %(owner)s AND bucket_id
 
 # -- objects (on the object's vnode) ------------------------------------------------------
 
-# `data`: a small object's bytes, kept in its row (schema.py, vnode migration 2).
 SELECT_OBJECT = """
+SELECT {object_columns} FROM {schema}.manta_bucket_object
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
+"""
+
+# With `data`: a small object's bytes, kept with its row (schema.py, vnode migration 2).
+SELECT_OBJECT_WITH_DATA = """
 SELECT {object_columns}, data FROM {schema}.manta_bucket_object
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 """

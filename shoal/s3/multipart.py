@@ -161,7 +161,7 @@ async def complete_multipart_upload(call: Call) -> web.Response:
         chosen,
         **conditional_write(call),  # type: ignore[arg-type]
     )
-    version = await call.store.objects.get(call.account, call.bucket, call.key)
+    version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
     body = s3xml.document(
         "CompleteMultipartUploadResult",
         {

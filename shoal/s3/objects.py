@@ -120,7 +120,7 @@ async def get_object(call: Call) -> web.StreamResponse:
 async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     check_key(call.key)
     check_null_version(call)
-    version = await call.store.objects.get(call.account, call.bucket, call.key)
+    version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=send_body)
     headers = h.response_headers(version)
     try:
         h.check_conditions(version, call.request.headers)
@@ -229,7 +229,7 @@ async def copy_object(call: Call) -> web.Response:
         call.gateway.config.inline_max_bytes,
     )
     await _commit(call, _object_write(stored, content_type, kept), stored)
-    copied = await call.store.objects.get(call.account, call.bucket, call.key)
+    copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
     body = s3xml.document(
         "CopyObjectResult",
         {

@@ -176,6 +176,7 @@ def test_a_small_object_keeps_its_bytes_in_its_row(
         [],
         [],
     )
+    assert run(store.objects.get(owner, bucket, "k", with_data=False)).data is None  # HEAD
     # Replaced by a version in blocks, and back: each row holds only its own version's data.
     large = blob(b"x" * 10, sharks=["dc1:n1"], properties={"block_size": 1048576})
     assert run(store.objects.put(owner, bucket, "k", large)).replaced == small.id
