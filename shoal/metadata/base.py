@@ -43,7 +43,7 @@ class Component:
         """
 
         async def attempt() -> list[Row]:
-            async with self.shards.of_vnode(vnode).pool.connection() as conn:
+            async with self.shards.of_vnode(vnode).statement_connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(render(template, vnode, upper_bound), params, prepare=True)
                 # Not `cur.description`: it builds a Column object per column, ~12% of a
@@ -66,7 +66,7 @@ class Component:
         the statements that return many rows (listings), and timestamps, UUIDs and bytea
         load faster from binary than from text (LIST 1000: +4% pages/s)."""
         text, names = positional(statement)
-        async with shard.pool.connection() as conn:
+        async with shard.statement_connection() as conn:
             cur = psycopg.AsyncRawCursor(conn, row_factory=row_factory)
             await cur.execute(text, [params[name] for name in names], prepare=True, binary=True)
             return await cur.fetchall()
