@@ -16,22 +16,11 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
+from tests.e2e.conftest import complete_upload
 from tests.fixtures.postgres import unique
 from tests.fixtures.serve import Served
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def s3(served: Served) -> Any:
-    return served.client()
-
-
-@pytest.fixture
-def bucket(s3: Any) -> str:
-    name = unique("b3")
-    s3.create_bucket(Bucket=name)
-    return name
 
 
 def error_code(call: Any, **kwargs: Any) -> str:
@@ -244,17 +233,8 @@ def test_upload_part_copy(s3: Any, bucket: str) -> None:
         CopySource={"Bucket": bucket, "Key": "src"},
         CopySourceRange=f"bytes={5 * MiB}-{6 * MiB - 1}",
     )
-    s3.complete_multipart_upload(
-        Bucket=bucket,
-        Key="dst",
-        UploadId=upload,
-        MultipartUpload={
-            "Parts": [
-                {"PartNumber": 1, "ETag": first["CopyPartResult"]["ETag"]},
-                {"PartNumber": 2, "ETag": second["CopyPartResult"]["ETag"]},
-            ]
-        },
-    )
+    etags = [first["CopyPartResult"]["ETag"], second["CopyPartResult"]["ETag"]]
+    complete_upload(s3, bucket, "dst", upload, etags)
     assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == body
 
 
