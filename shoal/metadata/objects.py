@@ -1,7 +1,8 @@
 """Objects: put (with If-Match / If-None-Match), get, update metadata, delete, list.
 
 An object row lives on the vnode of hash(owner, bucket id, name). Every write that replaces
-or removes a version records it in manta_bucket_deleted_object exactly once (queries.py).
+or removes a version with blocks records it in manta_bucket_deleted_object exactly once
+(queries.py); a small object's version, whose bytes go with its row, leaves no record.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ part writes record each replaced version exactly once, under any interleaving: t
 old row from the write itself (`RETURNING old.*`, PostgreSQL 18; `DELETE ... RETURNING`), which
 sees the row version the write actually replaced, where RFD 149's CTE reads it from the
 statement's snapshot and can miss a concurrent writer's version (a block leak) or record a
-deleted one twice.
+deleted one twice. A small object's version (`properties.inline`: its bytes are in its row)
+leaves no record: no node holds anything of it, so GC would have nothing to do but drop it.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ WITH upsert AS (
     SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
            old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
            old_sharks, old_properties
-    FROM upsert WHERE old_id IS NOT NULL
+    FROM upsert WHERE old_id IS NOT NULL AND old_properties -> 'inline' IS NULL
 )
 SELECT created, modified, old_id FROM upsert
 """
@@ -188,7 +189,7 @@ WITH replaced AS (
     SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
            old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
            old_sharks, old_properties
-    FROM replaced
+    FROM replaced WHERE old_properties -> 'inline' IS NULL
 )
 SELECT created, modified, old_id FROM replaced
 """
@@ -224,7 +225,7 @@ WITH gone AS (
     RETURNING {object_columns}
 ), record AS (
     INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
-    SELECT {object_columns} FROM gone
+    SELECT {object_columns} FROM gone WHERE properties -> 'inline' IS NULL
 )
 SELECT {object_columns} FROM gone
 """

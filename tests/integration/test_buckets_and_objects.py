@@ -188,10 +188,23 @@ def test_a_small_object_keeps_its_bytes_in_its_row(
     created = blob(b"new", data=b"new", properties={"inline": True})
     run(store.objects.put(owner, bucket, "fresh", created, if_none_match=True))
     assert run(store.objects.get(owner, bucket, "fresh")).data == b"new"
-    # The deletion record names no blocks, so GC has nothing to delete from a node for it.
     deleted = run(store.objects.delete(owner, bucket, "k"))
     assert deleted is not None and deleted.id == again.id
     assert block_runs(deleted.id, 5, deleted.sharks, deleted.properties) == []
+    # Only the version in blocks waits for GC: a small one leaves nothing on a node.
+    recorded = run(deletion_records(store, owner, bucket, "k"))
+    assert large.id in recorded
+    assert small.id not in recorded and again.id not in recorded
+
+
+async def deletion_records(
+    store: MetadataStore, owner: uuid.UUID, bucket: str, name: str
+) -> set[uuid.UUID]:
+    """Ids of the deletion records on the vnode of `name` (claimed, then let go)."""
+    found = await store.objects.bucket(owner, bucket)
+    vnode = store.ring.vnode_for_object(owner, found.id, name)
+    async with store.garbage.claim_deleted_objects(vnode, timedelta(0), limit=1000) as claim:
+        return {record.id for record in claim.records}
 
 
 def test_conditional_writes(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> None:
