@@ -135,8 +135,14 @@ async def _read_small(
 def read_version(
     data: DataPath, version: ObjectVersion, start: int = 0, end: int | None = None
 ) -> AsyncIterator[bytes]:
-    """Bytes [start, end) of a version, from its row or from its blocks."""
-    if version.data is not None:
+    """Bytes [start, end) of a version, from its row or from its blocks.
+
+    Where they are is what the row's properties say, not whether `data` holds bytes: a
+    gateway older than small objects overwrites a row without clearing `data`, so during a
+    rolling upgrade a version in blocks can sit in a row that still holds stale bytes."""
+    if version.properties.get("inline"):
+        if version.data is None:
+            raise ValueError(f"version {version.id} was read without its bytes (with_data)")
         return _from_row(version.data[start:end])
     runs = block_runs(version.id, version.content_length, version.sharks, version.properties)
     return data.read(runs, start, end)
