@@ -59,8 +59,9 @@ def test_gc_reclaims_every_kind_of_garbage_and_nothing_else(
     replicas = garbage_files(cluster, world.garbage)
     done = run(Collector(cluster.store, path, timedelta(0)).run_once())
     assert done.records_failed == 0
-    # 5 overwrites + 1 delete + 3 parts, and the deleted bucket's 4 objects.
-    assert done.records_reclaimed == 13
+    # 5 overwrites + 1 delete + the blocks a small object replaced + 3 parts, and the deleted
+    # bucket's 4 objects; the deleted small object left no record.
+    assert done.records_reclaimed == 14
     assert not world.garbage & block_ids(cluster)
     # "Blocks deleted" counts block replicas the nodes removed, the Spark job's figure too.
     assert done.blocks_deleted == replicas
@@ -134,7 +135,7 @@ def test_one_batch_keeps_exactly_the_records_on_a_node_that_is_down(
     # One replica per version, so each record names one node; all records in one batch.
     path = cluster.data_path(replicas=1, block_size=16 * KiB)
     world = run(build_garbage(cluster.store, path))
-    # Never all of the garbage: 13 records all on one of 3 nodes has odds of 3 ** -12.
+    # Never all of the garbage: 14 records all on one of 3 nodes has odds of 3 ** -13.
     down, on_down = node_holding_most(cluster, world.garbage)
     assert on_down and on_down != world.garbage
     down.kill()
