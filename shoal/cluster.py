@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from aiohttp import web
-
 import shoal.loop
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
@@ -256,18 +254,17 @@ async def _serving_gateway(
     config: Config, store: MetadataStore, sock: socket.socket
 ) -> AsyncIterator[tuple[Credentials, DataPath]]:
     """The S3 API served on `sock` by this process while the context lasts."""
-    from shoal.s3.app import Gateway, make_app
+    from shoal.s3 import http
+    from shoal.s3.app import Gateway, make_handler
 
     credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
     path = data_path(config, store)
     gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
-    runner = web.AppRunner(make_app(gateway), access_log=None)
+    server = await http.serve(make_handler(gateway), sock)
     try:
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
         yield credentials, path
     finally:
-        await runner.cleanup()
+        await server.close()
         await path.client.close()
 
 

@@ -1,4 +1,4 @@
-"""The S3 gateway: one aiohttp application, one handler per S3 operation.
+"""The S3 gateway: one handler per S3 operation, served over http.py.
 
 Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), then the
 operation's handler. Errors become S3's XML error body here and only here; an unexpected error
@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
-from aiohttp import web
-
 from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
-from shoal.s3 import sigv2, sigv4
+from shoal.s3 import http, sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import AccessDenied, InternalError, S3Error, by_code, from_domain
 from shoal.s3.router import Address, Endpoint, address, route
@@ -32,7 +30,7 @@ from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 log = logging.getLogger("shoal.s3")
 access_log = logging.getLogger("shoal.access")
 
-Handler = Callable[["Call"], Awaitable[web.StreamResponse]]
+Handler = Callable[["Call"], Awaitable[http.Response]]
 HANDLERS: dict[Endpoint, Handler] = {}
 
 
@@ -59,12 +57,13 @@ class Call:
     """One authenticated S3 request, as handlers see it."""
 
     gateway: Gateway
-    request: web.Request
+    request: http.Request
     request_id: str
     endpoint: Endpoint
     where: Address
     account: uuid.UUID
     verified: sigv4.Verified | UnsignedBody
+    query: dict[str, str]  # the query string's parameters, decoded
 
     @property
     def bucket(self) -> str:
@@ -84,13 +83,9 @@ class Call:
     def data(self) -> DataPath:
         return self.gateway.data
 
-    @property
-    def query(self) -> dict[str, str]:
-        return dict(self.request.query)
-
     def body(self) -> AsyncIterator[bytes]:
         """The request body as the client meant it (aws-chunked decoded, signatures checked)."""
-        return self.verified.body(self.request.content.iter_any())
+        return self.verified.body(self.request.body)
 
     async def read_body(self, limit: int) -> bytes:
         """A small body (XML), whole."""
@@ -102,19 +97,15 @@ class Call:
         return bytes(received)
 
 
-def make_app(gateway: Gateway) -> web.Application:
+def make_handler(gateway: Gateway) -> http.Handler:
+    """What http.serve calls for each request."""
     # Import the handler modules so that they register themselves.
     from shoal.s3 import bucket, lifecycle, listing, multipart, objects  # noqa: F401
 
-    app = web.Application(client_max_size=s3xml.MAX_REQUEST_XML_BYTES)
-    app["gateway"] = gateway
-
-    async def dispatch(request: web.Request) -> web.StreamResponse:
+    async def dispatch(request: http.Request) -> http.Response:
         return await handle(gateway, request)
 
-    app.router.add_route("*", "/{tail:.*}", dispatch)
-    app.on_response_prepare.append(_add_request_id)
-    return app
+    return dispatch
 
 
 # Request ids: this process's random tag, then a counter (unique per process, as S3's are
@@ -127,9 +118,9 @@ def next_request_id() -> str:
     return f"{_PROCESS_TAG}{next(_REQUEST_NUMBERS) & 0xFFFFFFFF:08X}"
 
 
-async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
+async def handle(gateway: Gateway, request: http.Request) -> http.Response:
     request_id = next_request_id()
-    request["request_id"] = request_id
+    request.response_headers["x-amz-request-id"] = request_id
     started = time.monotonic()
     call: Call | None = None
     try:
@@ -143,31 +134,25 @@ async def handle(gateway: Gateway, request: web.Request) -> web.StreamResponse:
                 raise AccessDenied() from None
             raise
     except Exception as exc:
-        if isinstance(exc, web.HTTPException):
-            raise
-        if call is not None and _response_started(request):
+        if request.response_started:
             log.error("request %s failed after its response started: %r", request_id, exc)
             raise
         response = _error_response(request, request_id, _as_s3_error(exc, request_id))
-    _log_access(request, call, response, started)
+    _log_access(request, request_id, call, response, started)
     return response
 
 
-async def _authenticated_call(gateway: Gateway, request: web.Request, request_id: str) -> Call:
+async def _authenticated_call(gateway: Gateway, request: http.Request, request_id: str) -> Call:
     raw_path, _, raw_query = request.raw_path.partition("?")
     query_pairs = parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape")
+    query = dict(query_pairs)
     where = address(request.host, raw_path, gateway.config.domains)
-    endpoint = route(
-        request.method, where, dict(query_pairs), "x-amz-copy-source" in request.headers
-    )
+    endpoint = route(request.method, where, query, "x-amz-copy-source" in request.headers)
     signed = sigv4.SignedRequest(
         method=request.method,
         raw_path=raw_path,
         query=query_pairs,
-        headers={
-            name.lower(): ",".join(value.strip() for value in request.headers.getall(name))
-            for name in request.headers
-        },
+        headers=request.headers,
     )
     now = datetime.now(UTC)
     if sigv2.is_sigv2(signed):
@@ -175,11 +160,12 @@ async def _authenticated_call(gateway: Gateway, request: web.Request, request_id
         v2 = sigv2.parse(signed, now)
         account, secret = await gateway.credentials.secret_of(v2.access_key_id)
         sigv2.verify(v2, signed, secret, host_bucket=where.bucket if where.virtual else None)
-        return Call(gateway, request, request_id, endpoint, where, account, UnsignedBody())
+        unsigned = UnsignedBody()
+        return Call(gateway, request, request_id, endpoint, where, account, unsigned, query)
     credentials = sigv4.parse(signed, now)
     account, secret = await gateway.credentials.secret_of(credentials.access_key_id)
     verified = sigv4.verify(credentials, signed, secret)
-    return Call(gateway, request, request_id, endpoint, where, account, verified)
+    return Call(gateway, request, request_id, endpoint, where, account, verified, query)
 
 
 class UnsignedBody:
@@ -206,47 +192,34 @@ def _as_s3_error(error: Exception, request_id: str) -> S3Error:
     return InternalError()
 
 
-def _error_response(request: web.Request, request_id: str, error: S3Error) -> web.Response:
+def _error_response(request: http.Request, request_id: str, error: S3Error) -> http.Response:
     headers = {"x-amz-request-id": request_id}
     if error.status == 416 and "ActualObjectSize" in error.fields:
         headers["Content-Range"] = f"bytes */{error.fields['ActualObjectSize']}"
     if request.method == "HEAD":
-        return web.Response(status=error.status, headers=headers)
+        return http.Response(status=error.status, headers=headers)
     body = s3xml.error_document(error.code, error.message, request.path, request_id, error.fields)
-    return web.Response(
+    return http.Response(
         status=error.status, body=body, headers=headers, content_type="application/xml"
     )
 
 
-def _response_started(request: web.Request) -> bool:
-    return bool(request.get("response_started"))
-
-
-async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    request["response_started"] = True
-    response.headers.setdefault("x-amz-request-id", request.get("request_id", ""))
-    response.headers["Server"] = "Shoal"
-
-
-def _bytes_out(request: web.Request, response: web.StreamResponse) -> int:
-    """Body bytes of a response (not its head, as S3's access logs count): a streamed body
-    counts what was written of it, a plain one is about to be sent whole."""
-    if "body_bytes_sent" in request:
-        return int(request["body_bytes_sent"])
-    body = getattr(response, "body", None)
-    return len(body) if isinstance(body, bytes | bytearray) else 0
-
-
 def _log_access(
-    request: web.Request, call: Call | None, response: web.StreamResponse, started: float
+    request: http.Request,
+    request_id: str,
+    call: Call | None,
+    response: http.Response,
+    started: float,
 ) -> None:
+    # Body bytes (not the head), as S3's access logs count them: what was written of a
+    # streamed body, however far it got.
     access_log.info(
         "%s account=%s op=%s status=%d bytes_in=%s bytes_out=%s ms=%.1f",
-        request.get("request_id"),
+        request_id,
         call.account if call else "-",
         call.endpoint.name if call else "-",
         response.status,
         request.content_length or 0,
-        _bytes_out(request, response),
+        response.body_bytes_sent,
         (time.monotonic() - started) * 1000,
     )

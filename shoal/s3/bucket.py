@@ -3,9 +3,8 @@ GetBucketVersioning."""
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from shoal.metadata import BucketAlreadyOwnedByYou, InvalidName
+from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import InvalidBucketName, InvalidLocationConstraint
@@ -20,7 +19,7 @@ def owner_tree(call: Call) -> dict[str, str]:
 
 
 @handles(Endpoint.ListBuckets)
-async def list_buckets(call: Call) -> web.Response:
+async def list_buckets(call: Call) -> http.Response:
     prefix = call.query.get("prefix", "")
     buckets = await call.store.buckets.list(call.account, prefix=prefix, limit=10000)
     body = s3xml.document(
@@ -31,11 +30,11 @@ async def list_buckets(call: Call) -> web.Response:
             "Prefix": prefix or None,
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.CreateBucket)
-async def create_bucket(call: Call) -> web.Response:
+async def create_bucket(call: Call) -> http.Response:
     body = await call.read_body(MAX_CREATE_BUCKET_BODY)
     if body.strip():
         config = s3xml.parse(body, "CreateBucketConfiguration")
@@ -53,32 +52,32 @@ async def create_bucket(call: Call) -> web.Response:
         # As S3 in us-east-1: creating a bucket you already own succeeds.
         if call.gateway.config.region != "us-east-1":
             raise
-    return web.Response(headers={"Location": f"/{call.bucket}"})
+    return http.Response(headers={"Location": f"/{call.bucket}"})
 
 
 @handles(Endpoint.HeadBucket)
-async def head_bucket(call: Call) -> web.Response:
+async def head_bucket(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
-    return web.Response(headers={"x-amz-bucket-region": call.gateway.config.region})
+    return http.Response(headers={"x-amz-bucket-region": call.gateway.config.region})
 
 
 @handles(Endpoint.DeleteBucket)
-async def delete_bucket(call: Call) -> web.Response:
+async def delete_bucket(call: Call) -> http.Response:
     await call.store.buckets.delete(call.account, call.bucket)
-    return web.Response(status=204)
+    return http.Response(status=204)
 
 
 @handles(Endpoint.GetBucketLocation)
-async def get_bucket_location(call: Call) -> web.Response:
+async def get_bucket_location(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     region = call.gateway.config.region
     # S3 answers an empty constraint for us-east-1.
     body = s3xml.document("LocationConstraint", "" if region == "us-east-1" else region)
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.GetBucketVersioning)
-async def get_bucket_versioning(call: Call) -> web.Response:
+async def get_bucket_versioning(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     # Buckets are unversioned: S3 answers a configuration without Status.
-    return web.Response(body=s3xml.document("VersioningConfiguration", {}), content_type=XML)
+    return http.Response(body=s3xml.document("VersioningConfiguration", {}), content_type=XML)

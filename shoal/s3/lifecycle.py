@@ -13,8 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 from xml.etree.ElementTree import Element
 
-from aiohttp import web
-
+from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import (
@@ -32,7 +31,7 @@ UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition")
 
 
 @handles(Endpoint.PutBucketLifecycleConfiguration)
-async def put_bucket_lifecycle(call: Call) -> web.Response:
+async def put_bucket_lifecycle(call: Call) -> http.Response:
     document = s3xml.parse(await call.read_body(MAX_BODY), "LifecycleConfiguration")
     rules = [parse_rule(rule) for rule in document.findall("Rule")]
     if not rules or len(rules) > MAX_RULES:
@@ -41,22 +40,22 @@ async def put_bucket_lifecycle(call: Call) -> web.Response:
     if len(set(ids)) != len(ids):
         raise InvalidArgument("Rule ID must be unique. Found same ID for more than one rule")
     await call.store.buckets.put_lifecycle(call.account, call.bucket, rules)
-    return web.Response()
+    return http.Response()
 
 
 @handles(Endpoint.GetBucketLifecycleConfiguration)
-async def get_bucket_lifecycle(call: Call) -> web.Response:
+async def get_bucket_lifecycle(call: Call) -> http.Response:
     rules = await call.store.buckets.get_lifecycle(call.account, call.bucket)
     if rules is None:
         raise NoSuchLifecycleConfiguration(BucketName=call.bucket)
     body = s3xml.document("LifecycleConfiguration", {"Rule": [render_rule(r) for r in rules]})
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.DeleteBucketLifecycle)
-async def delete_bucket_lifecycle(call: Call) -> web.Response:
+async def delete_bucket_lifecycle(call: Call) -> http.Response:
     await call.store.buckets.delete_lifecycle(call.account, call.bucket)
-    return web.Response(status=204)
+    return http.Response(status=204)
 
 
 def parse_rule(rule: Element) -> dict[str, Any]:

@@ -7,9 +7,8 @@ import binascii
 from typing import Any
 from urllib.parse import quote
 
-from aiohttp import web
-
 from shoal.metadata import ListingPage
+from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.bucket import owner_tree
@@ -80,7 +79,7 @@ def common_prefixes(page: ListingPage, encode: Any) -> s3xml.Fragment:
 
 
 @handles(Endpoint.ListObjects)
-async def list_objects(call: Call) -> web.Response:
+async def list_objects(call: Call) -> http.Response:
     encode = encoder(call)
     marker = call.query.get("marker", "")
     page = await page_of(call, marker, max_keys(call))
@@ -99,11 +98,11 @@ async def list_objects(call: Call) -> web.Response:
             "CommonPrefixes": common_prefixes(page, encode),
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.ListObjectsV2)
-async def list_objects_v2(call: Call) -> web.Response:
+async def list_objects_v2(call: Call) -> http.Response:
     encode = encoder(call)
     token = call.query.get("continuation-token")
     start_after = call.query.get("start-after", "")
@@ -128,11 +127,11 @@ async def list_objects_v2(call: Call) -> web.Response:
             "CommonPrefixes": common_prefixes(page, encode),
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.ListObjectVersions)
-async def list_object_versions(call: Call) -> web.Response:
+async def list_object_versions(call: Call) -> http.Response:
     """An unversioned bucket as S3 shows it: each object is its only, "null", version."""
     encode = encoder(call)
     key_marker = call.query.get("key-marker", "")
@@ -167,7 +166,7 @@ async def list_object_versions(call: Call) -> web.Response:
             "CommonPrefixes": common_prefixes(page, encode),
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 def encode_token(marker: str | None) -> str | None:

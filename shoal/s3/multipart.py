@@ -6,11 +6,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from aiohttp import web
-
 from shoal.metadata import PartWrite
 from shoal.s3 import headers as h
-from shoal.s3 import payload
+from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.bucket import owner_tree
@@ -42,7 +40,7 @@ def part_number(call: Call) -> int:
 
 
 @handles(Endpoint.CreateMultipartUpload)
-async def create_multipart_upload(call: Call) -> web.Response:
+async def create_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     algorithm = call.request.headers.get("x-amz-checksum-algorithm")
     upload = await call.store.uploads.create(
@@ -62,11 +60,11 @@ async def create_multipart_upload(call: Call) -> web.Response:
         },
     )
     headers = {"x-amz-checksum-algorithm": algorithm} if algorithm else {}
-    return web.Response(body=body, content_type=XML, headers=headers)
+    return http.Response(body=body, content_type=XML, headers=headers)
 
 
 @handles(Endpoint.UploadPart)
-async def upload_part(call: Call) -> web.Response:
+async def upload_part(call: Call) -> http.Response:
     check_key(call.key)
     upload = await call.store.uploads.get(call.account, call.bucket, call.key, upload_id(call))
     number = part_number(call)
@@ -78,11 +76,11 @@ async def upload_part(call: Call) -> web.Response:
     await _record_part(call, upload.id, number, stored)
     headers = {"ETag": f'"{stored.result.md5.hex()}"'}
     headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
-    return web.Response(headers=headers)
+    return http.Response(headers=headers)
 
 
 @handles(Endpoint.UploadPartCopy)
-async def upload_part_copy(call: Call) -> web.Response:
+async def upload_part_copy(call: Call) -> http.Response:
     check_key(call.key)
     upload = await call.store.uploads.get(call.account, call.bucket, call.key, upload_id(call))
     number = part_number(call)
@@ -101,7 +99,7 @@ async def upload_part_copy(call: Call) -> web.Response:
             "ETag": f'"{stored.result.md5.hex()}"',
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: payload.Stored) -> None:
@@ -136,7 +134,7 @@ def _copy_range(header: str | None, size: int) -> tuple[int, int]:
 
 
 @handles(Endpoint.CompleteMultipartUpload)
-async def complete_multipart_upload(call: Call) -> web.Response:
+async def complete_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     request = s3xml.parse(await call.read_body(MAX_COMPLETE_BODY), "CompleteMultipartUpload")
     chosen = []
@@ -171,18 +169,18 @@ async def complete_multipart_upload(call: Call) -> web.Response:
             "ETag": f'"{version.etag}"',
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.AbortMultipartUpload)
-async def abort_multipart_upload(call: Call) -> web.Response:
+async def abort_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     await call.store.uploads.abort(call.account, call.bucket, call.key, upload_id(call))
-    return web.Response(status=204)
+    return http.Response(status=204)
 
 
 @handles(Endpoint.ListParts)
-async def list_parts(call: Call) -> web.Response:
+async def list_parts(call: Call) -> http.Response:
     check_key(call.key)
     try:
         after = int(call.query.get("part-number-marker", "0"))
@@ -218,11 +216,11 @@ async def list_parts(call: Call) -> web.Response:
             ],
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.ListMultipartUploads)
-async def list_multipart_uploads(call: Call) -> web.Response:
+async def list_multipart_uploads(call: Call) -> http.Response:
     limit = max_keys(call, "max-uploads")
     key_marker = call.query.get("key-marker", "")
     id_marker = call.query.get("upload-id-marker")
@@ -264,4 +262,4 @@ async def list_multipart_uploads(call: Call) -> web.Response:
             ],
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from aiohttp import web
-
 from shoal.metadata import InvalidName, ObjectVersion, ObjectWrite
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
 from shoal.s3 import headers as h
-from shoal.s3 import payload
+from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import (
@@ -59,7 +57,7 @@ def conditional_write(call: Call) -> dict[str, object]:
 
 
 @handles(Endpoint.PutObject)
-async def put_object(call: Call) -> web.Response:
+async def put_object(call: Call) -> http.Response:
     check_key(call.key)
     await call.store.buckets.get(call.account, call.bucket)
     length = payload.declared_length(call.request.headers)
@@ -78,7 +76,7 @@ async def put_object(call: Call) -> web.Response:
     await _commit(call, _object_write(stored, content_type, kept), stored)
     response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
     response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
-    return web.Response(headers=response_headers)
+    return http.Response(headers=response_headers)
 
 
 def _object_write(
@@ -108,16 +106,16 @@ async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> Non
 
 
 @handles(Endpoint.HeadObject)
-async def head_object(call: Call) -> web.StreamResponse:
+async def head_object(call: Call) -> http.StreamResponse:
     return await _get(call, send_body=False)
 
 
 @handles(Endpoint.GetObject)
-async def get_object(call: Call) -> web.StreamResponse:
+async def get_object(call: Call) -> http.StreamResponse:
     return await _get(call, send_body=True)
 
 
-async def _get(call: Call, send_body: bool) -> web.StreamResponse:
+async def _get(call: Call, send_body: bool) -> http.StreamResponse:
     check_key(call.key)
     check_null_version(call)
     version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=send_body)
@@ -126,7 +124,7 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
         h.check_conditions(version, call.request.headers)
     except h.NotModified:
         kept = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
-        return web.Response(status=304, headers=kept)
+        return http.Response(status=304, headers=kept)
     for parameter, header in h.RESPONSE_OVERRIDES.items():
         if parameter in call.query:
             headers[header] = call.query[parameter]
@@ -136,7 +134,7 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     checksum_mode = call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
     if checksum_mode and wanted is None:
         headers |= h.checksum_headers(version)  # whole-object checksums fit only whole reads
-    response = web.StreamResponse(status=206 if wanted else 200, headers=headers)
+    response = http.StreamResponse(status=206 if wanted else 200, headers=headers)
     response.content_length = end - start
     if wanted:
         response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
@@ -144,24 +142,22 @@ async def _get(call: Call, send_body: bool) -> web.StreamResponse:
     if not send_body:
         return response
     await response.prepare(call.request)
-    call.request["body_bytes_sent"] = 0  # for the access log, however far the body gets
     async for chunk in payload.read_version(call.data, version, start, end):
         await response.write(chunk)
-        call.request["body_bytes_sent"] += len(chunk)
     await response.write_eof()
     return response
 
 
 @handles(Endpoint.DeleteObject)
-async def delete_object(call: Call) -> web.Response:
+async def delete_object(call: Call) -> http.Response:
     check_key(call.key)
     check_null_version(call)
     await call.store.objects.delete(call.account, call.bucket, call.key)
-    return web.Response(status=204)
+    return http.Response(status=204)
 
 
 @handles(Endpoint.DeleteObjects)
-async def delete_objects(call: Call) -> web.Response:
+async def delete_objects(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     request = s3xml.parse(await call.read_body(MAX_DELETE_BODY), "Delete")
     quiet = (s3xml.text_of(request, "Quiet", required=False) or "false").lower() == "true"
@@ -192,11 +188,11 @@ async def delete_objects(call: Call) -> web.Response:
             "Error": errors,
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 @handles(Endpoint.CopyObject)
-async def copy_object(call: Call) -> web.Response:
+async def copy_object(call: Call) -> http.Response:
     check_key(call.key)
     await call.store.buckets.get(call.account, call.bucket)
     source = await copy_source(call)
@@ -238,7 +234,7 @@ async def copy_object(call: Call) -> web.Response:
             **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
         },
     )
-    return web.Response(body=body, content_type=XML)
+    return http.Response(body=body, content_type=XML)
 
 
 async def copy_source(call: Call) -> ObjectVersion:

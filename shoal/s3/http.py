@@ -1,0 +1,541 @@
+"""HTTP/1.1 for the gateway: requests parsed by httptools (llhttp, the parser of Node.js),
+answered by one handler coroutine each, in as few Python calls and writes as we can.
+
+Why not a framework: a 4 KiB GET spent ~110 us of the gateway's CPU in aiohttp's request and
+response objects, against ~45 us for a bare protocol on the same parser (bench/RESULTS.md,
+session 9). The gateway needs little of a framework: one route (router.py is S3's own), no
+sessions, no cookies, no forms. What it does need is here and tested in
+tests/integration/test_http.py: keep-alive, pipelined requests answered in order,
+`Expect: 100-continue`, chunked request bodies, flow control both ways, a body that the
+handler did not read drained (or the connection closed), and a lost connection surfacing as
+ConnectionResetError to whoever reads the body or writes the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import email.utils
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from http import HTTPStatus
+from typing import Any, cast
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger("shoal.http")
+
+# A connection stops reading from its socket while this much of a request body waits to be
+# consumed, and reads again below the low mark: a slow disk never makes the gateway buffer a
+# whole upload.
+BODY_HIGH_WATER = 4 * 1024 * 1024
+BODY_LOW_WATER = 1024 * 1024
+# A request line and headers larger than this are refused (431), as most servers do at 8-64 KiB.
+MAX_HEAD_BYTES = 64 * 1024
+# An idle keep-alive connection is closed after this long (aiohttp's and nginx's 75 s).
+KEEPALIVE_SECONDS = 75.0
+# After its response, the part of a request body nobody read is read and dropped for this
+# long, so that the client sees the response rather than a reset while it still sends.
+LINGER_SECONDS = 10.0
+# How long a stopping server waits for requests in progress before it closes their sockets.
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+_NO_BODY_STATUSES = frozenset({204, 304})
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+class Headers(dict[str, str]):
+    """Request headers by lowercase name; a repeated header is its values joined by commas
+    (RFC 9110, 5.3; SigV4 canonicalizes them the same way). Lookups take any case."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return dict.__getitem__(self, name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and dict.__contains__(self, name.lower())
+
+
+class Body:
+    """A request body as it arrives: an async iterator of chunks, whole once `complete`.
+
+    Reading it after the connection was lost raises ConnectionResetError, so a truncated
+    upload can never look like a whole one.
+    """
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self._error: BaseException | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                raise StopAsyncIteration
+            self._connection.body_wanted(self)
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._buffered < BODY_LOW_WATER:
+            self._connection.resume_reading()
+        return chunk
+
+    def iter_any(self) -> AsyncIterator[bytes]:
+        """The chunks as they come (aiohttp's name, for code written against it)."""
+        return self
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > BODY_HIGH_WATER:
+            self._connection.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.complete:
+            self._error = error
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Request:
+    """One request as the handler sees it: method, target, headers and the body stream."""
+
+    __slots__ = (
+        "_connection",
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "raw_path",
+        "response_headers",
+        "response_started",
+    )
+
+    def __init__(
+        self,
+        connection: _Connection,
+        method: str,
+        raw_path: str,
+        headers: Headers,
+        keep_alive: bool,
+    ) -> None:
+        self._connection = connection
+        self.method = method
+        self.raw_path = raw_path  # path and query, as sent (percent-encoded)
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.body = Body(connection)
+        # Headers every response to this request carries (a request id, say).
+        self.response_headers: dict[str, str] = {}
+        self.response_started = False
+
+    @property
+    def content(self) -> Body:
+        return self.body
+
+    @property
+    def host(self) -> str:
+        return self.headers.get("host", "")
+
+    @property
+    def path(self) -> str:
+        """The path, percent-decoded."""
+        return unquote(self.raw_path.partition("?")[0])
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+
+class Response:
+    """A response sent whole: status, headers and (unless the request was a HEAD) the body."""
+
+    def __init__(
+        self,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.status = status
+        self.headers: dict[str, str] = dict(headers) if headers else {}
+        self.body = body
+        self.content_length: int | None = len(body) if body is not None else 0
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+    @property
+    def content_type(self) -> str | None:
+        return self.headers.get("Content-Type")
+
+    @content_type.setter
+    def content_type(self, value: str) -> None:
+        self.headers["Content-Type"] = value
+
+    @property
+    def body_bytes_sent(self) -> int:
+        return len(self.body) if self.body is not None else 0
+
+
+class StreamResponse(Response):
+    """A response whose body is written in parts: set `content_length`, `prepare` (sends the
+    head), `write` each part, then `write_eof`. A handler may also return it unprepared
+    (a HEAD's answer): it is then sent as a head alone."""
+
+    def __init__(self, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status, headers)
+        self.content_length = None
+        self._request: Request | None = None
+        self._written = 0
+        self.finished = False
+
+    async def prepare(self, request: Request) -> None:
+        if self.content_length is None:
+            raise ValueError("a streamed response declares its length before it starts")
+        self._request = request
+        request._connection.send_head(request, self)
+
+    async def write(self, chunk: bytes) -> None:
+        assert self._request is not None, "prepare() first"
+        self._written += len(chunk)
+        await self._request._connection.send_body(chunk)
+
+    async def write_eof(self) -> None:
+        self.finished = True
+
+    @property
+    def body_bytes_sent(self) -> int:
+        return self._written
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests as bytes arrive and answers them in order."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._loop = server.loop
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._closed = False
+        self._reading_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._responder: asyncio.Task[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # The request being parsed.
+        self._url = b""
+        self._head_bytes = 0
+        self._header_pairs: list[tuple[bytes, bytes]] = []
+        self._current: Request | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._server.connections.add(self)
+        self._start_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            # An exception in a callback reaches here wrapped as a parser error.
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, "request head too large")
+            else:
+                self._refuse(400, f"malformed request: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._server.connections.discard(self)
+        self._cancel_idle_timer()
+        lost = ConnectionResetError("the client closed the connection")
+        for request in (self._current, *self._waiting):
+            if request is not None:
+                request.body._fail(lost)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_exception(lost)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._cancel_idle_timer()
+        self._url = b""
+        self._head_bytes = 0
+        self._header_pairs = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_pairs.append((name, value))
+        self._count_head(len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        headers = Headers()
+        for raw_name, raw_value in self._header_pairs:
+            name = raw_name.decode("latin-1").lower()
+            value = raw_value.decode("latin-1").strip()
+            headers[name] = (
+                f"{dict.__getitem__(headers, name)},{value}" if name in headers else value
+            )
+        method = self._parser.get_method().decode("ascii")
+        request = Request(
+            self,
+            method,
+            self._url.decode("latin-1"),
+            headers,
+            self._parser.should_keep_alive(),
+        )
+        self._current = request
+        self._waiting.append(request)
+        if self._responder is None:
+            self._responder = self._loop.create_task(self._respond_in_order())
+
+    def on_body(self, chunk: bytes) -> None:
+        assert self._current is not None
+        self._current.body._feed(chunk)
+
+    def on_message_complete(self) -> None:
+        assert self._current is not None
+        self._current.body._finish()
+        self._current = None
+
+    # -- flow control, used by Body ---------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None and not self._closed:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self._transport is not None and not self._closed:
+            self._reading_paused = False
+            self._transport.resume_reading()
+
+    def body_wanted(self, body: Body) -> None:
+        """A handler waits for body bytes: a paused socket must read again (a pipelined
+        request's body may have filled the buffer while this one was parsed)."""
+        self.resume_reading()
+
+    # -- answering --------------------------------------------------------------------------
+
+    async def _respond_in_order(self) -> None:
+        try:
+            while self._waiting and not self._closed:
+                request = self._waiting.popleft()
+                if not await self._respond(request):
+                    self._close()
+                    return
+            if not self._closed:
+                self._start_idle_timer()
+        finally:
+            self._responder = None
+
+    async def _respond(self, request: Request) -> bool:
+        """Answer one request; whether the connection can carry another."""
+        if request.headers.get("expect", "").lower() == "100-continue":
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            response = await self._server.handler(request)
+        except Exception:
+            if request.response_started:
+                return False  # the handler logged it; a half-sent body can only be cut off
+            log.exception("%s %s failed", request.method, request.raw_path)
+            response = Response(500)
+            request.keep_alive = False
+        if not request.response_started:
+            if not request.keep_alive or not request.body.complete:
+                response.headers["Connection"] = "close"
+            try:
+                self.send_head(request, response)
+            except ValueError:
+                log.exception("%s %s: response not sent", request.method, request.raw_path)
+                response = Response(500, {"Connection": "close"})
+                request.keep_alive = False
+                self.send_head(request, response)
+            if (
+                response.body
+                and request.method != "HEAD"
+                and response.status not in _NO_BODY_STATUSES
+            ):
+                self._write(response.body)
+        elif isinstance(response, StreamResponse) and not response.finished:
+            return False
+        if not request.keep_alive or self._closed:
+            return False
+        return await _drained(request.body)
+
+    def send_head(self, request: Request, response: Response) -> None:
+        """The status line and headers of `response` (Content-Length, Date and Server
+        added), written at once. ValueError, before anything is sent, for a header value
+        with a line break (it would split the response)."""
+        status = response.status
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nServer: Shoal\r\n"]
+        lines.append(f"Date: {_http_date_now()}\r\n")
+        for name, value in request.response_headers.items():
+            if name not in response.headers:
+                lines.append(f"{name}: {value}\r\n")
+        for name, value in response.headers.items():
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"header {name} has a line break")
+            lines.append(f"{name}: {value}\r\n")
+        if status not in _NO_BODY_STATUSES and status >= 200:
+            length = response.content_length
+            lines.append(f"Content-Length: {length if length is not None else 0}\r\n")
+        lines.append("\r\n")
+        head = "".join(lines).encode("latin-1")
+        request.response_started = True
+        self._write(head)
+
+    async def send_body(self, chunk: bytes) -> None:
+        if self._closed:
+            raise ConnectionResetError("the client closed the connection")
+        self._write(chunk)
+        if self._write_paused:
+            self._writable = self._loop.create_future()
+            try:
+                await self._writable
+            finally:
+                self._writable = None
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.write(data)
+
+    def _refuse(self, status: int, reason: str) -> None:
+        """A request that cannot be parsed: answered plainly, then the connection closed."""
+        log.info("refused a request: %s", reason)
+        if self._current is not None:
+            self._current.body._fail(ConnectionResetError(reason))
+        if self._responder is None:
+            body = reason.encode() + b"\n"
+            self._write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Bad Request')}\r\nServer: Shoal\r\n"
+                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+        self._close()
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise ValueError("request head too large")
+
+    def _close(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.close()
+
+    def _start_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self._idle_timer = self._loop.call_later(KEEPALIVE_SECONDS, self._close)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    @property
+    def busy(self) -> bool:
+        return self._responder is not None
+
+
+async def _drained(body: Body) -> bool:
+    """Read what is left of a body nobody consumed; whether it ended in time."""
+    if body.complete and not body._chunks:
+        return True
+    try:
+        async with asyncio.timeout(LINGER_SECONDS):
+            async for _ in body:
+                pass
+    except (TimeoutError, ConnectionResetError):
+        return False
+    return True
+
+
+class Server:
+    """Serves `handler` on listening sockets until `close`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[_Connection] = set()
+        self._listeners: list[asyncio.AbstractServer] = []
+
+    async def listen(self, sock: socket.socket) -> None:
+        listener = await self.loop.create_server(lambda: _Connection(self), sock=sock)
+        self._listeners.append(listener)
+
+    async def close(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
+        """Stop accepting, let requests in progress finish (up to `grace`), close the rest."""
+        for listener in self._listeners:
+            listener.close()
+        deadline = time.monotonic() + grace
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection._close()
+        for listener in self._listeners:
+            with contextlib.suppress(Exception):
+                await listener.wait_closed()
+
+
+async def serve(handler: Handler, sock: socket.socket) -> Server:
+    server = Server(handler)
+    await server.listen(sock)
+    return server
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _http_date_now() -> str:
+    """The Date header's value, formatted once a second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
+    return _date_cache[1]
