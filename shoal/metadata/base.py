@@ -3,16 +3,16 @@ turning rows into models, and creating a missing deleted-table window on demand.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.pq import ExecStatus
-from psycopg.rows import AsyncRowFactory, dict_row
 from psycopg.types.json import Jsonb
 
+from shoal.metadata import prepared
 from shoal.metadata.errors import BucketNotFound
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
@@ -21,7 +21,6 @@ from shoal.metadata.queries import SELECT_BUCKET
 from shoal.metadata.shards import Shard, ShardSet, positional, render
 
 Row = dict[str, Any]
-TUPLES_OK = ExecStatus.TUPLES_OK
 T = TypeVar("T")
 
 
@@ -37,19 +36,15 @@ class Component:
     ) -> list[Row]:
         """Run one statement of queries.py on a vnode (autocommit) and return its rows.
 
-        Prepared on first use: the pool hands its connections out in turn and each vnode has
-        its own statement text, so psycopg's default (prepare after 5 runs of a text on a
-        connection) left most (connection, vnode) pairs parsed and planned on every call.
+        Prepared on first use on each connection (prepared.py): each vnode has its own
+        statement text, and these are the statements of every GET, HEAD, PUT and DELETE.
         """
+        statement, names = _point_statement(template, vnode, upper_bound)
+        values = [params[name] for name in names]
 
         async def attempt() -> list[Row]:
             async with self.shards.of_vnode(vnode).statement_connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(render(template, vnode, upper_bound), params, prepare=True)
-                # Not `cur.description`: it builds a Column object per column, ~12% of a
-                # point read's client CPU.
-                result = cur.pgresult
-                return await cur.fetchall() if result and result.status == TUPLES_OK else []
+                return await prepared.fetch(conn, statement, values)
 
         return await self.retrying_window(vnode, attempt)
 
@@ -58,18 +53,16 @@ class Component:
         shard: Shard,
         statement: str,
         params: Mapping[str, Any],
-        row_factory: AsyncRowFactory[Any] = dict_row,
+        rows: prepared.RowMaker = prepared.dict_rows,
     ) -> list[Any]:
-        """Run a statement over the vnodes of a shard (shards.render_arms): these are long,
-        so they go through a raw cursor with their placeholders converted once. Rows are
-        dicts unless `row_factory` makes them otherwise. Results come in binary: these are
-        the statements that return many rows (listings), and timestamps, UUIDs and bytea
-        load faster from binary than from text (LIST 1000: +4% pages/s)."""
-        text, names = positional(statement)
+        """Run a statement over the vnodes of a shard (shards.render_arms). Rows are dicts
+        unless `rows` makes them otherwise. Results come in binary: these are the statements
+        that return many rows (listings), and timestamps, UUIDs and bytea load faster from
+        binary than from text (LIST 1000: +4% pages/s)."""
+        text, names = _shard_statement(statement)
         async with shard.statement_connection() as conn:
-            cur = psycopg.AsyncRawCursor(conn, row_factory=row_factory)
-            await cur.execute(text, [params[name] for name in names], prepare=True, binary=True)
-            return await cur.fetchall()
+            values = [params[name] for name in names]
+            return await prepared.fetch(conn, text, values, binary=True, rows=rows)
 
     async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt`; if a deletion record found no window for now, create it and rerun."""
@@ -98,6 +91,21 @@ class Component:
 
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
         self.shards.buckets_seen.forget(owner, name)
+
+
+@functools.lru_cache(maxsize=16384)
+def _point_statement(template: str, vnode: int, upper_bound: bool) -> tuple[bytes, tuple[str, ...]]:
+    """A statement of queries.py for one vnode with $n placeholders, and the parameter names
+    in their order (a few dozen statements times the vnodes: all of them fit)."""
+    text, names = positional(render(template, vnode, upper_bound))
+    return text.encode(), names
+
+
+@functools.lru_cache(maxsize=1024)
+def _shard_statement(statement: str) -> tuple[bytes, tuple[str, ...]]:
+    """A shard-wide statement (30-120 KiB) with $n placeholders, converted once."""
+    text, names = positional(statement)
+    return text.encode(), names
 
 
 def object_from_row(row: Row) -> ObjectVersion:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncCursor
-
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
@@ -224,7 +222,7 @@ class Objects(Component):
                     shard,
                     listing_statement(tuple(shard.vnodes), reading),
                     params,
-                    row_factory=_listed_rows,
+                    rows=_listed_rows,
                 )
                 for shard in self.shards.placed()
             )
@@ -275,10 +273,9 @@ _LISTED_COLUMNS = "key through prefix last_modified content_length etag"
 _ListedRow = tuple[str, str | None, ObjectSummary | CommonPrefix]
 
 
-def _listed_rows(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], _ListedRow]:
+def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedRow]:
     """Listing rows made straight into entries: a page is up to 1000 rows a shard, and a dict
     per row, then an entry from the dict, cost twice as much."""
-    columns = [column.name for column in cursor.description or ()]
     key, through, prefix, last_modified, length, etag = map(columns.index, _LISTED_COLUMNS.split())
 
     def make(values: Sequence[Any]) -> _ListedRow:

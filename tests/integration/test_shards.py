@@ -6,10 +6,11 @@ import asyncio
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 
 from shoal.config import ShardConfig
-from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache
+from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache, prepared
 from shoal.metadata.shards import LastInFirstOutPool
 from tests.fixtures.postgres import MakeStore, unique
 
@@ -77,3 +78,35 @@ def test_a_bucket_deleted_by_another_process_is_forgotten_at_once(
     second, seen, written_into = run(recreate_elsewhere())
     assert seen == second
     assert written_into == second
+
+
+def test_prepared_statements_survive_deallocate_all_and_errors(
+    make_store: MakeStore, run: Any
+) -> None:
+    """prepared.fetch prepares once per connection; when DEALLOCATE ALL (which psycopg sends
+    after a ROLLBACK on a connection with statements of its own) or DISCARD ALL dropped them,
+    the next call prepares again; an error result is psycopg's exception, and the
+    connection stays usable."""
+    store = make_store(shards=1, vnodes=2, pool_max_size=1)
+    pool = store.shards.placed()[0].pool
+    statement = b"SELECT $1::int + 1 AS answer, $2::text AS name"
+
+    async def calls() -> list[Any]:
+        async with pool.connection() as conn:
+            first = await prepared.fetch(conn, statement, [41, "a"])
+            await conn.execute("DEALLOCATE ALL")
+            again = await prepared.fetch(conn, statement, [1, None])  # a NULL: other types
+            await conn.execute("DISCARD ALL")
+            after_discard = await prepared.fetch(conn, statement, [2, "c"])
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await prepared.fetch(conn, b"SELECT 1 / $1::int AS x", [0])
+            binary = await prepared.fetch(conn, statement, [3, "d"], binary=True)
+            nothing = await prepared.fetch(conn, b"SET application_name = 'x'", [])
+            return [first, again, after_discard, binary, nothing]
+
+    first, again, after_discard, binary, nothing = run(calls())
+    assert first == [{"answer": 42, "name": "a"}]
+    assert again == [{"answer": 2, "name": None}]
+    assert after_discard == [{"answer": 3, "name": "c"}]
+    assert binary == [{"answer": 4, "name": "d"}]
+    assert nothing == []

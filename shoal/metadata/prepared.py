@@ -1,0 +1,124 @@
+"""Prepared statements run on a pooled connection's libpq handle, below psycopg's cursor.
+
+Why: a point read (one object's row by key) cost ~125 us of the gateway's CPU through an
+async cursor and ~95 us this way (/tmp probes of session 9, bench/RESULTS.md), on every GET,
+HEAD, PUT and DELETE. The cursor's work per call is Python: converting the query, its
+prepared-statement bookkeeping, result and row objects. Here each statement is prepared once
+per connection, under its own name, and then only its parameters travel; psycopg still does
+what it does best: adapting values both ways (its C Transformer, with the connection's
+adapters, hstore among them), waiting on the socket, and turning an error result into the
+same exception classes (psycopg.errors) that its cursor raises.
+
+A connection is used by one coroutine at a time (it is borrowed from the pool), so no lock.
+If a statement is interrupted while it runs (a cancelled task), the connection is closed:
+its answer would otherwise arrive for the next borrower; the pool replaces closed ones.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors, generators, waiting
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ExecStatus, Format
+
+Row = dict[str, Any]
+
+# Per connection: (statement text, parameter types) -> the statement's name there.
+_names: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], dict[Any, bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+# Per statement text: the names of its result columns.
+_columns: dict[bytes, tuple[str, ...]] = {}
+_AUTO = (PyFormat.AUTO,)
+
+
+# Given a result's column names, what makes one row from its values.
+RowMaker = Callable[[tuple[str, ...]], Callable[[Sequence[Any]], Any]]
+
+
+def dict_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], Row]:
+    return lambda values: dict(zip(columns, values, strict=True))
+
+
+async def fetch(
+    conn: psycopg.AsyncConnection[Any],
+    statement: bytes,
+    values: Sequence[Any],
+    *,
+    binary: bool = False,
+    rows: RowMaker = dict_rows,
+) -> list[Any]:
+    """Run `statement` (placeholders $1, $2, ...) with `values` and return its rows, made by
+    `rows` (dicts by default; none for a statement that returns no rows). `binary` results
+    load faster for many rows (timestamps, UUIDs, bytea) but need a binary loader for every
+    column's type (hstore has none)."""
+    adapt = Transformer.from_context(conn)
+    dumped = adapt.dump_sequence(values, _AUTO * len(values))
+    result_format = Format.BINARY if binary else Format.TEXT
+    try:
+        result = await _execute(conn, adapt, statement, dumped, result_format)
+    except errors.InvalidSqlStatementName:
+        # DEALLOCATE ALL or DISCARD ALL ran on this connection: psycopg sends the former
+        # after a ROLLBACK, DROP or ALTER on a connection where it prepared statements of
+        # its own. Ours are gone with them: prepare again.
+        _names.pop(conn, None)
+        result = await _execute(conn, adapt, statement, dumped, result_format)
+    if result.status == ExecStatus.COMMAND_OK:
+        return []
+    adapt.set_pgresult(result)
+    columns = _columns.get(statement)
+    if columns is None:
+        columns = _columns[statement] = tuple(
+            (result.fname(i) or b"").decode() for i in range(result.nfields)
+        )
+    return adapt.load_rows(0, result.ntuples, rows(columns))
+
+
+async def _execute(
+    conn: psycopg.AsyncConnection[Any],
+    adapt: Transformer,
+    statement: bytes,
+    dumped: Sequence[bytes | None],
+    result_format: Format,
+) -> Any:
+    name = await _prepared(conn, adapt, statement)
+    conn.pgconn.send_query_prepared(
+        name, dumped, param_formats=adapt.formats, result_format=result_format
+    )
+    return await _result(conn)
+
+
+async def _prepared(
+    conn: psycopg.AsyncConnection[Any], adapt: Transformer, statement: bytes
+) -> bytes:
+    """The statement's name on this connection, preparing it on first use. Keyed by the
+    parameters' types too: a NULL in one call and a value in the next differ."""
+    names = _names.get(conn)
+    if names is None:
+        names = _names[conn] = {}
+    key = (statement, tuple(adapt.types or ()))
+    name = names.get(key)
+    if name is None:
+        name = b"shoal_%d" % len(names)
+        conn.pgconn.send_prepare(name, statement, param_types=adapt.types)
+        await _result(conn)
+        names[key] = name
+    return name
+
+
+async def _result(conn: psycopg.AsyncConnection[Any]) -> Any:
+    """The result of the command just sent; an error result raised as psycopg raises it."""
+    pgconn = conn.pgconn
+    try:
+        results = await waiting.wait_async(generators.execute(pgconn), pgconn.socket)
+    except BaseException:
+        await conn.close()
+        raise
+    result = results[-1]
+    if result.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
+        return result
+    raise errors.error_from_result(result, encoding=conn.info.encoding)
