@@ -188,11 +188,13 @@ def started_shoal(
     temp_prefix: str = "shoal-s3-bench-",
     gateway_workers: int | None = None,
     replicas: int | None = None,
+    wrapper: Sequence[str] = (),
+    start_timeout: float = START_TIMEOUT_SECONDS,
 ) -> Iterator[Server]:
     """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
 
     gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, in a configuration file
-    (else Shoal's defaults)."""
+    (else Shoal's defaults); wrapper: a command that runs it (valgrind, say)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
@@ -209,7 +211,7 @@ def started_shoal(
         with open(scratch / "serve.log", "w") as log:
             # A new session: a Ctrl-C in the terminal reaches only us, and we send one SIGINT.
             process = subprocess.Popen(
-                [SHOAL, "serve", *where, "--port", str(port)],
+                [*wrapper, SHOAL, "serve", *where, "--port", str(port)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -217,7 +219,7 @@ def started_shoal(
                 start_new_session=True,
             )
             try:
-                banner = read_banner(process)
+                banner = read_banner(process, start_timeout)
                 yield Server(
                     f"http://127.0.0.1:{port}",
                     banner_value(banner, "access key id"),
@@ -230,7 +232,7 @@ def started_shoal(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def read_banner(process: subprocess.Popen[str]) -> str:
+def read_banner(process: subprocess.Popen[str], timeout: float = START_TIMEOUT_SECONDS) -> str:
     """The banner up to "Press Ctrl-C"; stdout is then drained by a thread until exit."""
     lines: list[str] = []
     ready = threading.Event()
@@ -243,7 +245,7 @@ def read_banner(process: subprocess.Popen[str]) -> str:
                 ready.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    deadline = time.monotonic() + timeout
     while not ready.wait(0.2):
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"shoal serve did not start: {''.join(lines)[-2000:]}")

@@ -50,7 +50,9 @@ _REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 class Headers(dict[str, str]):
     """Request headers by lowercase name; a repeated header is its values joined by commas
-    (RFC 9110, 5.3; SigV4 canonicalizes them the same way). Lookups take any case."""
+    (RFC 9110, 5.3; SigV4 canonicalizes them the same way). Lookups take any case. Values
+    (and the request target) are decoded as UTF-8, bytes that are not kept as surrogates,
+    so that SigV4 signs what the client sent and a stored value goes back out as it came."""
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         return dict.get(self, name.lower(), default)
@@ -213,21 +215,28 @@ class StreamResponse(Response):
         super().__init__(status, headers)
         self.content_length = None
         self._request: Request | None = None
+        self._head: bytes | None = None  # prepared, not yet sent
         self._written = 0
         self.finished = False
 
     async def prepare(self, request: Request) -> None:
+        """Commit to the head; it goes out with the first part of the body (one write, and
+        one packet, for a small object)."""
         if self.content_length is None:
             raise ValueError("a streamed response declares its length before it starts")
         self._request = request
-        request._connection.send_head(request, self)
+        self._head = request._connection.head(request, self)
 
     async def write(self, chunk: bytes) -> None:
         assert self._request is not None, "prepare() first"
         self._written += len(chunk)
+        chunk, self._head = _joined(self._head, chunk), None
         await self._request._connection.send_body(chunk)
 
     async def write_eof(self) -> None:
+        if self._head and self._request is not None:
+            await self._request._connection.send_body(self._head)
+            self._head = None
         self.finished = True
 
     @property
@@ -236,6 +245,15 @@ class StreamResponse(Response):
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+# A body up to this size goes out in one write with its head; a larger one is not copied.
+JOIN_BODY_BYTES = 64 * 1024
+
+
+def _joined(head: bytes | None, body: bytes) -> bytes | list[bytes]:
+    if head is None:
+        return body
+    return head + body if len(body) <= JOIN_BODY_BYTES else [head, body]
 
 
 class _Connection(asyncio.Protocol):
@@ -317,7 +335,7 @@ class _Connection(asyncio.Protocol):
         headers = Headers()
         for raw_name, raw_value in self._header_pairs:
             name = raw_name.decode("latin-1").lower()
-            value = raw_value.decode("latin-1").strip()
+            value = raw_value.decode("utf-8", "surrogateescape").strip()
             headers[name] = (
                 f"{dict.__getitem__(headers, name)},{value}" if name in headers else value
             )
@@ -325,7 +343,7 @@ class _Connection(asyncio.Protocol):
         request = Request(
             self,
             method,
-            self._url.decode("latin-1"),
+            self._url.decode("utf-8", "surrogateescape"),
             headers,
             self._parser.should_keep_alive(),
         )
@@ -390,28 +408,24 @@ class _Connection(asyncio.Protocol):
             if not request.keep_alive or not request.body.complete:
                 response.headers["Connection"] = "close"
             try:
-                self.send_head(request, response)
+                head = self.head(request, response)
             except ValueError:
                 log.exception("%s %s: response not sent", request.method, request.raw_path)
                 response = Response(500, {"Connection": "close"})
                 request.keep_alive = False
-                self.send_head(request, response)
-            if (
-                response.body
-                and request.method != "HEAD"
-                and response.status not in _NO_BODY_STATUSES
-            ):
-                self._write(response.body)
+                head = self.head(request, response)
+            with_body = request.method != "HEAD" and response.status not in _NO_BODY_STATUSES
+            self._write(_joined(head, response.body) if with_body and response.body else head)
         elif isinstance(response, StreamResponse) and not response.finished:
             return False
         if not request.keep_alive or self._closed:
             return False
         return await _drained(request.body)
 
-    def send_head(self, request: Request, response: Response) -> None:
+    def head(self, request: Request, response: Response) -> bytes:
         """The status line and headers of `response` (Content-Length, Date and Server
-        added), written at once. ValueError, before anything is sent, for a header value
-        with a line break (it would split the response)."""
+        added); from here on the response has started. ValueError, before that, for a
+        header value with a line break (it would split the response)."""
         status = response.status
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nServer: Shoal\r\n"]
         lines.append(f"Date: {_http_date_now()}\r\n")
@@ -426,11 +440,10 @@ class _Connection(asyncio.Protocol):
             length = response.content_length
             lines.append(f"Content-Length: {length if length is not None else 0}\r\n")
         lines.append("\r\n")
-        head = "".join(lines).encode("latin-1")
         request.response_started = True
-        self._write(head)
+        return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def send_body(self, chunk: bytes) -> None:
+    async def send_body(self, chunk: bytes | list[bytes]) -> None:
         if self._closed:
             raise ConnectionResetError("the client closed the connection")
         self._write(chunk)
@@ -441,9 +454,12 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._writable = None
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | list[bytes]) -> None:
         if self._transport is not None and not self._closed:
-            self._transport.write(data)
+            if isinstance(data, list):
+                self._transport.writelines(data)
+            else:
+                self._transport.write(data)
 
     def _refuse(self, status: int, reason: str) -> None:
         """A request that cannot be parsed: answered plainly, then the connection closed."""

@@ -273,3 +273,17 @@ def test_headers_are_found_in_any_case_and_repeats_are_joined() -> None:
         return answer
 
     assert run(show, client) == b"a,b|a,b|True"
+
+
+def test_header_bytes_that_are_not_ascii_round_trip() -> None:
+    async def mirror(request: http.Request) -> http.Response:
+        return http.Response(headers={"x-amz-meta-name": request.headers["x-amz-meta-name"]})
+
+    async def client(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: h\r\nx-amz-meta-name: caf\xc3\xa9 \xff\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        return head
+
+    assert b"\r\nx-amz-meta-name: caf\xc3\xa9 \xff\r\n" in run(mirror, client)

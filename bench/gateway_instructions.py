@@ -1,0 +1,141 @@
+"""Instructions the gateway runs per S3 operation, counted by valgrind's callgrind: a figure
+that does not move with the machine's load, for judging a change to the request path.
+
+    .venv/bin/python bench/gateway_instructions.py get             # ~2 min
+    .venv/bin/python bench/gateway_instructions.py put --requests 500
+    .venv/bin/python bench/gateway_instructions.py list --requests 50
+
+Rates on this 2-core VM move by 10-20% from one run to the next (bench/RESULTS.md), more
+than most single changes to the gateway gain; instruction counts repeat to within a fraction
+of a percent. `shoal serve` runs with one gateway process (`[s3] workers = 1`) under
+callgrind; its storage nodes and PostgreSQL run natively (valgrind does not follow them).
+The counters are zeroed after the fill and a warm-up and dumped after `--requests`
+operations, so the figure is the gateway process's instructions per operation (its GC
+daemon's upkeep, a few queries a second, included). It is not CPU time: a syscall counts
+as the instructions of its user-space side only.
+
+Workloads: put, get, head, delete (4 KiB objects; the first two also of a 1 MiB object with
+`--size`), list (ListObjectsV2 pages of 1000 from a bucket of --keys). Needs valgrind
+(Debian's package `valgrind`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from s3_bench import S3, Server, started_shoal
+
+BUCKET = "instructions"
+START_SECONDS = 600  # the gateway starts ~50x slower under callgrind
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", choices=["put", "get", "head", "delete", "list"])
+    parser.add_argument("--requests", type=int, help="operations counted (default 1000; list 40)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--size", type=int, default=4096, help="object bytes (put, get, head)")
+    parser.add_argument("--keys", type=int, default=2000, help="keys in the bucket (list)")
+    return parser.parse_args()
+
+
+async def run_all(
+    numbers: range, concurrency: int, operation: Callable[[int], Awaitable[object]]
+) -> None:
+    """`operation` of each number, `concurrency` at a time."""
+    numbers = iter(numbers)
+
+    async def worker() -> None:
+        for number in numbers:
+            await operation(number)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def measure(args: argparse.Namespace, server: Server) -> int:
+    requests = args.requests or (40 if args.workload == "list" else 1000)
+    body = os.urandom(args.size)
+    async with S3(server, max(8, args.concurrency)) as s3:
+        await s3.call("PUT", BUCKET)
+        keys = args.keys if args.workload == "list" else requests + 100  # warm-up's 50 too
+        filled = b"" if args.workload == "list" else body
+
+        async def fill(n: int) -> None:
+            await s3.call("PUT", BUCKET, f"key/{n:08d}", data=filled)
+
+        await run_all(range(keys), 16, fill)
+        operations: dict[str, Callable[[int], Awaitable[object]]] = {
+            "put": lambda n: s3.call("PUT", BUCKET, f"new/{n:08d}", data=body),
+            "get": lambda n: s3.call("GET", BUCKET, f"key/{n % keys:08d}"),
+            "head": lambda n: s3.call("HEAD", BUCKET, f"key/{n % keys:08d}"),
+            "delete": lambda n: s3.call("DELETE", BUCKET, f"key/{n:08d}"),  # each key once
+            "list": lambda n: s3.call(
+                "GET",
+                BUCKET,
+                query={"list-type": "2", "start-after": f"key/{n * 97 % (keys - 1000):08d}"},
+            ),
+        }
+        operation = operations[args.workload]
+        warm_up = 10 if args.workload == "list" else 50
+        await run_all(range(warm_up), args.concurrency, operation)
+        control(server, "--zero")
+        await run_all(range(warm_up, warm_up + requests), args.concurrency, operation)
+        control(server, "--dump")
+    return requests
+
+
+def control(server: Server, action: str) -> None:
+    assert server.gateway_pid is not None
+    subprocess.run(
+        ["callgrind_control", action, str(server.gateway_pid)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def counted_instructions(dumps: Path) -> int:
+    """The instructions of the last dump (the one after the measured operations)."""
+    files = sorted(dumps.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise RuntimeError(f"no callgrind dump in {dumps}")
+    text = files[-1].read_text(errors="replace")
+    found = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"no totals in {files[-1]}")
+    return int(found[1])
+
+
+def main() -> None:
+    args = parse_args()
+    valgrind = shutil.which("valgrind")
+    if valgrind is None or shutil.which("callgrind_control") is None:
+        sys.exit("gateway_instructions: needs valgrind (apt-get install valgrind)")
+    dumps = Path(tempfile.mkdtemp(prefix="shoal-callgrind-"))
+    try:
+        wrapper = [valgrind, "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out.%p"]
+        with started_shoal(
+            "shoal-instructions-", gateway_workers=1, wrapper=wrapper, start_timeout=START_SECONDS
+        ) as server:
+            requests = asyncio.run(measure(args, server))
+            instructions = counted_instructions(dumps)
+        unit = "page" if args.workload == "list" else "operation"
+        size = "" if args.workload in ("list", "delete") else f" of {args.size} bytes"
+        print(
+            f"{args.workload}{size}, c={args.concurrency}: {instructions / requests:,.0f} "
+            f"gateway instructions per {unit} ({requests} counted)"
+        )
+    finally:
+        shutil.rmtree(dumps, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
