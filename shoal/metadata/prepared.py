@@ -10,8 +10,6 @@ adapters, hstore among them), waiting on the socket, and turning an error result
 same exception classes (psycopg.errors) that its cursor raises.
 
 A connection is used by one coroutine at a time (it is borrowed from the pool), so no lock.
-If a statement is interrupted while it runs (a cancelled task), the connection is closed:
-its answer would otherwise arrive for the next borrower; the pool replaces closed ones.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import errors, generators, waiting
+from psycopg import errors, generators
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus, Format
 
@@ -112,12 +110,9 @@ async def _prepared(
 
 async def _result(conn: psycopg.AsyncConnection[Any]) -> Any:
     """The result of the command just sent; an error result raised as psycopg raises it."""
-    pgconn = conn.pgconn
-    try:
-        results = await waiting.wait_async(generators.execute(pgconn), pgconn.socket)
-    except BaseException:
-        await conn.close()
-        raise
+    # The connection's own wait: it sleeps on the socket, and a cancelled task cancels the
+    # statement in the server and drains its answer, so the connection stays usable.
+    results = await conn.wait(generators.execute(conn.pgconn))
     result = results[-1]
     if result.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -110,3 +111,20 @@ def test_prepared_statements_survive_deallocate_all_and_errors(
     assert after_discard == [{"answer": 3, "name": "c"}]
     assert binary == [{"answer": 4, "name": "d"}]
     assert nothing == []
+
+
+def test_a_prepared_statement_waits_on_its_socket_without_spinning(
+    make_store: MakeStore, run: Any
+) -> None:
+    """While PostgreSQL works on a statement, the caller's process sleeps: a statement of
+    0.3 s costs it a small fraction of that in CPU (a busy wait would cost all of it)."""
+    store = make_store(shards=1, vnodes=2, pool_max_size=1)
+    pool = store.shards.placed()[0].pool
+
+    async def slow_statement() -> float:
+        async with pool.connection() as conn:
+            started = time.process_time()
+            await prepared.fetch(conn, b"SELECT pg_sleep($1::float8) AS slept", [0.3])
+            return time.process_time() - started
+
+    assert run(slow_statement()) < 0.1
