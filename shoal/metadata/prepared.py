@@ -25,8 +25,23 @@ from psycopg.pq import ExecStatus, Format
 
 Row = dict[str, Any]
 
-# Per connection: (statement text, parameter types) -> the statement's name there.
-_names: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], dict[Any, bytes]] = (
+
+class _Prepared:
+    """What one connection has prepared: (statement text, parameter types) -> name. Names
+    are never reused on a connection, even after `names` was emptied: a statement whose
+    PREPARE was interrupted, or one that outlived a forgotten DEALLOCATE, may still hold
+    its name in the server."""
+
+    def __init__(self) -> None:
+        self.names: dict[Any, bytes] = {}
+        self.made = 0
+
+    def new_name(self) -> bytes:
+        self.made += 1
+        return b"shoal_%d" % self.made
+
+
+_prepared_on: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Prepared] = (
     weakref.WeakKeyDictionary()
 )
 # Per statement text: the names of its result columns.
@@ -63,7 +78,7 @@ async def fetch(
         # DEALLOCATE ALL or DISCARD ALL ran on this connection: psycopg sends the former
         # after a ROLLBACK, DROP or ALTER on a connection where it prepared statements of
         # its own. Ours are gone with them: prepare again.
-        _names.pop(conn, None)
+        _prepared_on[conn].names.clear()
         result = await _execute(conn, adapt, statement, dumped, result_format)
     if result.status == ExecStatus.COMMAND_OK:
         return []
@@ -95,16 +110,16 @@ async def _prepared(
 ) -> bytes:
     """The statement's name on this connection, preparing it on first use. Keyed by the
     parameters' types too: a NULL in one call and a value in the next differ."""
-    names = _names.get(conn)
-    if names is None:
-        names = _names[conn] = {}
+    prepared = _prepared_on.get(conn)
+    if prepared is None:
+        prepared = _prepared_on[conn] = _Prepared()
     key = (statement, tuple(adapt.types or ()))
-    name = names.get(key)
+    name = prepared.names.get(key)
     if name is None:
-        name = b"shoal_%d" % len(names)
+        name = prepared.new_name()
         conn.pgconn.send_prepare(name, statement, param_types=adapt.types)
         await _result(conn)
-        names[key] = name
+        prepared.names[key] = name
     return name
 
 

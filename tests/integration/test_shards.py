@@ -128,3 +128,27 @@ def test_a_prepared_statement_waits_on_its_socket_without_spinning(
             return time.process_time() - started
 
     assert run(slow_statement()) < 0.1
+
+
+def test_prepared_statement_names_are_never_reused_on_a_connection(
+    make_store: MakeStore, run: Any
+) -> None:
+    """After DEALLOCATE ALL, a statement prepared anew and a stale one prepared again must
+    not take a name that a statement prepared since still holds in the server."""
+    store = make_store(shards=1, vnodes=2, pool_max_size=1)
+    pool = store.shards.placed()[0].pool
+
+    def statement(n: int) -> bytes:
+        return b"SELECT $1::int + %d AS answer" % n
+
+    async def calls() -> list[int]:
+        answers = []
+        async with pool.connection() as conn:
+            for n in (1, 2):
+                answers.append((await prepared.fetch(conn, statement(n), [0]))[0]["answer"])
+            await conn.execute("DEALLOCATE ALL")
+            for n in (3, 1, 4, 5, 6, 3):  # 3 is new, 1 stale, 4-6 new, 3 again
+                answers.append((await prepared.fetch(conn, statement(n), [0]))[0]["answer"])
+        return answers
+
+    assert run(calls()) == [1, 2, 3, 1, 4, 5, 6, 3]
