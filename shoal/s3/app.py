@@ -23,7 +23,14 @@ from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
 from shoal.s3 import http, sigv2, sigv4
 from shoal.s3 import xml as s3xml
-from shoal.s3.errors import AccessDenied, InternalError, S3Error, by_code, from_domain
+from shoal.s3.errors import (
+    AccessDenied,
+    InternalError,
+    RequestTimeout,
+    S3Error,
+    by_code,
+    from_domain,
+)
 from shoal.s3.router import Address, Endpoint, address, route
 from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 
@@ -180,6 +187,8 @@ class UnsignedBody:
 def _as_s3_error(error: Exception, request_id: str) -> S3Error:
     if isinstance(error, S3Error):
         return error
+    if isinstance(error, http.BodyTimeout):
+        return RequestTimeout()
     if isinstance(error, sigv4.SigV4Error):
         mapped = by_code(error.code, error.message)
         mapped.fields = dict(error.details)

@@ -89,6 +89,16 @@ class IncompleteBody(
     pass
 
 
+class RequestTimeout(
+    S3Error,
+    message=(
+        "Your socket connection to the server was not read from or written to within the "
+        "timeout period."
+    ),
+):
+    pass
+
+
 class InternalError(
     S3Error, status=500, message=("We encountered an internal error. Please try again.")
 ):

@@ -43,6 +43,13 @@ KEEPALIVE_SECONDS = 75.0
 LINGER_SECONDS = 10.0
 # How long a stopping server waits for requests in progress before it closes their sockets.
 SHUTDOWN_GRACE_SECONDS = 10.0
+# After its last answer, a connection closed for a bad request reads and drops for this long.
+REFUSAL_LINGER_SECONDS = 2.0
+# A request body that brings no byte for this long fails its reader (S3's RequestTimeout).
+BODY_IDLE_SECONDS = 60.0
+# A connection stops reading while this many requests wait for their answers (pipelining):
+# a client that sends and never reads holds a bounded amount of the gateway's memory.
+MAX_QUEUED_REQUESTS = 16
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
@@ -89,10 +96,13 @@ class Body:
             if self.complete:
                 raise StopAsyncIteration
             self._connection.body_wanted(self)
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = loop.call_later(BODY_IDLE_SECONDS, self._time_out)
             try:
                 await self._waiter
             finally:
+                timer.cancel()
                 self._waiter = None
         chunk = self._chunks.popleft()
         self._buffered -= len(chunk)
@@ -120,9 +130,16 @@ class Body:
             self._error = error
             self._wake()
 
+    def _time_out(self) -> None:
+        self._fail(BodyTimeout(f"no request body bytes for {BODY_IDLE_SECONDS:.0f} s"))
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class BodyTimeout(ConnectionResetError):
+    """The client stopped sending a request body it had announced."""
 
 
 class Request:
@@ -207,9 +224,10 @@ class Response:
 
 
 class StreamResponse(Response):
-    """A response whose body is written in parts: set `content_length`, `prepare` (sends the
-    head), `write` each part, then `write_eof`. A handler may also return it unprepared
-    (a HEAD's answer): it is then sent as a head alone."""
+    """A response whose body is written in parts: set `content_length`, `prepare`, `write`
+    each part, then `write_eof`. The head goes out with the first part, so a handler that
+    fails before it has written anything can still answer with an error. A handler may also
+    return it unprepared (a HEAD's answer): it is then sent as a head alone."""
 
     def __init__(self, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(status, headers)
@@ -219,25 +237,34 @@ class StreamResponse(Response):
         self._written = 0
         self.finished = False
 
+    @property
+    def prepared(self) -> bool:
+        return self._request is not None
+
     async def prepare(self, request: Request) -> None:
-        """Commit to the head; it goes out with the first part of the body (one write, and
-        one packet, for a small object)."""
+        """Commit to this status and these headers (checked here, sent with the body)."""
         if self.content_length is None:
             raise ValueError("a streamed response declares its length before it starts")
-        self._request = request
         self._head = request._connection.head(request, self)
+        self._request = request
 
     async def write(self, chunk: bytes) -> None:
-        assert self._request is not None, "prepare() first"
+        assert self._request is not None and self.content_length is not None, "prepare() first"
+        if self._written + len(chunk) > self.content_length:
+            raise ValueError("a response body longer than its Content-Length")
         self._written += len(chunk)
-        chunk, self._head = _joined(self._head, chunk), None
-        await self._request._connection.send_body(chunk)
+        await self._send(_joined(self._head, chunk))
 
     async def write_eof(self) -> None:
-        if self._head and self._request is not None:
-            await self._request._connection.send_body(self._head)
-            self._head = None
+        if self._head is not None:
+            await self._send(self._head)
         self.finished = True
+
+    async def _send(self, data: bytes | list[bytes]) -> None:
+        assert self._request is not None
+        self._head = None
+        self._request.response_started = True
+        await self._request._connection.send_body(data)
 
     @property
     def body_bytes_sent(self) -> int:
@@ -270,12 +297,20 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._waiting: collections.deque[Request] = collections.deque()
         self._responder: asyncio.Task[None] | None = None
+        # Closes an idle connection, and one whose client stalls inside a request head.
         self._idle_timer: asyncio.TimerHandle | None = None
+        # No more requests will be read: the client half-closed, or sent what cannot be
+        # parsed (then `_refusal` is the answer, sent after those before it).
+        self._done_reading = False
+        self._refusal: bytes | None = None
         # The request being parsed.
+        self._in_head = True
+        self._head_received = 0
         self._url = b""
         self._head_bytes = 0
         self._header_pairs: list[tuple[bytes, bytes]] = []
         self._current: Request | None = None
+        self._latest: Request | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -285,16 +320,31 @@ class _Connection(asyncio.Protocol):
         self._start_idle_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._done_reading:
+            return
+        if self._in_head:
+            # httptools hands a header over only when its line ends: count what arrives.
+            self._head_received += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(400, "protocol upgrades are not supported")
+            self._ignore_upgrade()
+            return
         except httptools.HttpParserError as exc:
             # An exception in a callback reaches here wrapped as a parser error.
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse(431, "request head too large")
             else:
                 self._refuse(400, f"malformed request: {exc}")
+            return
+        if self._in_head and self._head_received > MAX_HEAD_BYTES:
+            self._refuse(431, "request head too large")
+
+    def eof_received(self) -> bool:
+        """The client will send no more: answer what it asked, then close."""
+        self._done_reading = True
+        self._abandon_current(ConnectionResetError("the client stopped sending mid-request"))
+        return self._responder is not None  # False closes the transport: nothing to answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -318,7 +368,6 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._cancel_idle_timer()
         self._url = b""
         self._head_bytes = 0
         self._header_pairs = []
@@ -332,6 +381,8 @@ class _Connection(asyncio.Protocol):
         self._count_head(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_idle_timer()
         headers = Headers()
         for raw_name, raw_value in self._header_pairs:
             name = raw_name.decode("latin-1").lower()
@@ -347,8 +398,10 @@ class _Connection(asyncio.Protocol):
             headers,
             self._parser.should_keep_alive(),
         )
-        self._current = request
+        self._current = self._latest = request
         self._waiting.append(request)
+        if len(self._waiting) >= MAX_QUEUED_REQUESTS:
+            self.pause_reading()
         if self._responder is None:
             self._responder = self._loop.create_task(self._respond_in_order())
 
@@ -360,6 +413,8 @@ class _Connection(asyncio.Protocol):
         assert self._current is not None
         self._current.body._finish()
         self._current = None
+        self._in_head = True
+        self._head_received = 0
 
     # -- flow control, used by Body ---------------------------------------------------------
 
@@ -384,48 +439,68 @@ class _Connection(asyncio.Protocol):
         try:
             while self._waiting and not self._closed:
                 request = self._waiting.popleft()
-                if not await self._respond(request):
-                    self._close()
+                if len(self._waiting) < MAX_QUEUED_REQUESTS:
+                    self.resume_reading()
+                carry_on = await self._respond(request)
+                if carry_on is None:
+                    self._close()  # an answer cut short: nothing may follow it
                     return
-            if not self._closed:
+                if not carry_on:
+                    self._end()
+                    return
+            if self._done_reading:
+                self._end()
+            elif not self._closed:
                 self._start_idle_timer()
         finally:
             self._responder = None
 
-    async def _respond(self, request: Request) -> bool:
-        """Answer one request; whether the connection can carry another."""
+    async def _respond(self, request: Request) -> bool | None:
+        """Answer one request; whether the connection can carry another (None: the answer
+        was cut short)."""
         if request.headers.get("expect", "").lower() == "100-continue":
             self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             response = await self._server.handler(request)
         except Exception:
             if request.response_started:
-                return False  # the handler logged it; a half-sent body can only be cut off
+                return None  # the handler logged it; a half-sent body can only be cut off
             log.exception("%s %s failed", request.method, request.raw_path)
             response = Response(500)
             request.keep_alive = False
-        if not request.response_started:
-            if not request.keep_alive or not request.body.complete:
-                response.headers["Connection"] = "close"
-            try:
-                head = self.head(request, response)
-            except ValueError:
-                log.exception("%s %s: response not sent", request.method, request.raw_path)
-                response = Response(500, {"Connection": "close"})
-                request.keep_alive = False
-                head = self.head(request, response)
-            with_body = request.method != "HEAD" and response.status not in _NO_BODY_STATUSES
-            self._write(_joined(head, response.body) if with_body and response.body else head)
-        elif isinstance(response, StreamResponse) and not response.finished:
-            return False
-        if not request.keep_alive or self._closed:
-            return False
-        return await _drained(request.body)
+        if isinstance(response, StreamResponse) and response.prepared:
+            whole = response.finished and response.body_bytes_sent == response.content_length
+            if not whole:
+                return None  # only closing the connection tells the client
+        else:
+            await self._send_whole(request, response)
+        # What the client sent of this request and nobody read is read and dropped, also
+        # before a close: closing on unread bytes makes the kernel reset the connection,
+        # which can destroy the answer on its way.
+        drained = await _drained(request.body)
+        return drained and request.keep_alive and not self._done_reading and not self._closed
+
+    async def _send_whole(self, request: Request, response: Response) -> None:
+        if not request.keep_alive:
+            response.headers["Connection"] = "close"
+        try:
+            head = self.head(request, response)
+        except ValueError:
+            log.exception("%s %s: response not sent", request.method, request.raw_path)
+            request.keep_alive = False
+            response = Response(500, {"Connection": "close"})
+            head = self.head(request, response)
+        request.response_started = True
+        with_body = request.method != "HEAD" and response.status not in _NO_BODY_STATUSES
+        with contextlib.suppress(ConnectionResetError):  # the client left: nobody to tell
+            await self.send_body(
+                _joined(head, response.body) if with_body and response.body else head
+            )
 
     def head(self, request: Request, response: Response) -> bytes:
         """The status line and headers of `response` (Content-Length, Date and Server
-        added); from here on the response has started. ValueError, before that, for a
-        header value with a line break (it would split the response)."""
+        added). ValueError for a header value with a line break (it would split the
+        response)."""
         status = response.status
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nServer: Shoal\r\n"]
         lines.append(f"Date: {_http_date_now()}\r\n")
@@ -440,13 +515,13 @@ class _Connection(asyncio.Protocol):
             length = response.content_length
             lines.append(f"Content-Length: {length if length is not None else 0}\r\n")
         lines.append("\r\n")
-        request.response_started = True
         return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def send_body(self, chunk: bytes | list[bytes]) -> None:
+    async def send_body(self, data: bytes | list[bytes]) -> None:
+        """Write, then wait while the socket's buffer is full."""
         if self._closed:
             raise ConnectionResetError("the client closed the connection")
-        self._write(chunk)
+        self._write(data)
         if self._write_paused:
             self._writable = self._loop.create_future()
             try:
@@ -462,19 +537,62 @@ class _Connection(asyncio.Protocol):
                 self._transport.write(data)
 
     def _refuse(self, status: int, reason: str) -> None:
-        """A request that cannot be parsed: answered plainly, then the connection closed."""
+        """Bytes that cannot be parsed: the requests before them are answered, then this
+        plain answer, then the connection is closed."""
         log.info("refused a request: %s", reason)
-        if self._current is not None:
-            self._current.body._fail(ConnectionResetError(reason))
+        self._done_reading = True
+        if self._abandon_current(ConnectionResetError(reason)):
+            return  # that request is being answered; its answer is the last
+        body = reason.encode() + b"\n"
+        self._refusal = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Bad Request')}\r\nServer: Shoal\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + body
+        )
         if self._responder is None:
-            body = reason.encode() + b"\n"
-            self._write(
-                f"HTTP/1.1 {status} {_REASONS.get(status, 'Bad Request')}\r\nServer: Shoal\r\n"
-                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + body
-            )
-        self._close()
+            self._end()
+
+    def _end(self) -> None:
+        """The last answer is out: send the refusal if there is one, then close. The
+        connection first stops sending and reads (and drops) what the client still sends,
+        for up to REFUSAL_LINGER_SECONDS: closing with unread bytes resets the connection,
+        and a reset can destroy the answer before the client reads it."""
+        if self._closed or self._transport is None:
+            return
+        if self._refusal is not None:
+            self._write(self._refusal)
+            self._refusal = None
+        self._done_reading = True
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+            self._loop.call_later(REFUSAL_LINGER_SECONDS, self._close)
+        else:
+            self._close()
+
+    def _abandon_current(self, error: ConnectionResetError) -> bool:
+        """Fail the body of the request being received, which will never be whole; drop the
+        request if it is still queued. Whether it is being answered already."""
+        current, self._current = self._current, None
+        if current is None:
+            return False
+        current.body._fail(error)
+        current.keep_alive = False
+        if current in self._waiting:
+            self._waiting.remove(current)
+            return False
+        return True
+
+    def _ignore_upgrade(self) -> None:
+        """`Upgrade:` (h2c, websocket) is ignored, as RFC 9110 allows: the request is
+        answered in HTTP/1.1, and since the parser stops at an upgrade, the connection is
+        closed after the answer."""
+        self._done_reading = True
+        if self._latest is not None:
+            self._latest.keep_alive = False
+        self._abandon_current(ConnectionResetError("an upgrade request's body"))
+        if self._responder is None:
+            self._end()
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size

@@ -4,6 +4,7 @@ what a framework used to do for the gateway and S3 clients rely on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,13 @@ import uvloop
 
 from shoal.s3 import http
 
+_servers: list[http.Server] = []
+
+
+def server_connections() -> set[Any]:
+    """The connections of the server `run` started last (to look at their state)."""
+    return _servers[-1].connections
+
 
 def run(handler: http.Handler, client: Callable[[int], Awaitable[Any]]) -> Any:
     """Serve `handler` on a loopback port and run `client(port)` against it."""
@@ -21,6 +29,7 @@ def run(handler: http.Handler, client: Callable[[int], Awaitable[Any]]) -> Any:
     async def main() -> Any:
         sock = socket.create_server(("127.0.0.1", 0))
         server = await http.serve(handler, sock)
+        _servers.append(server)
         try:
             return await asyncio.wait_for(client(sock.getsockname()[1]), 60)
         finally:
@@ -287,3 +296,137 @@ def test_header_bytes_that_are_not_ascii_round_trip() -> None:
         return head
 
     assert b"\r\nx-amz-meta-name: caf\xc3\xa9 \xff\r\n" in run(mirror, client)
+
+
+def test_an_upgrade_request_is_answered_in_http_1_1_then_closed() -> None:
+    async def client(port: int) -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /h2c HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+        )
+        status, _, _ = await read_response(reader)
+        rest = await reader.read()
+        writer.close()
+        return status, rest
+
+    assert run(echo, client) == (200, b"")
+
+
+def test_a_header_line_that_never_ends_is_refused() -> None:
+    async def client(port: int) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nX-Long: ")
+        for _ in range(64):  # 4 MiB of one header value, no end of line
+            writer.write(b"a" * 65536)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+        status = (await read_response(reader))[0]
+        writer.close()
+        return status
+
+    assert run(echo, client) == 431
+
+
+def test_a_streamed_response_cut_short_closes_the_connection() -> None:
+    async def short(request: http.Request) -> http.Response:
+        response = http.StreamResponse()
+        response.content_length = 10
+        await response.prepare(request)
+        await response.write(b"12345")  # and no more: a read that failed, say
+        await response.write_eof()
+        return response
+
+    async def client(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes("GET", "/short") + request_bytes("GET", "/next"))
+        received = await reader.read()  # up to the server's close
+        writer.close()
+        return received
+
+    received = run(short, client)
+    assert received.endswith(b"\r\n\r\n12345") and received.count(b"HTTP/1.1") == 1
+
+
+def test_a_failure_before_the_first_byte_is_still_answered() -> None:
+    async def failing(request: http.Request) -> http.Response:
+        response = http.StreamResponse()
+        response.content_length = 10
+        await response.prepare(request)
+        raise RuntimeError("the data could not be read")
+
+    async def client(port: int) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes("GET", "/fails"))
+        status = (await read_response(reader))[0]
+        writer.close()
+        return status
+
+    assert run(failing, client) == 500
+
+
+def test_a_half_closed_client_gets_its_answers() -> None:
+    async def client(port: int) -> list[int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes("GET", "/a") + request_bytes("GET", "/b"))
+        writer.write_eof()
+        statuses = [(await read_response(reader))[0] for _ in range(2)]
+        assert await reader.read() == b""
+        writer.close()
+        return statuses
+
+    assert run(echo, client) == [200, 200]
+
+
+def test_garbage_after_a_good_request_is_refused_after_its_answer() -> None:
+    async def client(port: int) -> list[int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes("GET", "/ok") + b"NOT HTTP\r\n\r\n")
+        statuses = [(await read_response(reader))[0] for _ in range(2)]
+        writer.close()
+        return statuses
+
+    assert run(echo, client) == [200, 400]
+
+
+def test_a_client_that_pipelines_and_never_reads_holds_bounded_memory() -> None:
+    async def client(port: int) -> tuple[int, int]:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.set_write_buffer_limits(high=1 << 30)  # send it all regardless
+        writer.write(request_bytes("GET", "/x") * 20000)  # ~0.8 MiB of requests, never read
+        await asyncio.sleep(1.0)
+        (connection,) = server_connections()
+        assert connection._transport is not None
+        queued, buffered = len(connection._waiting), connection._transport.get_write_buffer_size()
+        writer.close()
+        return queued, buffered
+
+    queued, buffered = run(echo, client)
+    # Answers wait for the socket to drain and reading stops with a queue: neither grows with
+    # what the client sent (20,000 answers are ~4 MiB; the kernel's buffers hold some).
+    assert queued < 20000
+    assert buffered < 2 * 1024 * 1024
+
+
+def test_a_body_that_stops_coming_fails_its_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http, "BODY_IDLE_SECONDS", 0.3)
+    failures: list[str] = []
+
+    async def reader_of_body(request: http.Request) -> http.Response:
+        try:
+            async for _ in request.body:
+                pass
+        except http.BodyTimeout:
+            failures.append("timeout")
+            return http.Response(status=400)
+        return http.Response()
+
+    async def client(port: int) -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PUT /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nten bytes!")
+        status = (await read_response(reader))[0]
+        writer.close()
+        return status
+
+    assert run(reader_of_body, client) == 400
+    assert failures == ["timeout"]
