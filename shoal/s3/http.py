@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import email.utils
 import logging
 import socket
 import time
@@ -26,6 +25,8 @@ from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
+
+from shoal import httpdate
 
 log = logging.getLogger("shoal.http")
 
@@ -503,7 +504,7 @@ class _Connection(asyncio.Protocol):
         response)."""
         status = response.status
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nServer: Shoal\r\n"]
-        lines.append(f"Date: {_http_date_now()}\r\n")
+        lines.append(f"Date: {httpdate.now()}\r\n")
         for name, value in request.response_headers.items():
             if name not in response.headers:
                 lines.append(f"{name}: {value}\r\n")
@@ -661,15 +662,3 @@ async def serve(handler: Handler, sock: socket.socket) -> Server:
     server = Server(handler)
     await server.listen(sock)
     return server
-
-
-_date_cache: tuple[int, str] = (0, "")
-
-
-def _http_date_now() -> str:
-    """The Date header's value, formatted once a second."""
-    global _date_cache
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
-    return _date_cache[1]

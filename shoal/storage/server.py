@@ -22,7 +22,6 @@ pool of connections per node (client.py), which bounds the threads.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import http
 import json
 import logging
@@ -32,11 +31,11 @@ import socket
 import socketserver
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from shoal import httpdate
 from shoal.storage import auth
 from shoal.storage.blockfile import (
     BlockCorrupt,
@@ -416,7 +415,7 @@ class _Handler(socketserver.StreamRequestHandler):
     def _reply_headers(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
         """The status line and headers (and a short body) in one write."""
         self.replying = True
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}", f"Date: {_http_date()}"]
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}", f"Date: {httpdate.now()}"]
         lines += [f"{key}: {value}" for key, value in headers.items()]
         if self.close_connection:
             lines.append("Connection: close")
@@ -492,15 +491,3 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int]:
     if start >= size or start >= end:
         raise unsatisfiable
     return start, end
-
-
-_date_cache: tuple[int, str] = (0, "")
-
-
-def _http_date() -> str:
-    """The Date header's value, formatted once a second."""
-    global _date_cache
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
-    return _date_cache[1]
