@@ -3,7 +3,6 @@ turning rows into models, and creating a missing deleted-table window on demand.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -39,7 +38,7 @@ class Component:
         Prepared on first use on each connection (prepared.py): each vnode has its own
         statement text, and these are the statements of every GET, HEAD, PUT and DELETE.
         """
-        statement, names = _point_statement(template, vnode, upper_bound)
+        statement, names = positional(render(template, vnode, upper_bound))
         values = [params[name] for name in names]
 
         async def attempt() -> list[Row]:
@@ -59,7 +58,7 @@ class Component:
         unless `rows` makes them otherwise. Results come in binary: these are the statements
         that return many rows (listings), and timestamps, UUIDs and bytea load faster from
         binary than from text (LIST 1000: +4% pages/s)."""
-        text, names = _shard_statement(statement)
+        text, names = positional(statement)
         async with shard.statement_connection() as conn:
             values = [params[name] for name in names]
             return await prepared.fetch(conn, text, values, binary=True, rows=rows)
@@ -91,21 +90,6 @@ class Component:
 
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
         self.shards.buckets_seen.forget(owner, name)
-
-
-@functools.lru_cache(maxsize=16384)
-def _point_statement(template: str, vnode: int, upper_bound: bool) -> tuple[bytes, tuple[str, ...]]:
-    """A statement of queries.py for one vnode with $n placeholders, and the parameter names
-    in their order (a few dozen statements times the vnodes: all of them fit)."""
-    text, names = positional(render(template, vnode, upper_bound))
-    return text.encode(), names
-
-
-@functools.lru_cache(maxsize=1024)
-def _shard_statement(statement: str) -> tuple[bytes, tuple[str, ...]]:
-    """A shard-wide statement (30-120 KiB) with $n placeholders, converted once."""
-    text, names = positional(statement)
-    return text.encode(), names
 
 
 def object_from_row(row: Row) -> ObjectVersion:

@@ -202,7 +202,7 @@ def _as_s3_error(error: Exception, request_id: str) -> S3Error:
 
 
 def _error_response(request: http.Request, request_id: str, error: S3Error) -> http.Response:
-    headers = {"x-amz-request-id": request_id}
+    headers: dict[str, str] = {}  # x-amz-request-id: every response has it (handle)
     if error.status == 416 and "ActualObjectSize" in error.fields:
         headers["Content-Range"] = f"bytes */{error.fields['ActualObjectSize']}"
     if request.method == "HEAD":

@@ -111,10 +111,6 @@ class Body:
             self._connection.resume_reading()
         return chunk
 
-    def iter_any(self) -> AsyncIterator[bytes]:
-        """The chunks as they come (aiohttp's name, for code written against it)."""
-        return self
-
     def _feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._buffered += len(chunk)
@@ -176,10 +172,6 @@ class Request:
         self.response_started = False
 
     @property
-    def content(self) -> Body:
-        return self.body
-
-    @property
     def host(self) -> str:
         return self.headers.get("host", "")
 
@@ -210,14 +202,6 @@ class Response:
         self.content_length: int | None = len(body) if body is not None else 0
         if content_type is not None:
             self.headers["Content-Type"] = content_type
-
-    @property
-    def content_type(self) -> str | None:
-        return self.headers.get("Content-Type")
-
-    @content_type.setter
-    def content_type(self, value: str) -> None:
-        self.headers["Content-Type"] = value
 
     @property
     def body_bytes_sent(self) -> int:

@@ -138,7 +138,6 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
     response.content_length = end - start
     if wanted:
         response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    response.content_type = headers["Content-Type"]
     if not send_body:
         return response
     await response.prepare(call.request)
