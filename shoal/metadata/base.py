@@ -47,6 +47,14 @@ class Component:
 
         return await self.retrying_window(vnode, attempt)
 
+    async def read_rows(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
+        """Run one read-only statement of queries.py on a vnode and return its rows: batched
+        with the other reads of the vnode's shard that wait at the same time (batched.py)."""
+        statement, names = positional(render(template, vnode))
+        return await self.shards.of_vnode(vnode).reads.fetch(
+            statement, [params[name] for name in names]
+        )
+
     async def shard_rows(
         self,
         shard: Shard,
@@ -81,7 +89,7 @@ class Component:
             return cached  # only valid names are ever cached
         check_bucket_name(name)
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
-        found = await self.rows(vnode, SELECT_BUCKET, {"owner": owner, "name": name})
+        found = await self.read_rows(vnode, SELECT_BUCKET, {"owner": owner, "name": name})
         if not found:
             raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
         bucket = Bucket(**found[0])

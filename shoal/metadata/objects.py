@@ -92,7 +92,7 @@ class Objects(Component):
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
         statement = queries.SELECT_OBJECT_WITH_DATA if with_data else queries.SELECT_OBJECT
-        rows = await self.rows(
+        rows = await self.read_rows(
             vnode, statement, {"owner": owner, "bucket_id": found.id, "name": name}
         )
         if not rows:
@@ -230,7 +230,7 @@ class Objects(Component):
 
     async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id, "name": name}
-        return bool(await self.rows(vnode, queries.SELECT_OBJECT, params))
+        return bool(await self.read_rows(vnode, queries.SELECT_OBJECT, params))
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,13 @@ async def fetch(
         # DEALLOCATE ALL or DISCARD ALL ran on this connection: psycopg sends the former
         # after a ROLLBACK, DROP or ALTER on a connection where it prepared statements of
         # its own. Ours are gone with them: prepare again.
-        _prepared_on[conn].names.clear()
+        forget_prepared(conn)
         result = await _execute(conn, adapt, statement, dumped, result_format)
+    return loaded_rows(result, adapt, statement, rows)
+
+
+def loaded_rows(result: Any, adapt: Transformer, statement: bytes, rows: RowMaker) -> list[Any]:
+    """A successful result's rows, made by `rows` (none for a command without rows)."""
     if result.status == ExecStatus.COMMAND_OK:
         return []
     adapt.set_pgresult(result)
@@ -98,14 +103,14 @@ async def _execute(
     dumped: Sequence[bytes | None],
     result_format: Format,
 ) -> Any:
-    name = await _prepared(conn, adapt, statement)
+    name = await prepared_name(conn, adapt, statement)
     conn.pgconn.send_query_prepared(
         name, dumped, param_formats=adapt.formats, result_format=result_format
     )
     return await _result(conn)
 
 
-async def _prepared(
+async def prepared_name(
     conn: psycopg.AsyncConnection[Any], adapt: Transformer, statement: bytes
 ) -> bytes:
     """The statement's name on this connection, preparing it on first use. Keyed by the
@@ -128,7 +133,18 @@ async def _result(conn: psycopg.AsyncConnection[Any]) -> Any:
     # The connection's own wait: it sleeps on the socket, and a cancelled task cancels the
     # statement in the server and drains its answer, so the connection stays usable.
     results = await conn.wait(generators.execute(conn.pgconn))
-    result = results[-1]
+    return checked(conn, results[-1])
+
+
+def checked(conn: psycopg.AsyncConnection[Any], result: Any) -> Any:
+    """`result` if it succeeded; an error result raised as psycopg raises it."""
     if result.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
         return result
     raise errors.error_from_result(result, encoding=conn.info.encoding)
+
+
+def forget_prepared(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Forget what `conn` prepared (the server dropped it: DEALLOCATE ALL, DISCARD ALL)."""
+    prepared = _prepared_on.get(conn)
+    if prepared is not None:
+        prepared.names.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shoal.config import ShardConfig
 from shoal.metadata import queries
+from shoal.metadata.batched import ReadBatcher
 from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.ring import Ring, vnode_schema
@@ -37,6 +38,10 @@ class Shard:
     name: str
     pool: AsyncConnectionPool
     vnodes: list[int]
+    reads: ReadBatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reads = ReadBatcher(self.pool)
 
     def statement_connection(self) -> PooledConnection:
         """A pooled connection for autocommit statements (`async with`), back in the pool
@@ -105,6 +110,7 @@ class ShardSet:
     async def close(self) -> None:
         await self.buckets_seen.close()
         for shard in self.shards.values():
+            await shard.reads.close()
             await shard.pool.close()
 
     def of_vnode(self, vnode: int) -> Shard:

@@ -1,0 +1,196 @@
+"""Point reads of one shard, sent to PostgreSQL in batches: the reads that wait while a
+batch is out go together in the next one, on one connection, in one pipeline.
+
+Why: a GET or HEAD reads one row. Sent alone, each read is a round trip of its own: a
+write to the server's socket, a wake-up of its backend, a statement, a reply, and on the
+gateway's side a wait on the socket. Under load those are most of the cost of the read,
+for PostgreSQL and for the gateway alike (bench/RESULTS.md, session 10). Batched, a busy
+gateway pays them once for all the reads that arrived during the previous batch, and a
+lone read goes out at once, as before.
+
+A batch runs in libpq's pipeline mode: the statements (each prepared on the connection,
+as prepared.py does) are written together, then one Sync. Between Syncs PostgreSQL runs
+them as one implicit transaction, each with its own snapshot (READ COMMITTED): each read
+sees every write acknowledged before it was sent, as a read of its own would. An error
+in one read aborts the reads after it in the same batch; those are sent again.
+
+Only reads go through here: writes keep their own transaction each (an aborted batch must
+not undo someone else's acknowledged write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import errors, generators
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ExecStatus, Format
+from psycopg_pool import AsyncConnectionPool
+
+from shoal.metadata import prepared
+
+# Batches of one shard out at once, per process: enough to keep a few backends busy, few
+# enough that reads wait for a batch rather than each taking a connection of its own.
+BATCHES_AT_ONCE = 2
+# Reads in one batch: a batch's reads wait for its last, so keep it short.
+READS_PER_BATCH = 32
+
+
+@dataclass
+class _Read:
+    statement: bytes
+    values: Sequence[Any]
+    answer: asyncio.Future[list[prepared.Row]] = field(repr=False)
+
+
+class ReadBatcher:
+    """The batches of one shard's pool."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        batches_at_once: int = BATCHES_AT_ONCE,
+        reads_per_batch: int = READS_PER_BATCH,
+    ) -> None:
+        self.pool = pool
+        self.batches_at_once = batches_at_once
+        self.reads_per_batch = reads_per_batch
+        self._waiting: deque[_Read] = deque()
+        self._senders: set[asyncio.Task[None]] = set()
+        self._sending = 0
+        self.batches_sent = 0  # pipelines written, for tests and the curious
+
+    async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
+        """The rows of a read-only `statement` ($1, $2, ... placeholders) as dicts."""
+        read = _Read(statement, values, asyncio.get_running_loop().create_future())
+        self._waiting.append(read)
+        if self._sending < self.batches_at_once:
+            self._start_sender()
+        return await read.answer
+
+    async def close(self) -> None:
+        for sender in list(self._senders):
+            sender.cancel()
+        await asyncio.gather(*self._senders, return_exceptions=True)
+
+    def _start_sender(self) -> None:
+        # A task, not the caller: a caller that gives up (its client went away) must not
+        # take the batch of the others down with it.
+        self._sending += 1
+        sender = asyncio.create_task(self._send_waiting())
+        self._senders.add(sender)
+        sender.add_done_callback(self._senders.discard)
+
+    async def _send_waiting(self) -> None:
+        """Send batches on one borrowed connection until no read waits. `_sending` counts
+        the senders that will still look at the queue: a sender leaves that count in the
+        same step in which it saw the queue empty, so no read is left waiting unseen."""
+        try:
+            conn = await self.pool.getconn()
+        except Exception as exc:
+            self._sending -= 1
+            _fail(self._next_batch(), exc)
+            self._carry_on()
+            return
+        batch: list[_Read] = []
+        try:
+            while self._waiting:
+                batch = self._next_batch()
+                await self._send(conn, batch)
+            self._sending -= 1
+        except BaseException as exc:
+            self._sending -= 1
+            # The connection's state is unknown (a pipeline may be half read): it goes.
+            await conn.close()
+            if not isinstance(exc, Exception):
+                _fail(batch, psycopg.OperationalError("the metadata connection was closed"))
+                raise
+            _fail(batch, exc)
+            self._carry_on()
+        finally:
+            await self.pool.putconn(conn)
+
+    def _carry_on(self) -> None:
+        """After a failed batch: the reads still waiting get a sender of their own."""
+        if self._waiting and self._sending < self.batches_at_once:
+            self._start_sender()
+
+    def _next_batch(self) -> list[_Read]:
+        batch: list[_Read] = []
+        while self._waiting and len(batch) < self.reads_per_batch:
+            read = self._waiting.popleft()
+            if not read.answer.done():  # its caller may have given up
+                batch.append(read)
+        return batch
+
+    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Read]) -> None:
+        """One pipeline with the batch's reads; each read gets its rows or its error, and
+        those a failed read aborted wait for the next batch."""
+        sent = []
+        for read in batch:
+            adapt = Transformer.from_context(conn)
+            dumped = adapt.dump_sequence(read.values, (PyFormat.AUTO,) * len(read.values))
+            try:
+                name = await prepared.prepared_name(conn, adapt, read.statement)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:  # this statement's own fault: the others go on
+                read.answer.set_exception(exc)
+                continue
+            sent.append((read, adapt, name, dumped))
+        if not sent:
+            return
+        pgconn = conn.pgconn
+        pgconn.enter_pipeline_mode()
+        for _, adapt, name, dumped in sent:
+            pgconn.send_query_prepared(
+                name, dumped, param_formats=adapt.formats, result_format=Format.TEXT
+            )
+        pgconn.pipeline_sync()
+        self.batches_sent += 1
+        answers = await conn.wait(_pipeline_results(pgconn, len(sent)))
+        pgconn.exit_pipeline_mode()
+        aborted = []
+        for (read, adapt, _, _), result in zip(sent, answers, strict=True):
+            if read.answer.done():
+                continue
+            if result.status == ExecStatus.PIPELINE_ABORTED:
+                aborted.append(read)
+                continue
+            try:
+                rows = prepared.loaded_rows(
+                    prepared.checked(conn, result), adapt, read.statement, prepared.dict_rows
+                )
+            except errors.InvalidSqlStatementName:
+                prepared.forget_prepared(conn)  # DEALLOCATE ALL ran on it: prepare again
+                aborted.append(read)
+            except Exception as exc:
+                read.answer.set_exception(exc)
+            else:
+                read.answer.set_result(rows)
+        self._waiting.extendleft(reversed(aborted))
+
+
+def _fail(batch: list[_Read], exc: Exception) -> None:
+    for read in batch:
+        if not read.answer.done():
+            read.answer.set_exception(exc)
+
+
+def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:
+    """Flush the pipeline, then read the last result of each of `count` statements and the
+    Sync that ends them."""
+    yield from generators.send(pgconn)
+    answers = []
+    for _ in range(count):
+        results = yield from generators.fetch_many(pgconn)
+        answers.append(results[-1])
+    synced = yield from generators.fetch_many(pgconn)
+    if not synced or synced[-1].status != ExecStatus.PIPELINE_SYNC:
+        raise psycopg.OperationalError("a pipeline of reads ended without its Sync")
+    return answers

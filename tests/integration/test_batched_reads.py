@@ -1,0 +1,128 @@
+"""Point reads batched per shard (shoal/metadata/batched.py): each read gets its own rows or
+its own error, whatever else shares its pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from shoal.metadata.batched import ReadBatcher
+from tests.fixtures.postgres import MakeStore
+
+ADD = b"SELECT $1::int + 1 AS answer"
+DIVIDE = b"SELECT 100 / $1::int AS answer"
+
+
+def batcher_of(make_store: MakeStore, **kwargs: Any) -> ReadBatcher:
+    pool = make_store(shards=1, vnodes=2, pool_max_size=4).shards.placed()[0].pool
+    return ReadBatcher(pool, **kwargs)
+
+
+def test_reads_waiting_together_share_a_pipeline(make_store: MakeStore, run: Any) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def many() -> list[list[dict[str, Any]]]:
+        return await asyncio.gather(*(reads.fetch(ADD, [n]) for n in range(100)))
+
+    answers = run(many())
+    assert answers == [[{"answer": n + 1}] for n in range(100)]
+    # The first read goes alone; the rest waited for it and go in batches of at most 32.
+    assert 2 <= reads.batches_sent <= 1 + 4
+    run(reads.close())
+
+
+def test_a_failing_read_fails_alone(make_store: MakeStore, run: Any) -> None:
+    """A division by zero in the middle of a batch: the reads after it were aborted by the
+    server and are sent again; only the failing read sees the error."""
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def mixed() -> list[Any]:
+        divisors = [5, 0, 4, 0, 2, 1]
+        return await asyncio.gather(
+            *(reads.fetch(DIVIDE, [d]) for d in divisors), return_exceptions=True
+        )
+
+    first, zero, second, zero_again, third, fourth = run(mixed())
+    assert isinstance(zero, psycopg.errors.DivisionByZero)
+    assert isinstance(zero_again, psycopg.errors.DivisionByZero)
+    assert [first, second, third, fourth] == [
+        [{"answer": 20}],
+        [{"answer": 25}],
+        [{"answer": 50}],
+        [{"answer": 100}],
+    ]
+    run(reads.close())
+
+
+def test_a_statement_that_cannot_be_prepared_fails_alone(make_store: MakeStore, run: Any) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def mixed() -> list[Any]:
+        statements = [ADD, b"SELECT answer FROM no_such_table WHERE n = $1::int", ADD]
+        return await asyncio.gather(
+            *(reads.fetch(s, [n]) for n, s in enumerate(statements)), return_exceptions=True
+        )
+
+    first, missing, last = run(mixed())
+    assert isinstance(missing, psycopg.errors.UndefinedTable)
+    assert (first, last) == ([{"answer": 1}], [{"answer": 3}])
+    run(reads.close())
+
+
+def test_a_caller_that_gives_up_leaves_the_others_their_answers(
+    make_store: MakeStore, run: Any
+) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+    slow = b"SELECT pg_sleep($1::float8) IS NULL AS slept"
+
+    async def one_gives_up() -> list[Any]:
+        first = asyncio.create_task(reads.fetch(slow, [0.2]))  # holds the only sender
+        await asyncio.sleep(0.05)
+        quitter = asyncio.create_task(reads.fetch(ADD, [1]))
+        stayers = [asyncio.create_task(reads.fetch(ADD, [n])) for n in (2, 3)]
+        await asyncio.sleep(0.01)
+        quitter.cancel()
+        return [await first, *[await s for s in stayers]]
+
+    assert run(one_gives_up()) == [[{"slept": False}], [{"answer": 3}], [{"answer": 4}]]
+    run(reads.close())
+
+
+def test_reads_go_on_after_deallocate_all(make_store: MakeStore, run: Any) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def around_deallocate() -> list[Any]:
+        before = await reads.fetch(ADD, [1])
+        async with reads.pool.connection() as conn:  # LIFO pool: the batches' connection
+            await conn.execute("DEALLOCATE ALL")
+        after = await asyncio.gather(*(reads.fetch(ADD, [n]) for n in (2, 3)))
+        return [before, *after]
+
+    assert run(around_deallocate()) == [[{"answer": 2}], [{"answer": 3}], [{"answer": 4}]]
+    run(reads.close())
+
+
+def test_a_lost_connection_fails_its_batch_and_the_next_reads_reconnect(
+    make_store: MakeStore, run: Any
+) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+    backend = b"SELECT pg_backend_pid() AS pid, pg_sleep($1::float8) IS NULL AS slept"
+
+    async def killed() -> list[Any]:
+        pid = (await reads.fetch(backend, [0]))[0]["pid"]
+        doomed = asyncio.create_task(reads.fetch(backend, [5]))
+        await asyncio.sleep(0.2)
+        async with await psycopg.AsyncConnection.connect(
+            reads.pool.conninfo, autocommit=True
+        ) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(doomed, 10)
+        return await reads.fetch(backend, [0])
+
+    [row] = run(killed())
+    assert row["slept"] is False
+    run(reads.close())
