@@ -28,7 +28,6 @@ from typing import Any
 
 import psycopg
 from psycopg import errors, generators
-from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus, Format
 from psycopg_pool import AsyncConnectionPool
 
@@ -133,30 +132,32 @@ class ReadBatcher:
         those a failed read aborted wait for the next batch."""
         sent = []
         for read in batch:
-            adapt = Transformer.from_context(conn)
-            dumped = adapt.dump_sequence(read.values, (PyFormat.AUTO,) * len(read.values))
+            parameters = prepared.dumped(conn, read.values)
             try:
-                name = await prepared.prepared_name(conn, adapt, read.statement)
+                name = await prepared.prepared_name(conn, read.statement, parameters)
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:  # this statement's own fault: the others go on
                 read.answer.set_exception(exc)
                 continue
-            sent.append((read, adapt, name, dumped))
+            sent.append((read, name, parameters))
         if not sent:
             return
         pgconn = conn.pgconn
         pgconn.enter_pipeline_mode()
-        for _, adapt, name, dumped in sent:
+        for _, name, parameters in sent:
             pgconn.send_query_prepared(
-                name, dumped, param_formats=adapt.formats, result_format=Format.TEXT
+                name,
+                parameters.dumped,
+                param_formats=parameters.formats,
+                result_format=Format.BINARY,
             )
         pgconn.pipeline_sync()
         self.batches_sent += 1
         answers = await conn.wait(_pipeline_results(pgconn, len(sent)))
         pgconn.exit_pipeline_mode()
         aborted = []
-        for (read, adapt, _, _), result in zip(sent, answers, strict=True):
+        for (read, _, _), result in zip(sent, answers, strict=True):
             if read.answer.done():
                 continue
             if result.status == ExecStatus.PIPELINE_ABORTED:
@@ -164,7 +165,7 @@ class ReadBatcher:
                 continue
             try:
                 rows = prepared.loaded_rows(
-                    prepared.checked(conn, result), adapt, read.statement, prepared.dict_rows
+                    conn, prepared.checked(conn, result), read.statement, prepared.dict_rows
                 )
             except errors.InvalidSqlStatementName:
                 prepared.forget_prepared(conn)  # DEALLOCATE ALL ran on it: prepare again

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -27,14 +28,18 @@ Row = dict[str, Any]
 
 
 class _Prepared:
-    """What one connection has prepared: (statement text, parameter types) -> name. Names
-    are never reused on a connection, even after `names` was emptied: a statement whose
-    PREPARE was interrupted, or one that outlived a forgotten DEALLOCATE, may still hold
-    its name in the server."""
+    """What one connection has prepared: (statement text, parameter types) -> name, and the
+    Transformers that adapt values for it. Names are never reused on a connection, even
+    after `names` was emptied: a statement whose PREPARE was interrupted, or one that
+    outlived a forgotten DEALLOCATE, may still hold its name in the server."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.names: dict[Any, bytes] = {}
         self.made = 0
+        self.dumper = Transformer.from_context(conn)
+        # Per (statement, result format): a Transformer whose loaders suit its columns.
+        # Choosing a loader per column is a third of the cost of loading a row.
+        self.loaders: dict[tuple[bytes, int], Transformer] = {}
 
     def new_name(self) -> bytes:
         self.made += 1
@@ -57,6 +62,16 @@ def dict_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], Row]:
     return lambda values: dict(zip(columns, values, strict=True))
 
 
+@dataclass(frozen=True)
+class Parameters:
+    """A statement's values as they travel: bytes (or None for NULL), their types and
+    formats (binary or text)."""
+
+    dumped: Sequence[bytes | None]
+    types: tuple[int, ...]
+    formats: Sequence[Format]
+
+
 async def fetch(
     conn: psycopg.AsyncConnection[Any],
     statement: bytes,
@@ -67,27 +82,41 @@ async def fetch(
 ) -> list[Any]:
     """Run `statement` (placeholders $1, $2, ...) with `values` and return its rows, made by
     `rows` (dicts by default; none for a statement that returns no rows). `binary` results
-    load faster for many rows (timestamps, UUIDs, bytea) but need a binary loader for every
-    column's type (hstore has none)."""
-    adapt = Transformer.from_context(conn)
-    dumped = adapt.dump_sequence(values, _AUTO * len(values))
+    load faster (timestamps, UUIDs, bytea, hstore): the statements of GET and HEAD and of
+    listings use them; others keep text, which any column type has."""
+    parameters = dumped(conn, values)
     result_format = Format.BINARY if binary else Format.TEXT
     try:
-        result = await _execute(conn, adapt, statement, dumped, result_format)
+        result = await _execute(conn, statement, parameters, result_format)
     except errors.InvalidSqlStatementName:
         # DEALLOCATE ALL or DISCARD ALL ran on this connection: psycopg sends the former
         # after a ROLLBACK, DROP or ALTER on a connection where it prepared statements of
         # its own. Ours are gone with them: prepare again.
         forget_prepared(conn)
-        result = await _execute(conn, adapt, statement, dumped, result_format)
-    return loaded_rows(result, adapt, statement, rows)
+        result = await _execute(conn, statement, parameters, result_format)
+    return loaded_rows(conn, result, statement, rows)
 
 
-def loaded_rows(result: Any, adapt: Transformer, statement: bytes, rows: RowMaker) -> list[Any]:
+def dumped(conn: psycopg.AsyncConnection[Any], values: Sequence[Any]) -> Parameters:
+    adapt = _state(conn).dumper
+    data = adapt.dump_sequence(values, _AUTO * len(values))
+    return Parameters(data, adapt.types or (), adapt.formats or ())
+
+
+def loaded_rows(
+    conn: psycopg.AsyncConnection[Any], result: Any, statement: bytes, rows: RowMaker
+) -> list[Any]:
     """A successful result's rows, made by `rows` (none for a command without rows)."""
     if result.status == ExecStatus.COMMAND_OK:
         return []
-    adapt.set_pgresult(result)
+    loaders = _state(conn).loaders
+    key = (statement, result.fformat(0) if result.nfields else 0)
+    adapt = loaders.get(key)
+    if adapt is None:
+        adapt = loaders[key] = Transformer.from_context(conn)
+        adapt.set_pgresult(result)
+    else:
+        adapt.set_pgresult(result, set_loaders=False)
     columns = _columns.get(statement)
     if columns is None:
         columns = _columns[statement] = tuple(
@@ -98,34 +127,38 @@ def loaded_rows(result: Any, adapt: Transformer, statement: bytes, rows: RowMake
 
 async def _execute(
     conn: psycopg.AsyncConnection[Any],
-    adapt: Transformer,
     statement: bytes,
-    dumped: Sequence[bytes | None],
+    parameters: Parameters,
     result_format: Format,
 ) -> Any:
-    name = await prepared_name(conn, adapt, statement)
+    name = await prepared_name(conn, statement, parameters)
     conn.pgconn.send_query_prepared(
-        name, dumped, param_formats=adapt.formats, result_format=result_format
+        name, parameters.dumped, param_formats=parameters.formats, result_format=result_format
     )
     return await _result(conn)
 
 
 async def prepared_name(
-    conn: psycopg.AsyncConnection[Any], adapt: Transformer, statement: bytes
+    conn: psycopg.AsyncConnection[Any], statement: bytes, parameters: Parameters
 ) -> bytes:
     """The statement's name on this connection, preparing it on first use. Keyed by the
     parameters' types too: a NULL in one call and a value in the next differ."""
-    prepared = _prepared_on.get(conn)
-    if prepared is None:
-        prepared = _prepared_on[conn] = _Prepared()
-    key = (statement, tuple(adapt.types or ()))
+    prepared = _state(conn)
+    key = (statement, parameters.types)
     name = prepared.names.get(key)
     if name is None:
         name = prepared.new_name()
-        conn.pgconn.send_prepare(name, statement, param_types=adapt.types)
+        conn.pgconn.send_prepare(name, statement, param_types=parameters.types)
         await _result(conn)
         prepared.names[key] = name
     return name
+
+
+def _state(conn: psycopg.AsyncConnection[Any]) -> _Prepared:
+    prepared = _prepared_on.get(conn)
+    if prepared is None:
+        prepared = _prepared_on[conn] = _Prepared(conn)
+    return prepared
 
 
 async def _result(conn: psycopg.AsyncConnection[Any]) -> Any:
@@ -148,3 +181,4 @@ def forget_prepared(conn: psycopg.AsyncConnection[Any]) -> None:
     prepared = _prepared_on.get(conn)
     if prepared is not None:
         prepared.names.clear()
+        prepared.loaders.clear()
