@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
+from shoal import logs
 from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
@@ -35,7 +36,7 @@ from shoal.s3.router import Address, Endpoint, address, route
 from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 
 log = logging.getLogger("shoal.s3")
-access_log = logging.getLogger("shoal.access")
+access_log = logs.AccessLog()
 
 Handler = Callable[["Call"], Awaitable[http.Response]]
 HANDLERS: dict[Endpoint, Handler] = {}
@@ -222,13 +223,9 @@ def _log_access(
 ) -> None:
     # Body bytes (not the head), as S3's access logs count them: what was written of a
     # streamed body, however far it got.
-    access_log.info(
-        "%s account=%s op=%s status=%d bytes_in=%s bytes_out=%s ms=%.1f",
-        request_id,
-        call.account if call else "-",
-        call.endpoint.name if call else "-",
-        response.status,
-        request.content_length or 0,
-        response.body_bytes_sent,
-        (time.monotonic() - started) * 1000,
+    account, operation = (call.account, call.endpoint.name) if call else ("-", "-")
+    access_log.line(
+        f"{request_id} account={account} op={operation} status={response.status} "
+        f"bytes_in={request.content_length or 0} bytes_out={response.body_bytes_sent} "
+        f"ms={(time.monotonic() - started) * 1000:.1f}"
     )
