@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors, generators
-from psycopg.pq import ExecStatus, Format
+from psycopg.pq import ExecStatus
 from psycopg_pool import AsyncConnectionPool
 
 from shoal.metadata import prepared
@@ -45,6 +45,11 @@ class _Read:
     statement: bytes
     values: Sequence[Any]
     answer: asyncio.Future[list[prepared.Row]] = field(repr=False)
+    prepared_again: bool = False  # after InvalidSqlStatementName, once
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.answer.done():  # its caller may have given up
+            self.answer.set_exception(exc)
 
 
 class ReadBatcher:
@@ -62,10 +67,13 @@ class ReadBatcher:
         self._waiting: deque[_Read] = deque()
         self._senders: set[asyncio.Task[None]] = set()
         self._sending = 0
+        self._closed = False
         self.batches_sent = 0  # pipelines written, for tests and the curious
 
     async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
         """The rows of a read-only `statement` ($1, $2, ... placeholders) as dicts."""
+        if self._closed:
+            raise psycopg.OperationalError("the metadata store is closed")
         read = _Read(statement, values, asyncio.get_running_loop().create_future())
         self._waiting.append(read)
         if self._sending < self.batches_at_once:
@@ -73,9 +81,12 @@ class ReadBatcher:
         return await read.answer
 
     async def close(self) -> None:
+        """Stop: reads still waiting, or in a batch, fail; later reads are refused."""
+        self._closed = True
         for sender in list(self._senders):
             sender.cancel()
         await asyncio.gather(*self._senders, return_exceptions=True)
+        _fail(self._take_all(), psycopg.OperationalError("the metadata store is closed"))
 
     def _start_sender(self) -> None:
         # A task, not the caller: a caller that gives up (its client went away) must not
@@ -91,8 +102,10 @@ class ReadBatcher:
         same step in which it saw the queue empty, so no read is left waiting unseen."""
         try:
             conn = await self.pool.getconn()
-        except Exception as exc:
+        except BaseException as exc:
             self._sending -= 1
+            if not isinstance(exc, Exception):
+                raise  # cancelled by close(), which fails what waits
             _fail(self._next_batch(), exc)
             self._carry_on()
             return
@@ -107,7 +120,7 @@ class ReadBatcher:
             # The connection's state is unknown (a pipeline may be half read): it goes.
             await conn.close()
             if not isinstance(exc, Exception):
-                _fail(batch, psycopg.OperationalError("the metadata connection was closed"))
+                _fail(batch, psycopg.OperationalError("the metadata store is closed"))
                 raise
             _fail(batch, exc)
             self._carry_on()
@@ -116,7 +129,7 @@ class ReadBatcher:
 
     def _carry_on(self) -> None:
         """After a failed batch: the reads still waiting get a sender of their own."""
-        if self._waiting and self._sending < self.batches_at_once:
+        if self._waiting and self._sending < self.batches_at_once and not self._closed:
             self._start_sender()
 
     def _next_batch(self) -> list[_Read]:
@@ -127,18 +140,22 @@ class ReadBatcher:
                 batch.append(read)
         return batch
 
+    def _take_all(self) -> list[_Read]:
+        reads, self._waiting = list(self._waiting), deque()
+        return reads
+
     async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Read]) -> None:
         """One pipeline with the batch's reads; each read gets its rows or its error, and
         those a failed read aborted wait for the next batch."""
         sent = []
         for read in batch:
-            parameters = prepared.dumped(conn, read.values)
             try:
+                parameters = prepared.dumped(conn, read.values)
                 name = await prepared.prepared_name(conn, read.statement, parameters)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:  # this statement's own fault: the others go on
-                read.answer.set_exception(exc)
+            except Exception as exc:
+                if conn.closed:  # the connection is lost, for every read of the batch
+                    raise
+                read.fail(exc)  # this read's own fault (a value, its statement): the rest go on
                 continue
             sent.append((read, name, parameters))
         if not sent:
@@ -146,41 +163,39 @@ class ReadBatcher:
         pgconn = conn.pgconn
         pgconn.enter_pipeline_mode()
         for _, name, parameters in sent:
-            pgconn.send_query_prepared(
-                name,
-                parameters.dumped,
-                param_formats=parameters.formats,
-                result_format=Format.BINARY,
-            )
+            prepared.send_prepared(conn, name, parameters)
         pgconn.pipeline_sync()
         self.batches_sent += 1
         answers = await conn.wait(_pipeline_results(pgconn, len(sent)))
         pgconn.exit_pipeline_mode()
-        aborted = []
-        for (read, _, _), result in zip(sent, answers, strict=True):
+        again = []
+        for (read, name, _), result in zip(sent, answers, strict=True):
             if read.answer.done():
                 continue
             if result.status == ExecStatus.PIPELINE_ABORTED:
-                aborted.append(read)
+                again.append(read)
                 continue
             try:
-                rows = prepared.loaded_rows(
-                    conn, prepared.checked(conn, result), read.statement, prepared.dict_rows
-                )
-            except errors.InvalidSqlStatementName:
-                prepared.forget_prepared(conn)  # DEALLOCATE ALL ran on it: prepare again
-                aborted.append(read)
+                rows = prepared.loaded_rows(conn, prepared.checked(conn, result), name)
+            except errors.InvalidSqlStatementName as exc:
+                # DEALLOCATE ALL ran on the connection: prepare again, once (a statement
+                # that raises this error itself must not go round for ever).
+                if read.prepared_again:
+                    read.fail(exc)
+                    continue
+                prepared.forget_prepared(conn)
+                read.prepared_again = True
+                again.append(read)
             except Exception as exc:
-                read.answer.set_exception(exc)
+                read.fail(exc)
             else:
                 read.answer.set_result(rows)
-        self._waiting.extendleft(reversed(aborted))
+        self._waiting.extendleft(reversed(again))
 
 
-def _fail(batch: list[_Read], exc: Exception) -> None:
-    for read in batch:
-        if not read.answer.done():
-            read.answer.set_exception(exc)
+def _fail(reads: list[_Read], exc: BaseException) -> None:
+    for read in reads:
+        read.fail(exc)
 
 
 def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:

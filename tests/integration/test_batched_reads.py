@@ -14,6 +14,7 @@ from tests.fixtures.postgres import MakeStore
 
 ADD = b"SELECT $1::int + 1 AS answer"
 DIVIDE = b"SELECT 100 / $1::int AS answer"
+SLEEP = b"SELECT pg_sleep($1::float8) IS NULL AS slept"
 
 
 def batcher_of(make_store: MakeStore, **kwargs: Any) -> ReadBatcher:
@@ -125,4 +126,106 @@ def test_a_lost_connection_fails_its_batch_and_the_next_reads_reconnect(
 
     [row] = run(killed())
     assert row["slept"] is False
+    run(reads.close())
+
+
+def test_the_same_text_with_other_parameter_types_loads_its_own_columns(
+    make_store: MakeStore, run: Any
+) -> None:
+    """`SELECT $1` is prepared once per parameter type, and its column's type follows: rows
+    are loaded with the loaders of the statement they came from."""
+    reads = batcher_of(make_store)
+    echo = b"SELECT $1 AS v"
+
+    async def echoes() -> list[Any]:
+        return [await reads.fetch(echo, [value]) for value in (1, 100000, "abc")]
+
+    assert run(echoes()) == [[{"v": 1}], [{"v": 100000}], [{"v": "abc"}]]
+    run(reads.close())
+
+
+def test_closing_fails_the_waiting_reads_and_refuses_new_ones(
+    make_store: MakeStore, run: Any
+) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def close_under_reads() -> list[Any]:
+        out = asyncio.create_task(reads.fetch(SLEEP, [0.5]))
+        await asyncio.sleep(0.1)  # the only sender is in its pipeline
+        queued = [asyncio.create_task(reads.fetch(ADD, [n])) for n in range(3)]
+        await asyncio.sleep(0.01)
+        await reads.close()
+        _, pending = await asyncio.wait([out, *queued], timeout=3)
+        assert not pending
+        with pytest.raises(psycopg.OperationalError):
+            await reads.fetch(ADD, [1])
+        return [type(t.exception()) for t in [out, *queued]]
+
+    assert run(close_under_reads()) == [psycopg.OperationalError] * 4
+
+
+def test_a_value_that_cannot_be_sent_fails_alone(make_store: MakeStore, run: Any) -> None:
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def batch_with_a_nul() -> list[Any]:
+        out = asyncio.create_task(reads.fetch(SLEEP, [0.2]))
+        await asyncio.sleep(0.05)
+        statements = [(ADD, [1]), (b"SELECT length($1::text) AS n", ["a\x00b"]), (ADD, [2])]
+        together = [reads.fetch(s, v) for s, v in statements]
+        return (await asyncio.gather(out, *together, return_exceptions=True))[1:]
+
+    first, nul, last = run(batch_with_a_nul())
+    assert isinstance(nul, psycopg.DataError)
+    assert (first, last) == ([{"answer": 2}], [{"answer": 3}])
+    run(reads.close())
+
+
+def test_a_statement_raising_invalid_statement_name_itself_is_retried_once(
+    make_store: MakeStore, run: Any
+) -> None:
+    """Only a DEALLOCATE ALL should make a read prepare again; a statement that raises that
+    SQLSTATE on its own gets its error after one retry."""
+    reads = batcher_of(make_store, batches_at_once=1)
+
+    async def raising() -> Any:
+        async with reads.pool.connection() as conn:
+            await conn.execute(
+                "CREATE FUNCTION raises_26000(int) RETURNS int LANGUAGE plpgsql "
+                "AS $$ BEGIN RAISE EXCEPTION 'no' USING ERRCODE = '26000'; END $$"
+            )
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            await asyncio.wait_for(reads.fetch(b"SELECT raises_26000($1::int) AS v", [1]), 5)
+        return reads.batches_sent
+
+    assert run(raising()) == 2
+    run(reads.close())
+
+
+def test_a_cancelled_prepare_fails_alone(make_store: MakeStore, run: Any) -> None:
+    """A PREPARE cancelled in the server (pg_cancel_backend, as statement_timeout would)
+    fails its own read; the others of the batch are answered on the same connection."""
+    reads = batcher_of(make_store, batches_at_once=1)
+    pid_of = b"SELECT pg_backend_pid() AS pid"
+
+    async def cancelled_while_locked() -> list[Any]:
+        async with reads.pool.connection() as conn:
+            await conn.execute("CREATE TABLE locked (n int)")
+        pid = (await reads.fetch(pid_of, []))[0]["pid"]
+        await reads.fetch(ADD, [0])
+        async with await psycopg.AsyncConnection.connect(reads.pool.conninfo) as locker:
+            await locker.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")
+            together = [
+                asyncio.create_task(reads.fetch(ADD, [1])),
+                asyncio.create_task(reads.fetch(b"SELECT n FROM locked WHERE n = $1::int", [1])),
+                asyncio.create_task(reads.fetch(ADD, [2])),
+            ]
+            await asyncio.sleep(0.3)  # the sender's PREPARE waits for the lock
+            await locker.execute("SELECT pg_cancel_backend(%s)", [pid])
+            answers = await asyncio.gather(*together, return_exceptions=True)
+        same_backend = (await reads.fetch(pid_of, []))[0]["pid"] == pid
+        return [*answers, same_backend]
+
+    first, cancelled, last, same_backend = run(cancelled_while_locked())
+    assert isinstance(cancelled, psycopg.errors.QueryCanceled)
+    assert (first, last, same_backend) == ([{"answer": 2}], [{"answer": 3}], True)
     run(reads.close())

@@ -101,7 +101,7 @@ def test_prepared_statements_survive_deallocate_all_and_errors(
             after_discard = await prepared.fetch(conn, statement, [2, "c"])
             with pytest.raises(psycopg.errors.DivisionByZero):
                 await prepared.fetch(conn, b"SELECT 1 / $1::int AS x", [0])
-            binary = await prepared.fetch(conn, statement, [3, "d"], binary=True)
+            binary = await prepared.fetch(conn, statement, [3, "d"])
             nothing = await prepared.fetch(conn, b"SET application_name = 'x'", [])
             return [first, again, after_discard, binary, nothing]
 
