@@ -77,10 +77,9 @@ def test_a_caller_that_gives_up_leaves_the_others_their_answers(
     make_store: MakeStore, run: Any
 ) -> None:
     reads = batcher_of(make_store, batches_at_once=1)
-    slow = b"SELECT pg_sleep($1::float8) IS NULL AS slept"
 
     async def one_gives_up() -> list[Any]:
-        first = asyncio.create_task(reads.fetch(slow, [0.2]))  # holds the only sender
+        first = asyncio.create_task(reads.fetch(SLEEP, [0.2]))  # holds the only sender
         await asyncio.sleep(0.05)
         quitter = asyncio.create_task(reads.fetch(ADD, [1]))
         stayers = [asyncio.create_task(reads.fetch(ADD, [n])) for n in (2, 3)]
