@@ -36,10 +36,10 @@ class Component:
         """Run one statement of queries.py on a vnode (autocommit) and return its rows.
 
         Prepared on first use on each connection (prepared.py): each vnode has its own
-        statement text, and these are the statements of every GET, HEAD, PUT and DELETE.
+        statement text. These are the writes of every PUT and DELETE; reads go through
+        read_rows.
         """
-        statement, names = positional(render(template, vnode, upper_bound))
-        values = [params[name] for name in names]
+        statement, values = _bound(template, vnode, params, upper_bound)
 
         async def attempt() -> list[Row]:
             async with self.shards.of_vnode(vnode).statement_connection() as conn:
@@ -50,10 +50,8 @@ class Component:
     async def read_rows(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one read-only statement of queries.py on a vnode and return its rows: batched
         with the other reads of the vnode's shard that wait at the same time (batched.py)."""
-        statement, names = positional(render(template, vnode))
-        return await self.shards.of_vnode(vnode).reads.fetch(
-            statement, [params[name] for name in names]
-        )
+        statement, values = _bound(template, vnode, params)
+        return await self.shards.of_vnode(vnode).reads.fetch(statement, values)
 
     async def shard_rows(
         self,
@@ -96,6 +94,14 @@ class Component:
 
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
         self.shards.buckets_seen.forget(owner, name)
+
+
+def _bound(
+    template: str, vnode: int, params: Mapping[str, Any], upper_bound: bool = False
+) -> tuple[bytes, list[Any]]:
+    """A statement of queries.py for a vnode, as prepared.py sends it, and its values."""
+    statement, names = positional(render(template, vnode, upper_bound))
+    return statement, [params[name] for name in names]
 
 
 def object_from_row(row: Row) -> ObjectVersion:

@@ -73,7 +73,7 @@ class ReadBatcher:
     async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
         """The rows of a read-only `statement` ($1, $2, ... placeholders) as dicts."""
         if self._closed:
-            raise psycopg.OperationalError("the metadata store is closed")
+            raise _store_closed()
         read = _Read(statement, values, asyncio.get_running_loop().create_future())
         self._waiting.append(read)
         if self._sending < self.batches_at_once:
@@ -86,7 +86,7 @@ class ReadBatcher:
         for sender in list(self._senders):
             sender.cancel()
         await asyncio.gather(*self._senders, return_exceptions=True)
-        _fail(self._take_all(), psycopg.OperationalError("the metadata store is closed"))
+        _fail(self._take_all(), _store_closed())
 
     def _start_sender(self) -> None:
         # A task, not the caller: a caller that gives up (its client went away) must not
@@ -120,7 +120,7 @@ class ReadBatcher:
             # The connection's state is unknown (a pipeline may be half read): it goes.
             await conn.close()
             if not isinstance(exc, Exception):
-                _fail(batch, psycopg.OperationalError("the metadata store is closed"))
+                _fail(batch, _store_closed())
                 raise
             _fail(batch, exc)
             self._carry_on()
@@ -191,6 +191,10 @@ class ReadBatcher:
             else:
                 read.answer.set_result(rows)
         self._waiting.extendleft(reversed(again))
+
+
+def _store_closed() -> psycopg.OperationalError:
+    return psycopg.OperationalError("the metadata store is closed")
 
 
 def _fail(reads: list[_Read], exc: BaseException) -> None:
