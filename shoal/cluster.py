@@ -261,6 +261,7 @@ async def _serving_gateway(
     path = data_path(config, store)
     gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
     server = await http.serve(make_handler(gateway), sock)
+    shoal.loop.settle_heap()
     try:
         yield credentials, path
     finally:

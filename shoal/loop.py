@@ -8,12 +8,17 @@ Every process of Shoal that serves or calls over the network runs its loop throu
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import uvloop
 
 T = TypeVar("T")
+
+# Net new container objects between young collections (CPython's default: 700). A page of
+# 1000 listed keys makes a few thousand at once.
+YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -24,3 +29,19 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A uvloop loop for code that drives one by hand (test fixtures, Spark executors)."""
     return uvloop.new_event_loop()
+
+
+def settle_heap() -> None:
+    """After a server process has started: keep the cyclic garbage collector off what startup
+    built, and let it run less often.
+
+    A listing page holds a few thousand rows and entries at once. At CPython's default
+    threshold each page set off several young collections, and each moved the page's live
+    rows a generation up, toward the collections that walk everything startup allocated.
+    Measured with bench/gateway_instructions.py list: 14.15 million instructions a page,
+    13.18 million with this, 12.84 million with no collection at all.
+    """
+    gc.collect()
+    gc.freeze()  # what exists now is never collected again, so it is not walked either
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)

@@ -8,6 +8,8 @@ or removes a version with blocks records it in manta_bucket_deleted_object exact
 from __future__ import annotations
 
 import asyncio
+import functools
+import operator
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from shoal.metadata.models import (
     ObjectWrite,
 )
 from shoal.metadata.names import check_listing_text, check_object_name
+from shoal.metadata.prepared import RowMaker
 from shoal.metadata.shards import render_arms
 
 MAX_KEYS = 1000
@@ -159,17 +162,53 @@ class Objects(Component):
             raise InvalidName(f"limit must be between 0 and {MAX_KEYS}")
         found = await self.bucket(owner, bucket)
         wanted = limit + 1  # one more than the page says whether it is truncated
+        bounds = key_range(prefix, delimiter, marker)
+        entries: Sequence[ObjectSummary | CommonPrefix] = []
+        if limit and bounds is not None:
+            if delimiter:
+                entries = await self._rolled_up(owner, found.id, prefix, delimiter, marker, wanted)
+            else:
+                entries = await self._keys(owner, found.id, bounds, wanted)
+        truncated = len(entries) > limit
+        return ListingPage(
+            entries=list(entries[:limit]),
+            is_truncated=truncated,
+            next_marker=_entry_key(entries[limit - 1]) if truncated else None,
+        )
+
+    async def _keys(
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, bounds: tuple[str, str | None], wanted: int
+    ) -> list[ObjectSummary]:
+        """The first `wanted` keys in `bounds`: one round, exact (LIST_NAMES_MERGE)."""
+        reading = Reading("", "", bounds, rows=0, arm_limit=0, skip_scan=False)
+        pages = await self._read_arms(owner, bucket_id, reading, wanted, _summaries)
+        return merge_sorted(pages, key_of=_name_of, limit=wanted)
+
+    async def _rolled_up(
+        self,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        prefix: str,
+        delimiter: str,
+        marker: str,
+        wanted: int,
+    ) -> list[ObjectSummary | CommonPrefix]:
+        """The first `wanted` entries after `marker`, keys that share a common prefix as one.
+
+        Rows are read in order, up to a budget a round, until they prove to be many keys per
+        common prefix; then the rounds skip-scan, `arm_limit` steps per vnode.
+        """
         shards = self.shards.placed()
         arms_per_shard = max(len(shard.vnodes) for shard in shards)
-        # A delimiter listing reads rows in order, up to a budget a round, until they prove to
-        # be many keys per common prefix; then it skip-scans, `arm_limit` steps per vnode.
         rows = first_row_budget(wanted)
         arm_limit = first_arm_limit(wanted, self.shards.ring.vnodes)
         skip_scan = False
         entries: list[ObjectSummary | CommonPrefix] = []
-        while limit and (bounds := key_range(prefix, delimiter, marker)) is not None:
+        while (bounds := key_range(prefix, delimiter, marker)) is not None:
             reading = Reading(prefix, delimiter, bounds, rows, arm_limit, skip_scan)
-            pages = await self._read_arms(owner, found.id, reading, wanted - len(entries))
+            pages = await self._read_arms(
+                owner, bucket_id, reading, wanted - len(entries), _listed_rows
+            )
             # Each shard's page is complete up to its `through` (on its last row, if on any);
             # all are up to the least.
             ends = [page[-1][1] for page in pages if page and page[-1][1]]
@@ -192,17 +231,16 @@ class Objects(Component):
                 arm_limit = first_arm_limit(missing, self.shards.ring.vnodes)
             else:
                 rows = next_row_budget(rows, len(found_now), missing)
-        truncated = len(entries) > limit
-        entries = entries[:limit]
-        return ListingPage(
-            entries=entries,
-            is_truncated=truncated,
-            next_marker=_entry_key(entries[-1]) if truncated else None,
-        )
+        return entries
 
     async def _read_arms(
-        self, owner: uuid.UUID, bucket_id: uuid.UUID, reading: Reading, limit: int
-    ) -> list[list[_ListedRow]]:
+        self,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        reading: Reading,
+        limit: int,
+        rows: RowMaker,
+    ) -> list[list[Any]]:
         """Per shard: up to `limit` entries in key order, as `reading` says to read them."""
         lower, upper = reading.bounds
         params = {
@@ -219,10 +257,7 @@ class Objects(Component):
         return await asyncio.gather(
             *(
                 self.shard_rows(
-                    shard,
-                    listing_statement(tuple(shard.vnodes), reading),
-                    params,
-                    rows=_listed_rows,
+                    shard, listing_statement(tuple(shard.vnodes), reading), params, rows=rows
                 )
                 for shard in self.shards.placed()
             )
@@ -263,13 +298,14 @@ def check_version_id(version_id: uuid.UUID) -> None:
         raise InvalidName(f"version id {version_id} is not a UUIDv7")
 
 
-# The columns every listing statement returns (listing_statement), in _listed_rows's order.
+# The columns of every delimiter listing's statement (listing_statement), in _listed_rows's
+# order.
 _LISTED_COLUMNS = "key through prefix last_modified content_length etag"
 
 
-# A listing row: (key, through, entry). `key` is the entry's name or common prefix, the
-# order pages merge on; `through` says how far the shard's page is complete (the same on
-# every row). A plain tuple: a named one costs a constructor call per row.
+# A delimiter listing's row: (key, through, entry). `key` is the entry's name or common
+# prefix, the order pages merge on; `through` says how far the shard's page is complete (the
+# same on every row). A plain tuple: a named one costs a constructor call per row.
 _ListedRow = tuple[str, str | None, ObjectSummary | CommonPrefix]
 
 
@@ -289,7 +325,17 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
     return make
 
 
+def _summaries(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ObjectSummary]:
+    """The rows of a listing without a delimiter, which are ObjectSummary's fields in order,
+    made into ObjectSummary by psycopg's row loop with no Python function per row (a page
+    of 1000: 0.37 ms loaded through _listed_rows's, 0.10 ms as plain tuples)."""
+    if columns != ObjectSummary._fields:
+        raise ValueError(f"a listing returned {columns}, not {ObjectSummary._fields}")
+    return functools.partial(_new_tuple, ObjectSummary)
+
+
 _new_tuple = tuple.__new__
+_name_of = operator.attrgetter("name")
 
 
 def _entry_key(entry: ObjectSummary | CommonPrefix) -> str:

@@ -301,7 +301,7 @@ coalesce(encode(content_md5, 'hex'), '') || coalesce('-' || parts_count, '') AS 
 # arms as a Merge Append, pulling from each only the rows the page takes (a 1000-key page
 # over 64 vnodes reads 1,001 rows, where bounded rounds of 32 rows an arm read 2,048 and
 # sorted them: 1.9 against 4.3 ms in PostgreSQL). Each arm's LIMIT is the whole page, so one
-# round is exact; the columns are every listing statement's, `through` NULL (complete).
+# round is exact. Its columns are ObjectSummary's fields, in their order (objects._summaries).
 LIST_NAMES_ARM = """
 (SELECT name, {listed_columns}
  FROM {schema}.manta_bucket_object
@@ -311,8 +311,7 @@ LIST_NAMES_ARM = """
 """
 
 LIST_NAMES_MERGE = """
-SELECT name AS key, NULL::text AS prefix, {last_modified}, content_length, {etag},
-       NULL::text AS through
+SELECT name, {last_modified}, content_length, {etag}
 FROM ({arms}) AS arms
 ORDER BY name
 LIMIT %(limit)s

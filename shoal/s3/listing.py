@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -32,13 +33,20 @@ def max_keys(call: Call, parameter: str = "max-keys") -> int:
     return min(value, MAX_KEYS)
 
 
-def encoder(call: Call) -> Any:
+def url_encoded(call: Call) -> bool:
     """encoding-type=url: keys and prefixes percent-encoded in the response."""
     kind = call.query.get("encoding-type")
     if kind is None:
-        return lambda text: text
+        return False
     if kind != "url":
         raise InvalidArgument("Invalid Encoding Method specified in Request")
+    return True
+
+
+def encoder(call: Call) -> Any:
+    """How the response writes a prefix, marker or key: as it is, or percent-encoded."""
+    if not url_encoded(call):
+        return lambda text: text
     return lambda text: None if text is None else quote(text, safe="/")
 
 
@@ -53,28 +61,45 @@ async def page_of(call: Call, marker: str, limit: int) -> ListingPage:
     )
 
 
-def contents(call: Call, page: ListingPage, encode: Any, with_owner: bool) -> s3xml.Fragment:
+def contents(call: Call, page: ListingPage, with_owner: bool) -> s3xml.Fragment:
     """The page's <Contents> elements, one f-string per key (a page has up to 1000)."""
     owner = s3xml.element("Owner", owner_tree(call)) if with_owner else ""
-    text = s3xml.text
+    objects = page.objects
+    keys = listed_keys([o.name for o in objects], url_encoded(call))
     return s3xml.Fragment(
         "".join(
-            f"<Contents><Key>{text(encode(o.name))}</Key>"
-            f"<LastModified>{o.last_modified}</LastModified>"
-            f'<ETag>"{o.etag}"</ETag><Size>{o.content_length}</Size>'
-            f"<StorageClass>STANDARD</StorageClass>{owner}</Contents>"
-            for o in page.objects
+            [
+                f"<Contents><Key>{key}</Key><LastModified>{o.last_modified}</LastModified>"
+                f'<ETag>"{o.etag}"</ETag><Size>{o.content_length}</Size>'
+                f"<StorageClass>STANDARD</StorageClass>{owner}</Contents>"
+                for o, key in zip(objects, keys, strict=True)
+            ]
         )
     )
 
 
-def common_prefixes(page: ListingPage, encode: Any) -> s3xml.Fragment:
-    text = s3xml.text
+def listed_keys(names: list[str], percent_encoded: bool) -> list[str]:
+    """A page's keys as its XML shows them: percent-encoded (encoding-type=url, which boto3
+    and the aws cli ask for), else escaped. Nearly every page needs neither, which one look
+    at all its keys together tells; key by key, a page of 1000 took ~1 ms to quote."""
+    together = "".join(names)
+    if percent_encoded:
+        if _URL_SAFE.fullmatch(together):
+            return names
+        return [quote(name, safe="/") for name in names]
+    if "&" in together or "<" in together or ">" in together:
+        return [s3xml.text(name) for name in names]
+    return names
+
+
+# What quote(name, safe="/") leaves as it is.
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.~/-]*")
+
+
+def common_prefixes(call: Call, page: ListingPage) -> s3xml.Fragment:
+    prefixes = listed_keys(page.common_prefixes, url_encoded(call))
     return s3xml.Fragment(
-        "".join(
-            f"<CommonPrefixes><Prefix>{text(encode(p))}</Prefix></CommonPrefixes>"
-            for p in page.common_prefixes
-        )
+        "".join([f"<CommonPrefixes><Prefix>{p}</Prefix></CommonPrefixes>" for p in prefixes])
     )
 
 
@@ -94,8 +119,8 @@ async def list_objects(call: Call) -> http.Response:
             "IsTruncated": page.is_truncated,
             "NextMarker": encode(page.next_marker) if page.is_truncated else None,
             "EncodingType": call.query.get("encoding-type"),
-            "Contents": contents(call, page, encode, with_owner=True),
-            "CommonPrefixes": common_prefixes(page, encode),
+            "Contents": contents(call, page, with_owner=True),
+            "CommonPrefixes": common_prefixes(call, page),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -121,10 +146,8 @@ async def list_objects_v2(call: Call) -> http.Response:
             "NextContinuationToken": encode_token(page.next_marker) if page.is_truncated else None,
             "StartAfter": encode(start_after) or None,
             "EncodingType": call.query.get("encoding-type"),
-            "Contents": contents(
-                call, page, encode, with_owner=call.query.get("fetch-owner") == "true"
-            ),
-            "CommonPrefixes": common_prefixes(page, encode),
+            "Contents": contents(call, page, with_owner=call.query.get("fetch-owner") == "true"),
+            "CommonPrefixes": common_prefixes(call, page),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -163,7 +186,7 @@ async def list_object_versions(call: Call) -> http.Response:
             "IsTruncated": page.is_truncated,
             "EncodingType": call.query.get("encoding-type"),
             "Version": versions,
-            "CommonPrefixes": common_prefixes(page, encode),
+            "CommonPrefixes": common_prefixes(call, page),
         },
     )
     return http.Response(body=body, content_type=XML)

@@ -85,6 +85,8 @@ def test_complete_with_a_subset_retires_unused_and_replaced_parts(
     assert obj.id == result.id and obj.content_length == 15 * MiB
     expected_md5 = hashlib.md5(b"".join(parts[n].content_md5 for n in (1, 2, 4))).hexdigest()
     assert obj.etag == f"{expected_md5}-3"
+    [listed_object] = run(store.objects.list(owner, bucket, prefix="big")).objects
+    assert listed_object.etag == obj.etag  # "-N" from the part count
     assert (obj.content_type, obj.headers) == ("video/mp4", {"x-amz-meta-k": "v"})
     assert [p["id"] for p in obj.properties["parts"]] == [str(parts[n].id) for n in (1, 2, 4)]
     assert obj.properties["parts"][0]["block_size"] == MiB
