@@ -16,7 +16,7 @@ import uvloop
 
 T = TypeVar("T")
 
-# Net new container objects between young collections (CPython's default: 700). A page of
+# Net new container objects between young collections (CPython 3.11: 700). A page of
 # 1000 listed keys makes a few thousand at once.
 YOUNG_COLLECTION_THRESHOLD = 10_000
 

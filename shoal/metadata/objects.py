@@ -328,7 +328,8 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
 def _summaries(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ObjectSummary]:
     """The rows of a listing without a delimiter, which are ObjectSummary's fields in order,
     made into ObjectSummary by psycopg's row loop with no Python function per row (a page
-    of 1000: 0.37 ms loaded through _listed_rows's, 0.10 ms as plain tuples)."""
+    of 1001 rows, /tmp/p11/gw.py: 0.37 ms through _listed_rows's maker, 0.24 ms this way,
+    0.10 ms as plain tuples)."""
     if columns != ObjectSummary._fields:
         raise ValueError(f"a listing returned {columns}, not {ObjectSummary._fields}")
     return functools.partial(_new_tuple, ObjectSummary)

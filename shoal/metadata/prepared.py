@@ -14,7 +14,6 @@ A connection is used by one coroutine at a time (it is borrowed from the pool), 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +47,10 @@ class _Prepared:
         return b"shoal_%d" % self.made
 
 
-_prepared_on: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Prepared] = (
-    weakref.WeakKeyDictionary()
-)
+# The attribute of a connection that holds its _Prepared. On the connection itself, not in a
+# module-level WeakKeyDictionary: the Transformers refer to their connection, so such a
+# dictionary's values kept its keys alive, and every connection the pool retired leaked.
+_STATE = "_shoal_prepared"
 _AUTO = (PyFormat.AUTO,)
 
 
@@ -154,9 +154,10 @@ async def prepared_name(
 
 
 def _state(conn: psycopg.AsyncConnection[Any]) -> _Prepared:
-    prepared = _prepared_on.get(conn)
+    prepared: _Prepared | None = getattr(conn, _STATE, None)
     if prepared is None:
-        prepared = _prepared_on[conn] = _Prepared(conn)
+        prepared = _Prepared(conn)
+        setattr(conn, _STATE, prepared)
     return prepared
 
 
@@ -177,7 +178,7 @@ def checked(conn: psycopg.AsyncConnection[Any], result: Any) -> Any:
 
 def forget_prepared(conn: psycopg.AsyncConnection[Any]) -> None:
     """Forget what `conn` prepared (the server dropped it: DEALLOCATE ALL, DISCARD ALL)."""
-    prepared = _prepared_on.get(conn)
+    prepared: _Prepared | None = getattr(conn, _STATE, None)
     if prepared is not None:
         prepared.names.clear()
         prepared.loaders.clear()

@@ -4,11 +4,14 @@ its own error, whatever else shares its pipeline."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import psycopg
 import pytest
 
+from shoal.metadata import prepared
 from shoal.metadata.batched import ReadBatcher
 from tests.fixtures.postgres import MakeStore
 
@@ -228,3 +231,18 @@ def test_a_cancelled_prepare_fails_alone(make_store: MakeStore, run: Any) -> Non
     assert isinstance(cancelled, psycopg.errors.QueryCanceled)
     assert (first, last, same_backend) == ([{"answer": 2}], [{"answer": 3}], True)
     run(reads.close())
+
+
+def test_a_closed_connection_is_freed_with_what_it_prepared(admin_dsn: str, run: Any) -> None:
+    """What a connection prepared goes with it: the pool retires connections (max_lifetime,
+    idle shrinking), and a registry that kept them alive would leak each one."""
+
+    async def used_then_closed() -> weakref.ref[psycopg.AsyncConnection[Any]]:
+        conn = await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True)
+        assert await prepared.fetch(conn, ADD, [1]) == [{"answer": 2}]
+        await conn.close()
+        return weakref.ref(conn)
+
+    gone = run(used_then_closed())
+    gc.collect()
+    assert gone() is None
