@@ -130,6 +130,52 @@ def test_a_prepared_statement_waits_on_its_socket_without_spinning(
     assert run(slow_statement()) < 0.1
 
 
+def test_prepared_wait_reads_and_writes_in_many_pieces(admin_dsn: str, run: Any) -> None:
+    """An answer of 2 MB arrives in many reads, and a 16 MB parameter leaves in many writes
+    (libpq asks to wait for the socket to be writable)."""
+    big = "x" * (16 * 1024 * 1024)
+
+    async def calls() -> tuple[list[Any], list[Any]]:
+        async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+            rows = await prepared.fetch(
+                conn, b"SELECT n, repeat('y', 1000) AS filler FROM generate_series(1, $1) n", [2000]
+            )
+            length = await prepared.fetch(conn, b"SELECT length($1::text) AS length", [big])
+            return rows, length
+
+    rows, length = run(calls())
+    assert [row["n"] for row in rows] == list(range(1, 2001))
+    assert all(row["filler"] == "y" * 1000 for row in rows)
+    assert length == [{"length": len(big)}]
+
+
+def test_a_cancelled_caller_cancels_its_statement_and_leaves_the_connection_usable(
+    admin_dsn: str, run: Any
+) -> None:
+    """The statement is cancelled in the server and its answer read to the end (psycopg's
+    wait does both), so the next statement on the connection runs at once."""
+
+    async def cancelled_then_reused() -> tuple[bool, list[Any], float, Any]:
+        async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+            sleeper = asyncio.ensure_future(
+                prepared.fetch(conn, b"SELECT pg_sleep($1::float8) AS slept", [30])
+            )
+            await asyncio.sleep(0.3)
+            sleeper.cancel()
+            try:
+                await sleeper
+            except asyncio.CancelledError:
+                cancelled = True
+            started = time.monotonic()
+            after = await prepared.fetch(conn, b"SELECT $1::int + 1 AS answer", [1])
+            return cancelled, after, time.monotonic() - started, conn.info.transaction_status
+
+    cancelled, after, seconds, status = run(cancelled_then_reused())
+    assert cancelled and after == [{"answer": 2}]
+    assert seconds < 5  # not after the 30 s sleep
+    assert status == psycopg.pq.TransactionStatus.IDLE
+
+
 def test_prepared_statement_names_are_never_reused_on_a_connection(
     make_store: MakeStore, run: Any
 ) -> None:
