@@ -45,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--size", type=int, default=4096, help="object bytes (put, get, head)")
     parser.add_argument("--keys", type=int, default=2000, help="keys in the bucket (list)")
+    parser.add_argument(
+        "--keep", type=Path, help="copy the measured dump here (for callgrind_annotate)"
+    )
     return parser.parse_args()
 
 
@@ -102,15 +105,20 @@ def control(server: Server, action: str) -> None:
     )
 
 
-def counted_instructions(dumps: Path) -> int:
-    """The instructions of the last dump (the one after the measured operations)."""
+def last_dump(dumps: Path) -> Path:
+    """The last dump: the one after the measured operations."""
     files = sorted(dumps.glob("callgrind.out.*.*"), key=lambda p: p.stat().st_mtime)
     if not files:
         raise RuntimeError(f"no callgrind dump in {dumps}")
-    text = files[-1].read_text(errors="replace")
-    found = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+    return files[-1]
+
+
+def counted_instructions(dumps: Path) -> int:
+    """The instructions of the last dump."""
+    dump = last_dump(dumps)
+    found = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
     if found is None:
-        raise RuntimeError(f"no totals in {files[-1]}")
+        raise RuntimeError(f"no totals in {dump}")
     return int(found[1])
 
 
@@ -127,6 +135,8 @@ def main() -> None:
         ) as server:
             requests = asyncio.run(measure(args, server))
             instructions = counted_instructions(dumps)
+        if args.keep is not None:
+            shutil.copy(last_dump(dumps), args.keep)
         unit = "page" if args.workload == "list" else "operation"
         size = "" if args.workload in ("list", "delete") else f" of {args.size} bytes"
         print(

@@ -6,10 +6,12 @@ so plain `str` comparison is S3's order. No name contains NUL (PostgreSQL text c
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 MAX_CODE_POINT = 0x10FFFF
@@ -33,6 +35,12 @@ MAX_ROW_BUDGET = 262_144
 SKIP_STEP_COST_IN_ROWS = 4
 # The smallest character; `name > m` is `name >= m + SMALLEST` because no name holds NUL.
 SMALLEST = "\x01"
+# A shard holding a share p of the vnodes holds about that share of any range of names (names
+# hash evenly over vnodes), so of a page's first n keys it holds a binomial number: n*p on
+# average, spread by sqrt(n*p*(1-p)). Asked first for its mean plus this many spreads, a
+# shard covers its part of the page in all but about one page in 30,000 (a normal tail);
+# then a second round reads on from where it stopped (first_keys).
+SHARE_SPREADS = 4
 
 
 def successor(prefix: str) -> str | None:
@@ -106,6 +114,64 @@ def merge_sorted(streams: Sequence[Iterable[T]], key_of: Callable[[T], str], lim
         if len(merged) >= limit:
             break
     return merged
+
+
+def first_key_limit(wanted: int, share: float) -> int:
+    """How many keys a listing without a delimiter asks first of a shard that holds `share`
+    of the vnodes. Asking every shard for the whole page would read `shards` times the rows
+    the page needs (4,004 for a page of 1000 over 4 shards, against about 1,250 this way)."""
+    if share >= 1.0:
+        return wanted
+    spread = math.sqrt(wanted * share * (1.0 - share))
+    return max(1, min(wanted, math.ceil(wanted * share + SHARE_SPREADS * spread) + 1))
+
+
+# Reads up to `limit` keys of shard `shard` from name `lower` on, in order.
+ShardReader = Callable[[int, str, int], Awaitable[list[T]]]
+
+
+async def first_keys(
+    shares: Sequence[float],
+    read: ShardReader[T],
+    lower: str,
+    key_of: Callable[[T], str],
+    wanted: int,
+) -> list[T]:
+    """The first `wanted` keys from `lower` on, over shards that hold `shares` of the vnodes
+    and whose keys are all distinct (a name lives on one vnode).
+
+    Every shard is read at once for its share of the page with a margin (first_key_limit).
+    A shard that returned all it was asked may have more, but it has returned all its keys
+    up to its last one: so the merged keys are settled up to the smallest last key of such a
+    shard. In the rare page where fewer than `wanted` are settled, the shards that stopped
+    short of the page's `wanted`-th key are read on from their last key, for as many keys
+    as are missing; after that round the page is settled (the shard with the smallest last
+    key has returned that many more keys, all past what was settled before).
+    """
+    limits = {shard: first_key_limit(wanted, share) for shard, share in enumerate(shares)}
+    starts = dict.fromkeys(limits, lower)
+    keys_of: list[list[T]] = [[] for _ in shares]
+    open_shards: set[int] = set()  # returned all they were asked for: may have more
+    while True:
+        answers = await asyncio.gather(*(read(i, starts[i], limits[i]) for i in limits))
+        for shard, keys in zip(limits, answers, strict=True):
+            keys_of[shard] += keys
+            if len(keys) < limits[shard]:
+                open_shards.discard(shard)
+            else:
+                open_shards.add(shard)
+        # Each shard's keys are in order: sorting them all merges the runs (in C).
+        merged = keys_of[0] if len(keys_of) == 1 else sorted(itertools.chain(*keys_of), key=key_of)
+        if not open_shards:
+            return merged[:wanted]
+        through = min(key_of(keys_of[shard][-1]) for shard in open_shards)
+        settled = bisect.bisect_right(merged, through, key=key_of)
+        if settled >= wanted:
+            return merged[:wanted]
+        cut = key_of(merged[wanted - 1]) if len(merged) >= wanted else None
+        behind = [s for s in open_shards if cut is None or key_of(keys_of[s][-1]) < cut]
+        limits = dict.fromkeys(behind, wanted - settled)
+        starts = {shard: key_of(keys_of[shard][-1]) + SMALLEST for shard in behind}
 
 
 def first_arm_limit(wanted: int, arms: int) -> int:

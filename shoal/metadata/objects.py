@@ -21,6 +21,7 @@ from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
 from shoal.metadata.listing import (
     first_arm_limit,
+    first_keys,
     first_row_budget,
     key_range,
     merge_sorted,
@@ -37,7 +38,7 @@ from shoal.metadata.models import (
 )
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.prepared import RowMaker
-from shoal.metadata.shards import render_arms
+from shoal.metadata.shards import Shard, render_arms
 
 MAX_KEYS = 1000
 
@@ -179,10 +180,20 @@ class Objects(Component):
     async def _keys(
         self, owner: uuid.UUID, bucket_id: uuid.UUID, bounds: tuple[str, str | None], wanted: int
     ) -> list[ObjectSummary]:
-        """The first `wanted` keys in `bounds`: one round, exact (LIST_NAMES_MERGE)."""
-        reading = Reading("", "", bounds, rows=0, arm_limit=0, skip_scan=False)
-        pages = await self._read_arms(owner, bucket_id, reading, wanted, _summaries)
-        return merge_sorted(pages, key_of=_name_of, limit=wanted)
+        """The first `wanted` keys in `bounds`: each shard asked for its share of the page
+        (listing.first_keys), not for all of it."""
+        shards = self.shards.placed()
+        vnodes = sum(len(shard.vnodes) for shard in shards)
+        lower, upper = bounds
+
+        async def read(shard: int, start: str, limit: int) -> list[ObjectSummary]:
+            reading = Reading("", "", (start, upper), rows=0, arm_limit=0, skip_scan=False)
+            return await self._read_shard(
+                shards[shard], owner, bucket_id, reading, limit, _summaries
+            )
+
+        shares = [len(shard.vnodes) / vnodes for shard in shards]
+        return await first_keys(shares, read, lower, _name_of, wanted)
 
     async def _rolled_up(
         self,
@@ -242,6 +253,23 @@ class Objects(Component):
         rows: RowMaker,
     ) -> list[list[Any]]:
         """Per shard: up to `limit` entries in key order, as `reading` says to read them."""
+        return await asyncio.gather(
+            *(
+                self._read_shard(shard, owner, bucket_id, reading, limit, rows)
+                for shard in self.shards.placed()
+            )
+        )
+
+    async def _read_shard(
+        self,
+        shard: Shard,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        reading: Reading,
+        limit: int,
+        rows: RowMaker,
+    ) -> list[Any]:
+        """Up to `limit` entries of one shard in key order, as `reading` says to read them."""
         lower, upper = reading.bounds
         params = {
             "owner": owner,
@@ -254,14 +282,8 @@ class Objects(Component):
             "arm_limit": reading.arm_limit,
             "limit": limit,
         }
-        return await asyncio.gather(
-            *(
-                self.shard_rows(
-                    shard, listing_statement(tuple(shard.vnodes), reading), params, rows=rows
-                )
-                for shard in self.shards.placed()
-            )
-        )
+        statement = listing_statement(tuple(shard.vnodes), reading)
+        return await self.shard_rows(shard, statement, params, rows=rows)
 
     async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id, "name": name}

@@ -1,11 +1,18 @@
 """Listing arithmetic: successor, common prefixes, key ranges, the shard merge."""
 
+import asyncio
+import bisect
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shoal.metadata import listing
 from shoal.metadata.listing import (
     common_prefix,
     first_arm_limit,
+    first_key_limit,
+    first_keys,
     first_row_budget,
     key_range,
     merge_sorted,
@@ -99,3 +106,72 @@ def test_a_delimiter_listing_skip_scans_only_when_prefixes_hold_many_keys() -> N
     # 2,048 rows covered 4 entries: a step per arm (64 x 4 rows) is cheaper.
     assert prefer_skip_scan(rows_read=2048, covered=4, arms_per_shard=64)
     assert prefer_skip_scan(rows_read=2048, covered=0, arms_per_shard=1)
+
+
+def test_a_shard_is_asked_first_for_its_share_of_a_page_and_four_spreads_more() -> None:
+    assert first_key_limit(wanted=1001, share=1.0) == 1001
+    # Half the vnodes: 500.5 on average, spread 15.8.
+    assert first_key_limit(wanted=1001, share=0.5) == 565
+    # A quarter: 250.25, spread 13.7; the four shards read 1,220 rows, not 4,004.
+    assert first_key_limit(wanted=1001, share=0.25) == 307
+    assert first_key_limit(wanted=2, share=0.5) == 2  # never more than the page
+
+
+def read_in_memory(shards: list[list[str]], rounds: list[int]) -> listing.ShardReader[str]:
+    """A reader of sorted in-memory shards that counts its rounds (calls at one start)."""
+
+    async def read(shard: int, start: str, limit: int) -> list[str]:
+        rounds.append(shard)
+        keys = shards[shard]
+        at = bisect.bisect_left(keys, start)
+        return keys[at : at + limit]
+
+    return read
+
+
+spread_keys = st.lists(st.tuples(names, st.integers(0, 3)), unique_by=lambda kv: kv[0], max_size=60)
+
+
+@given(
+    placed=spread_keys,
+    shares=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    lower=names,
+    wanted=st.integers(1, 25),
+    spreads=st.sampled_from([4, 0, -3]),
+)
+def test_first_keys_equal_the_first_of_all_keys_in_two_rounds_at_most(
+    placed: list[tuple[str, int]], shares: list[int], lower: str, wanted: int, spreads: float
+) -> None:
+    """However keys fall on shards (evenly or all on one), and however short the first
+    round's limits (fewer spreads than the real four make second rounds common)."""
+    shards: list[list[str]] = [[] for _ in shares]
+    for key, shard in placed:
+        shards[shard % len(shares)].append(key)
+    for keys in shards:
+        keys.sort()
+    calls: list[int] = []
+    read = read_in_memory(shards, calls)
+    fractions = [share / sum(shares) for share in shares]
+    original = listing.SHARE_SPREADS
+    listing.SHARE_SPREADS = spreads
+    try:
+        found = asyncio.run(first_keys(fractions, read, lower, str, wanted))
+    finally:
+        listing.SHARE_SPREADS = original
+    expected = sorted(key for key, _ in placed if key >= lower)[:wanted]
+    assert found == expected
+    assert len(calls) <= 2 * len(shares)
+    assert all(calls.count(shard) <= 2 for shard in range(len(shares)))
+
+
+def test_a_shard_that_fell_short_is_read_on_from_its_last_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Shard 0 holds the page's first keys but was asked, like shard 1, for half the page.
+    # With no margin (its mean plus one), that is 3 keys: "d" takes a second read of shard 0.
+    shards = [["a", "b", "c", "d"], ["x", "y"]]
+    calls: list[int] = []
+    monkeypatch.setattr(listing, "SHARE_SPREADS", 0)
+    found = asyncio.run(first_keys([0.5, 0.5], read_in_memory(shards, calls), "", str, 4))
+    assert found == ["a", "b", "c", "d"]
+    assert calls == [0, 1, 0]
