@@ -4,6 +4,7 @@ PostgreSQL, measured apart; optionally a py-spy profile of the gateway during th
 
     .venv/bin/python bench/cpu_split.py get --concurrency 16
     .venv/bin/python bench/cpu_split.py list --concurrency 4 --gateway-workers 1
+    .venv/bin/python bench/cpu_split.py list --concurrency 1 --shards 4
     .venv/bin/python bench/cpu_split.py part --profile /tmp/part-profile   # ~1 min each
 
 Workloads (the bucket is filled first through the S3 API):
@@ -49,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the measured phase")
     parser.add_argument("--objects", type=int, help="keys to fill (get/head: 2000, list: 20000)")
     parser.add_argument("--gateway-workers", type=int, help="Shoal's [s3] workers")
+    parser.add_argument("--shards", type=int, help="Shoal's [metadata] embedded_shards")
     parser.add_argument("--profile", metavar="DIR", type=Path, help="py-spy the gateway")
     return parser.parse_args()
 
@@ -149,7 +151,9 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
 
 def main() -> None:
     args = parse_args()
-    with started_shoal("shoal-cpu-split-", gateway_workers=args.gateway_workers) as server:
+    with started_shoal(
+        "shoal-cpu-split-", gateway_workers=args.gateway_workers, shards=args.shards
+    ) as server:
         asyncio.run(measure(args, server))
 
 

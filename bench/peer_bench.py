@@ -4,6 +4,7 @@
     .venv/bin/python bench/peer_bench.py                         # ~15 min
     .venv/bin/python bench/peer_bench.py --profile /tmp/profiles # + a profiled Shoal pass
     .venv/bin/python bench/peer_bench.py --shoal-replicas 1      # one copy, as SeaweedFS
+    .venv/bin/python bench/peer_bench.py --shoal-shards 4        # 4 metadata databases
     # on a shared machine: flock /tmp/shoal-bench.lock .venv/bin/python bench/peer_bench.py
 
 Servers (both started here, in new sessions, in temp dirs, stopped and removed at the end, also
@@ -184,6 +185,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="Shoal's [storage] replicas (default 2 with its 2 nodes; 1 keeps one copy, "
         "as SeaweedFS's default replication 000 does)",
+    )
+    parser.add_argument(
+        "--shoal-shards",
+        type=int,
+        metavar="N",
+        help="Shoal's [metadata] embedded_shards (default 1): databases of its PostgreSQL "
+        "server that hold the vnodes, one statement each per listing, in parallel",
     )
     # For developing the benchmark itself: tiny runs.
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
@@ -1034,14 +1042,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_on_sigterm(),
         tempfile.TemporaryDirectory(prefix="shoal-peer-raw-") as scratch,
         started_seaweedfs(weed_binary) as weed,
-        started_shoal("shoal-peer-bench-", args.gateway_workers, args.shoal_replicas) as shoal,
+        started_shoal(
+            "shoal-peer-bench-",
+            args.gateway_workers,
+            args.shoal_replicas,
+            shards=args.shoal_shards,
+        ) as shoal,
     ):
         header = machine_lines(weed)
         workers = "default" if args.gateway_workers is None else args.gateway_workers
         replicas = "default (2)" if args.shoal_replicas is None else args.shoal_replicas
+        shards = "default (1)" if args.shoal_shards is None else args.shoal_shards
         header.append(
             f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}, [s3] workers "
-            f"{workers}, [storage] replicas {replicas}"
+            f"{workers}, [storage] replicas {replicas}, [metadata] embedded_shards {shards}"
         )
         header.append(f"SeaweedFS: {weed.server.endpoint}, pid {weed.server.gateway_pid}")
         mode = "quick" if settings.quick else "full"

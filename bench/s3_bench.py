@@ -190,22 +190,26 @@ def started_shoal(
     replicas: int | None = None,
     wrapper: Sequence[str] = (),
     start_timeout: float = START_TIMEOUT_SECONDS,
+    shards: int | None = None,
 ) -> Iterator[Server]:
     """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
 
-    gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, in a configuration file
-    (else Shoal's defaults); wrapper: a command that runs it (valgrind, say)."""
+    gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, shards: `[metadata]
+    embedded_shards`, in a configuration file (else Shoal's defaults); wrapper: a command that
+    runs it (valgrind, say)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
         where = ["--data-dir", str(scratch / "data")]
-        if gateway_workers is not None or replicas is not None:
+        if gateway_workers is not None or replicas is not None or shards is not None:
             config = scratch / "shoal.toml"
             text = 'data_dir = "data"\n'
             if gateway_workers is not None:
                 text += f"\n[s3]\nworkers = {gateway_workers}\n"
             if replicas is not None:
                 text += f"\n[storage]\nreplicas = {replicas}\n"
+            if shards is not None:
+                text += f"\n[metadata]\nembedded_shards = {shards}\n"
             config.write_text(text)
             where = ["--config", str(config)]
         with open(scratch / "serve.log", "w") as log:
