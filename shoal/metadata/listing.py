@@ -38,8 +38,9 @@ SMALLEST = "\x01"
 # A shard holding a share p of the vnodes holds about that share of any range of names (names
 # hash evenly over vnodes), so of a page's first n keys it holds a binomial number: n*p on
 # average, spread by sqrt(n*p*(1-p)). Asked first for its mean plus this many spreads, a
-# shard covers its part of the page in all but about one page in 30,000 (a normal tail);
-# then a second round reads on from where it stopped (first_keys).
+# shard covers its part of the page in all but about one page in 30,000 (a normal tail; a
+# page over four shards needs a second round about once in 8,600), which reads on from
+# where the shards that fell short stopped (first_keys).
 SHARE_SPREADS = 4
 
 
@@ -145,8 +146,9 @@ async def first_keys(
     up to its last one: so the merged keys are settled up to the smallest last key of such a
     shard. In the rare page where fewer than `wanted` are settled, the shards that stopped
     short of the page's `wanted`-th key are read on from their last key, for as many keys
-    as are missing; after that round the page is settled (the shard with the smallest last
-    key has returned that many more keys, all past what was settled before).
+    as are missing. That round settles the page: a shard not read again ends at or past the
+    `wanted`-th key, and one read again that may still have more has returned that many keys
+    past all that was settled before.
     """
     limits = {shard: first_key_limit(wanted, share) for shard, share in enumerate(shares)}
     starts = dict.fromkeys(limits, lower)

@@ -183,7 +183,6 @@ class Objects(Component):
         """The first `wanted` keys in `bounds`: each shard asked for its share of the page
         (listing.first_keys), not for all of it."""
         shards = self.shards.placed()
-        vnodes = sum(len(shard.vnodes) for shard in shards)
         lower, upper = bounds
 
         async def read(shard: int, start: str, limit: int) -> list[ObjectSummary]:
@@ -192,7 +191,7 @@ class Objects(Component):
                 shards[shard], owner, bucket_id, reading, limit, _summaries
             )
 
-        shares = [len(shard.vnodes) / vnodes for shard in shards]
+        shares = [len(shard.vnodes) / self.shards.ring.vnodes for shard in shards]
         return await first_keys(shares, read, lower, _name_of, wanted)
 
     async def _rolled_up(

@@ -112,7 +112,7 @@ def test_a_shard_is_asked_first_for_its_share_of_a_page_and_four_spreads_more() 
     assert first_key_limit(wanted=1001, share=1.0) == 1001
     # Half the vnodes: 500.5 on average, spread 15.8.
     assert first_key_limit(wanted=1001, share=0.5) == 565
-    # A quarter: 250.25, spread 13.7; the four shards read 1,220 rows, not 4,004.
+    # A quarter: 250.25, spread 13.7; the four shards read 1,228 rows, not 4,004.
     assert first_key_limit(wanted=1001, share=0.25) == 307
     assert first_key_limit(wanted=2, share=0.5) == 2  # never more than the page
 
