@@ -9,6 +9,8 @@ PostgreSQL, measured apart; optionally a py-spy profile of the gateway during th
 
 Workloads (the bucket is filled first through the S3 API):
   put, get, head  4 KiB objects (GET and HEAD of random ones of --objects keys)
+  delete          DELETE of 4 KiB objects, each of a key filled before (the phase ends when
+                  the --objects keys run out, if it has not ended before)
   list            ListObjectsV2 pages of 1000 keys from a random start-after, over --objects keys
   part            UploadPart of 8 MiB into one multipart upload (MiB are the units)
 
@@ -39,16 +41,20 @@ from s3_bench import (
 )
 
 SMALL_BYTES = 4096
+DELETE_KEYS = 40000
+WARM_UP_OPS = 200
 PART_BYTES = 8 * 1024 * 1024
 BUCKET = "cpu-split"
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=["put", "get", "head", "list", "part"])
+    parser.add_argument("workload", choices=["put", "get", "head", "delete", "list", "part"])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the measured phase")
-    parser.add_argument("--objects", type=int, help="keys to fill (get/head: 2000, list: 20000)")
+    parser.add_argument(
+        "--objects", type=int, help="keys to fill (get/head: 2000, list: 20000, delete: 40000)"
+    )
     parser.add_argument("--gateway-workers", type=int, help="Shoal's [s3] workers")
     parser.add_argument("--shards", type=int, help="Shoal's [metadata] embedded_shards")
     parser.add_argument("--profile", metavar="DIR", type=Path, help="py-spy the gateway")
@@ -78,6 +84,12 @@ async def operation(
         await fill(s3, processes, keys, SMALL_BYTES)
         method = args.workload.upper()
         return lambda n: read_small(s3, method, f"key/{rng.randrange(keys):08d}")
+    if args.workload == "delete":
+        keys = args.objects or DELETE_KEYS
+        await fill(s3, processes, keys, SMALL_BYTES)
+        # Each DELETE removes a key that exists (a key already gone is a cheaper 204).
+        order = iter(range(keys))
+        return lambda n: delete_small(s3, f"key/{next(order):08d}")
     if args.workload == "list":
         keys = args.objects or 20000
         await fill(s3, processes, keys, 0)
@@ -95,6 +107,11 @@ async def put_small(s3: S3, key: str, body: bytes) -> float:
 
 async def read_small(s3: S3, method: str, key: str) -> float:
     await s3.call(method, BUCKET, key)
+    return 1
+
+
+async def delete_small(s3: S3, key: str) -> float:
+    await s3.call("DELETE", BUCKET, key)
     return 1
 
 
@@ -135,15 +152,16 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
     async with S3(server, max(32, args.concurrency)) as s3:
         await s3.call("PUT", BUCKET)
         run = await operation(args, s3, processes)
-        await run_phase("warm-up", args.concurrency, run, 200, 5, processes)
+        await run_phase("warm-up", args.concurrency, run, WARM_UP_OPS, 5, processes)
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
             pids = {"gateway": server.gateway_pid}
             profiler = Profiler(ensure_tool(*PY_SPY), args.profile, pids)
             processes = ProfiledProcesses(processes.gateway, processes.postmaster, profiler)
-        phase = await run_phase(
-            args.workload, args.concurrency, run, 10**9, args.seconds, processes
-        )
+        most = 10**9
+        if args.workload == "delete":  # what the warm-up left to delete
+            most = (args.objects or DELETE_KEYS) - WARM_UP_OPS
+        phase = await run_phase(args.workload, args.concurrency, run, most, args.seconds, processes)
     print(report(args, phase))
     if profiler is not None:
         print(profile_report(profiler))
