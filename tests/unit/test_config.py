@@ -1,0 +1,21 @@
+"""Configuration defaults that depend on the machine."""
+
+from pathlib import Path
+
+import pytest
+
+from shoal.config import ConfigError, default_gateway_workers, parse_config, usable_cores
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)])
+def test_the_gateway_takes_half_the_cores_by_default(cores: int, workers: int) -> None:
+    assert default_gateway_workers(cores) == workers
+
+
+def test_a_configuration_without_s3_workers_gets_the_default_and_one_with_them_keeps_them(
+    tmp_path: Path,
+) -> None:
+    assert parse_config({}, tmp_path).s3.workers == default_gateway_workers(usable_cores())
+    assert parse_config({"s3": {"workers": 3}}, tmp_path).s3.workers == 3
+    with pytest.raises(ConfigError, match="workers"):
+        parse_config({"s3": {"workers": 0}}, tmp_path)
