@@ -74,7 +74,7 @@ class S3Config:
     # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
     credentials_key_file: Path | None = None
     # Processes serving the S3 port (one event loop each; see docs/s3.md).
-    workers: int = field(default_factory=lambda: default_gateway_workers(usable_cores()))
+    workers: int = field(default_factory=lambda: default_gateway_workers())
     # Objects of at most this many bytes keep their data in their metadata row, not in blocks
     # on the storage nodes (docs/s3.md, "Small objects"; 0: only empty objects).
     inline_max_bytes: int = 4096
@@ -87,8 +87,9 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def default_gateway_workers(cores: int) -> int:
-    """Gateway processes when the configuration names none: half the cores, at least one.
+def default_gateway_workers(cores: int | None = None) -> int:
+    """Gateway processes when the configuration names none: half the cores (by default
+    those this process may run on), at least one.
 
     `shoal serve` runs PostgreSQL and the storage nodes beside the gateway, which take about
     as much CPU per request as it does. On 2 cores one process served GETs and HEADs 2-40%
@@ -96,7 +97,7 @@ def default_gateway_workers(cores: int) -> int:
     fewer connections to serve) and PUTs 0-6% slower (bench/RESULTS.md, session 12). A host
     that runs only the gateway wants `workers` set to its cores.
     """
-    return max(1, cores // 2)
+    return max(1, (usable_cores() if cores is None else cores) // 2)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         region=str(raw.get("region", "us-east-1")),
         domains=tuple(domains),
         credentials_key_file=(base / key_file).absolute() if key_file else None,
-        workers=_positive_int(raw, "workers", default_gateway_workers(usable_cores()), "[s3]"),
+        workers=_positive_int(raw, "workers", default_gateway_workers(), "[s3]"),
         inline_max_bytes=_inline_limit(raw),
     )
 
