@@ -36,8 +36,8 @@ class Component:
         """Run one statement of queries.py on a vnode (autocommit) and return its rows.
 
         Prepared on first use on each connection (prepared.py): each vnode has its own
-        statement text. These are the writes of every PUT and DELETE; reads go through
-        read_rows.
+        statement text. These are the writes that are not one object's row (buckets,
+        uploads); those go through write_row, and point reads through read_rows.
         """
         statement, values = _bound(template, vnode, params, upper_bound)
 
@@ -46,6 +46,15 @@ class Component:
                 return await prepared.fetch(conn, statement, values)
 
         return await self.retrying_window(vnode, attempt)
+
+    async def write_row(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
+        """Run one statement of queries.py that writes the row of `params["name"]` in a
+        vnode, and return its rows once committed: in one transaction with the other such
+        writes of the vnode's shard that wait at the same time (batched.py's group commit)."""
+        statement, values = _bound(template, vnode, params)
+        writes = self.shards.of_vnode(vnode).writes
+        order = (vnode, params["name"])
+        return await self.retrying_window(vnode, lambda: writes.write(statement, values, order))
 
     async def read_rows(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one read-only statement of queries.py on a vnode and return its rows: batched

@@ -1,21 +1,28 @@
-"""Point reads of one shard, sent to PostgreSQL in batches: the reads that wait while a
+"""Statements of one shard sent to PostgreSQL in batches: the statements that wait while a
 batch is out go together in the next one, on one connection, in one pipeline.
 
-Why: a GET or HEAD reads one row. Sent alone, each read is a round trip of its own: a
-write to the server's socket, a wake-up of its backend, a statement, a reply, and on the
-gateway's side a wait on the socket. Under load those are most of the cost of the read,
-for PostgreSQL and for the gateway alike (bench/RESULTS.md, session 10). Batched, a busy
-gateway pays them once for all the reads that arrived during the previous batch, and a
-lone read goes out at once, as before.
+Why: a GET or HEAD reads one row, a PUT or DELETE writes one. Sent alone, each statement is a
+round trip of its own: a write to the server's socket, a wake-up of its backend, a statement,
+a reply, and on the gateway's side a wait on the socket; a write also pays a commit of its
+own. Under load those are most of the cost of the statement, for PostgreSQL and for the
+gateway alike (bench/RESULTS.md, sessions 10 and 13). Batched, a busy gateway pays them once
+for all the statements that arrived during the previous batch, and a lone statement goes out
+at once, as before.
 
-A batch runs in libpq's pipeline mode: the statements (each prepared on the connection,
-as prepared.py does) are written together, then one Sync. Between Syncs PostgreSQL runs
-them as one implicit transaction, each with its own snapshot (READ COMMITTED): each read
-sees every write acknowledged before it was sent, as a read of its own would. An error
-in one read aborts the reads after it in the same batch; those are sent again.
+A batch runs in libpq's pipeline mode: the statements (each prepared on the connection, as
+prepared.py does) are written together, then one Sync. Between Syncs PostgreSQL runs them as
+one implicit transaction, each with its own snapshot (READ COMMITTED), and commits them
+together at the Sync.
 
-Only reads go through here: writes keep their own transaction each (an aborted batch must
-not undo someone else's acknowledged write).
+ReadBatcher: point reads. Each read sees every write acknowledged before it was sent, as a
+read of its own would. An error in one read aborts the reads after it in the same batch;
+those are sent again.
+
+WriteBatcher: writes of one object row each (group commit). The batch is one transaction, so
+an error in any write rolls back every write of the batch: then each of them goes again in
+a transaction of its own, and only a write that fails alone reports its error. No write is
+answered before its batch has committed. Each batch takes its rows' locks in one order (by
+vnode, then name), so two batches never wait for each other in a cycle.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncio
 from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import psycopg
@@ -33,19 +41,27 @@ from psycopg_pool import AsyncConnectionPool
 
 from shoal.metadata import prepared
 
-# Batches of one shard out at once, per process: enough to keep a few backends busy, few
-# enough that reads wait for a batch rather than each taking a connection of its own.
+# Batches of one kind (reads or writes) of one shard out at once, per process: enough to keep
+# a few backends busy, few enough that statements wait for a batch rather than each taking a
+# connection of its own.
 BATCHES_AT_ONCE = 2
-# Reads in one batch: a batch's reads wait for its last, so keep it short.
-READS_PER_BATCH = 32
+# Statements in one batch: a batch's statements wait for its last, so keep it short.
+PER_BATCH = 32
+
+# What a write's order in its batch is made of: its vnode and its object's name.
+WriteOrder = tuple[int, str]
 
 
 @dataclass
-class _Read:
+class _Queued:
+    """A statement waiting for its batch, and its caller's answer."""
+
     statement: bytes
     values: Sequence[Any]
     answer: asyncio.Future[list[prepared.Row]] = field(repr=False)
+    order: WriteOrder = (0, "")  # where a write goes in its batch (reads: unused)
     prepared_again: bool = False  # after InvalidSqlStatementName, once
+    alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
 
     def fail(self, exc: BaseException) -> None:
         if not self.answer.done():  # its caller may have given up
@@ -53,18 +69,18 @@ class _Read:
 
 
 class ReadBatcher:
-    """The batches of one shard's pool."""
+    """The batches of point reads of one shard's pool."""
 
     def __init__(
         self,
         pool: AsyncConnectionPool,
         batches_at_once: int = BATCHES_AT_ONCE,
-        reads_per_batch: int = READS_PER_BATCH,
+        per_batch: int = PER_BATCH,
     ) -> None:
         self.pool = pool
         self.batches_at_once = batches_at_once
-        self.reads_per_batch = reads_per_batch
-        self._waiting: deque[_Read] = deque()
+        self.per_batch = per_batch
+        self._waiting: deque[_Queued] = deque()
         self._senders: set[asyncio.Task[None]] = set()
         self._sending = 0
         self._closed = False
@@ -72,16 +88,21 @@ class ReadBatcher:
 
     async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
         """The rows of a read-only `statement` ($1, $2, ... placeholders) as dicts."""
+        return await self._queued(statement, values)
+
+    async def _queued(
+        self, statement: bytes, values: Sequence[Any], order: WriteOrder = (0, "")
+    ) -> list[prepared.Row]:
         if self._closed:
             raise _store_closed()
-        read = _Read(statement, values, asyncio.get_running_loop().create_future())
-        self._waiting.append(read)
+        queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
+        self._waiting.append(queued)
         if self._sending < self.batches_at_once:
             self._start_sender()
-        return await read.answer
+        return await queued.answer
 
     async def close(self) -> None:
-        """Stop: reads still waiting, or in a batch, fail; later reads are refused."""
+        """Stop: statements still waiting, or in a batch, fail; later ones are refused."""
         self._closed = True
         for sender in list(self._senders):
             sender.cancel()
@@ -97,9 +118,9 @@ class ReadBatcher:
         sender.add_done_callback(self._senders.discard)
 
     async def _send_waiting(self) -> None:
-        """Send batches on one borrowed connection until no read waits. `_sending` counts
-        the senders that will still look at the queue: a sender leaves that count in the
-        same step in which it saw the queue empty, so no read is left waiting unseen."""
+        """Send batches on one borrowed connection until no statement waits. `_sending`
+        counts the senders that will still look at the queue: a sender leaves that count in
+        the same step in which it saw the queue empty, so none is left waiting unseen."""
         try:
             conn = await self.pool.getconn()
         except BaseException as exc:
@@ -109,7 +130,7 @@ class ReadBatcher:
             _fail(self._next_batch(), exc)
             self._carry_on()
             return
-        batch: list[_Read] = []
+        batch: list[_Queued] = []
         try:
             while self._waiting:
                 batch = self._next_batch()
@@ -128,78 +149,134 @@ class ReadBatcher:
             await self.pool.putconn(conn)
 
     def _carry_on(self) -> None:
-        """After a failed batch: the reads still waiting get a sender of their own."""
+        """After a failed batch: the statements still waiting get a sender of their own."""
         if self._waiting and self._sending < self.batches_at_once and not self._closed:
             self._start_sender()
 
-    def _next_batch(self) -> list[_Read]:
-        batch: list[_Read] = []
-        while self._waiting and len(batch) < self.reads_per_batch:
-            read = self._waiting.popleft()
-            if not read.answer.done():  # its caller may have given up
-                batch.append(read)
+    def _next_batch(self) -> list[_Queued]:
+        """The statements of the next batch, in the order they came; a write marked `alone`
+        goes in a batch of its own."""
+        batch: list[_Queued] = []
+        while self._waiting and len(batch) < self.per_batch:
+            if self._waiting[0].alone and batch:
+                break
+            queued = self._waiting.popleft()
+            if not queued.answer.done():  # its caller may have given up
+                batch.append(queued)
+                if queued.alone:
+                    break
         return batch
 
-    def _take_all(self) -> list[_Read]:
-        reads, self._waiting = list(self._waiting), deque()
-        return reads
+    def _take_all(self) -> list[_Queued]:
+        waiting, self._waiting = list(self._waiting), deque()
+        return waiting
 
-    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Read]) -> None:
-        """One pipeline with the batch's reads; each read gets its rows or its error, and
-        those a failed read aborted wait for the next batch."""
+    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Queued]) -> None:
+        """One pipeline with the batch's statements, then their answers (`_answer`)."""
         sent = []
-        for read in batch:
+        for queued in batch:
             try:
-                parameters = prepared.dumped(conn, read.values)
-                name = await prepared.prepared_name(conn, read.statement, parameters)
+                parameters = prepared.dumped(conn, queued.values)
+                name = await prepared.prepared_name(conn, queued.statement, parameters)
             except Exception as exc:
-                if conn.closed:  # the connection is lost, for every read of the batch
+                if conn.closed:  # the connection is lost, for every statement of the batch
                     raise
-                read.fail(exc)  # this read's own fault (a value, its statement): the rest go on
+                queued.fail(exc)  # its own fault (a value, its statement): the rest go on
                 continue
-            sent.append((read, name, parameters))
+            sent.append(_Sent(queued, name, parameters))
         if not sent:
             return
         pgconn = conn.pgconn
         pgconn.enter_pipeline_mode()
-        for _, name, parameters in sent:
-            prepared.send_prepared(conn, name, parameters)
+        for statement in sent:
+            prepared.send_prepared(conn, statement.name, statement.parameters)
         pgconn.pipeline_sync()
         self.batches_sent += 1
-        answers = await conn.wait(_pipeline_results(pgconn, len(sent)))
+        results = await conn.wait(_pipeline_results(pgconn, len(sent)))
         pgconn.exit_pipeline_mode()
+        self._answer(conn, sent, results)
+
+    def _answer(
+        self, conn: psycopg.AsyncConnection[Any], sent: list[_Sent], results: list[Any]
+    ) -> None:
+        """Each statement gets its rows or its error; those a failed one aborted wait for the
+        next batch."""
         again = []
-        for (read, name, _), result in zip(sent, answers, strict=True):
-            if read.answer.done():
+        for statement, result in zip(sent, results, strict=True):
+            queued = statement.queued
+            if queued.answer.done():
                 continue
             if result.status == ExecStatus.PIPELINE_ABORTED:
-                again.append(read)
+                again.append(queued)
                 continue
             try:
-                rows = prepared.loaded_rows(conn, prepared.checked(conn, result), name)
+                rows = prepared.loaded_rows(conn, prepared.checked(conn, result), statement.name)
             except errors.InvalidSqlStatementName as exc:
                 # DEALLOCATE ALL ran on the connection: prepare again, once (a statement
                 # that raises this error itself must not go round for ever).
-                if read.prepared_again:
-                    read.fail(exc)
+                if queued.prepared_again:
+                    queued.fail(exc)
                     continue
                 prepared.forget_prepared(conn)
-                read.prepared_again = True
-                again.append(read)
+                queued.prepared_again = True
+                again.append(queued)
             except Exception as exc:
-                read.fail(exc)
+                queued.fail(exc)
             else:
-                read.answer.set_result(rows)
+                queued.answer.set_result(rows)
         self._waiting.extendleft(reversed(again))
+
+
+class WriteBatcher(ReadBatcher):
+    """The batches of one-row writes of one shard's pool: each batch one transaction."""
+
+    async def write(
+        self, statement: bytes, values: Sequence[Any], order: WriteOrder
+    ) -> list[prepared.Row]:
+        """The rows of `statement`, a write of the one row that `order` (its vnode and
+        name) locates, once committed with the rest of its batch."""
+        return await self._queued(statement, values, order)
+
+    def _next_batch(self) -> list[_Queued]:
+        # Every batch takes its rows' locks in this order: two batches that wrote the same
+        # two rows in opposite orders could each wait for the other until PostgreSQL's
+        # deadlock check (a second) cancelled one.
+        return sorted(super()._next_batch(), key=attrgetter("order"))
+
+    def _answer(
+        self, conn: psycopg.AsyncConnection[Any], sent: list[_Sent], results: list[Any]
+    ) -> None:
+        failed = any(result.status not in _SUCCEEDED for result in results)
+        if not failed or len(sent) == 1:
+            super()._answer(conn, sent, results)
+            return
+        # The server rolled the whole batch back: nothing of it happened. Each write goes
+        # again alone, so that only one that fails by itself sees an error.
+        again = []
+        for statement in sent:
+            statement.queued.alone = True
+            if not statement.queued.answer.done():
+                again.append(statement.queued)
+        self._waiting.extendleft(reversed(again))
+
+
+@dataclass
+class _Sent:
+    queued: _Queued
+    name: bytes  # its prepared statement's name on the batch's connection
+    parameters: prepared.Parameters
+
+
+_SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 
 
 def _store_closed() -> psycopg.OperationalError:
     return psycopg.OperationalError("the metadata store is closed")
 
 
-def _fail(reads: list[_Read], exc: BaseException) -> None:
-    for read in reads:
-        read.fail(exc)
+def _fail(batch: list[_Queued], exc: BaseException) -> None:
+    for queued in batch:
+        queued.fail(exc)
 
 
 def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:
@@ -211,6 +288,8 @@ def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]
         results = yield from generators.fetch_many(pgconn)
         answers.append(results[-1])
     synced = yield from generators.fetch_many(pgconn)
-    if not synced or synced[-1].status != ExecStatus.PIPELINE_SYNC:
-        raise psycopg.OperationalError("a pipeline of reads ended without its Sync")
+    # Only the Sync: an error here would be the commit's, and no statement of the batch
+    # may then be answered as done.
+    if [result.status for result in synced] != [ExecStatus.PIPELINE_SYNC]:
+        raise psycopg.OperationalError("a pipeline ended without its Sync")
     return answers

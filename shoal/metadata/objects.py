@@ -80,7 +80,7 @@ class Objects(Component):
             params["if_match"] = if_match
         else:
             statement = queries.PUT_OBJECT
-        rows = await self.rows(vnode, statement, params)
+        rows = await self.write_row(vnode, statement, params)
         if not rows:
             if if_match is not None and not await self._exists(vnode, owner, found.id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
@@ -122,7 +122,7 @@ class Objects(Component):
             "headers": dict(headers),
             "content_type": content_type,
         }
-        rows = await self.rows(vnode, queries.UPDATE_OBJECT_METADATA, params)
+        rows = await self.write_row(vnode, queries.UPDATE_OBJECT_METADATA, params)
         if not rows:
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
         return object_from_row(rows[0])
@@ -135,7 +135,7 @@ class Objects(Component):
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
         params = {"owner": owner, "bucket_id": found.id, "name": name, "if_match": if_match}
-        rows = await self.rows(vnode, queries.DELETE_OBJECT, params)
+        rows = await self.write_row(vnode, queries.DELETE_OBJECT, params)
         if rows:
             return object_from_row(rows[0])
         if if_match is not None and await self._exists(vnode, owner, found.id, name):

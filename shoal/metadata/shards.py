@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shoal.config import ShardConfig
 from shoal.metadata import queries
-from shoal.metadata.batched import ReadBatcher
+from shoal.metadata.batched import ReadBatcher, WriteBatcher
 from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.ring import Ring, vnode_schema
@@ -39,9 +39,11 @@ class Shard:
     pool: AsyncConnectionPool
     vnodes: list[int]
     reads: ReadBatcher = field(init=False)
+    writes: WriteBatcher = field(init=False)
 
     def __post_init__(self) -> None:
         self.reads = ReadBatcher(self.pool)
+        self.writes = WriteBatcher(self.pool)
 
     def statement_connection(self) -> PooledConnection:
         """A pooled connection for autocommit statements (`async with`), back in the pool
@@ -111,6 +113,7 @@ class ShardSet:
         await self.buckets_seen.close()
         for shard in self.shards.values():
             await shard.reads.close()
+            await shard.writes.close()
             await shard.pool.close()
 
     def of_vnode(self, vnode: int) -> Shard:
