@@ -47,13 +47,22 @@ async def ensure_windows(
     row = await (await conn.execute(queries.DATABASE_NOW)).fetchone()
     assert row is not None
     now = row[0]
-    first = window_start(now, width)
     created = 0
     for vnode in vnodes:
-        for table in DELETED_TABLES:
-            for index in range(ahead + 1):
-                start = first + index * width
-                created += await _create_window(conn, vnode_schema(vnode), table, start, width)
+        for index in range(ahead + 1):
+            created += await ensure_window_holding(conn, vnode, now + index * width, width)
+    return created
+
+
+async def ensure_window_holding(
+    conn: psycopg.AsyncConnection, vnode: int, moment: datetime, width: timedelta
+) -> int:
+    """Create the window of each deleted table of `vnode` that holds `moment`, where missing;
+    returns the count made."""
+    start = window_start(moment, width)
+    created = 0
+    for table in DELETED_TABLES:
+        created += await _create_window(conn, vnode_schema(vnode), table, start, width)
     return created
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from shoal.metadata import MetadataStore, ObjectWrite
+from shoal.metadata.partitions import ensure_window_holding, window_width
 from shoal.metadata.ring import vnode_schema
 from tests.fixtures.postgres import MakeStore, unique
 
@@ -49,6 +50,12 @@ def test_age_is_judged_by_the_database_clock(
 ) -> None:
     async def backdate() -> None:
         async with store.shards.of_vnode(0).pool.connection() as conn:
+            # Two hours ago may be in the previous window (just after midnight, with windows
+            # of a day), which the store did not create: windows start at migration time.
+            cursor = await conn.execute("SELECT current_timestamp - interval '2 hours'")
+            row = await cursor.fetchone()
+            assert row is not None
+            await ensure_window_holding(conn, 0, row[0], await window_width(conn))
             await conn.execute(
                 f"UPDATE {vnode_schema(0)}.manta_bucket_deleted_object "
                 "SET deleted_at = current_timestamp - interval '2 hours' WHERE id = ANY(%s)",

@@ -21,7 +21,12 @@ import pytest
 from shoal.config import load_config
 from shoal.gc import Collector, blocks_of
 from shoal.metadata.garbage import clear_window, vacuum_windows
-from shoal.metadata.partitions import ensure_windows, window_name, window_start
+from shoal.metadata.partitions import (
+    ensure_window_holding,
+    ensure_windows,
+    window_name,
+    window_start,
+)
 from shoal.metadata.ring import vnode_schema
 from shoal.storage import block_runs
 from tests.fixtures.garbage import (
@@ -197,8 +202,6 @@ def test_reclaimed_windows_are_dropped_whole(cluster: StorageCluster, run: Any) 
     async def backdate() -> None:
         # A window three days ago in every vnode (the vnode passes drop theirs concurrently,
         # and every drop must be counted), and the record moved into its vnode's.
-        from shoal.metadata.partitions import _create_window, window_start
-
         for each in vnodes:
             schema = vnode_schema(each)
             async with store.shards.of_vnode(each).pool.connection() as conn:
@@ -207,7 +210,7 @@ def test_reclaimed_windows_are_dropped_whole(cluster: StorageCluster, run: Any) 
                 now = (await (await conn.execute("SELECT now()")).fetchone())[0]
                 start = window_start(now - timedelta(days=3), timedelta(days=1))
                 table = "manta_bucket_deleted_object"
-                await _create_window(conn, schema, table, start, timedelta(days=1))
+                await ensure_window_holding(conn, each, start, timedelta(days=1))
                 if each == vnode:
                     await conn.execute(
                         f"UPDATE {schema}.{table} SET deleted_at = %s WHERE id = %s",
