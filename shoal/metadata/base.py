@@ -48,12 +48,13 @@ class Component:
         return await self.retrying_window(vnode, attempt)
 
     async def write_row(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement of queries.py that writes the row of `params["name"]` in a
-        vnode, and return its rows once committed: in one transaction with the other such
-        writes of the vnode's shard that wait at the same time (batched.py's group commit)."""
+        """Run one statement of queries.py that writes the object row of `params` (owner,
+        bucket_id, name) in a vnode, and return its rows once committed: in one transaction
+        with the other such writes of the vnode's shard that wait at the same time
+        (batched.py's group commit)."""
         statement, values = _bound(template, vnode, params)
         writes = self.shards.of_vnode(vnode).writes
-        order = (vnode, params["name"])
+        order = (vnode, params["owner"], params["bucket_id"], params["name"])
         return await self.retrying_window(vnode, lambda: writes.write(statement, values, order))
 
     async def read_rows(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:

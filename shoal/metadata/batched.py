@@ -22,12 +22,15 @@ WriteBatcher: writes of one object row each (group commit). The batch is one tra
 an error in any write rolls back every write of the batch: then each of them goes again in
 a transaction of its own, and only a write that fails alone reports its error. No write is
 answered before its batch has committed. Each batch takes its rows' locks in one order (by
-vnode, then name), so two batches never wait for each other in a cycle.
+vnode, then the row's key), so two batches never wait for each other in a cycle. The price:
+a write that waits for a row lock holds up the writes behind it in its batch, and keeps the
+rows of those before it locked, where alone it would hold up only itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -48,8 +51,9 @@ BATCHES_AT_ONCE = 2
 # Statements in one batch: a batch's statements wait for its last, so keep it short.
 PER_BATCH = 32
 
-# What a write's order in its batch is made of: its vnode and its object's name.
-WriteOrder = tuple[int, str]
+# Where a write goes in its batch: its vnode, then its row's key in that vnode (owner, bucket
+# id, name: the primary key of manta_bucket_object, so two writes of one row sort together).
+WriteOrder = tuple[int, uuid.UUID, uuid.UUID, str]
 
 
 @dataclass
@@ -59,7 +63,7 @@ class _Queued:
     statement: bytes
     values: Sequence[Any]
     answer: asyncio.Future[list[prepared.Row]] = field(repr=False)
-    order: WriteOrder = (0, "")  # where a write goes in its batch (reads: unused)
+    order: tuple[Any, ...] = ()  # a write's WriteOrder; reads are not sorted
     prepared_again: bool = False  # after InvalidSqlStatementName, once
     alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
 
@@ -68,8 +72,8 @@ class _Queued:
             self.answer.set_exception(exc)
 
 
-class ReadBatcher:
-    """The batches of point reads of one shard's pool."""
+class _Batcher:
+    """The batches of one shard's pool: what reads and writes share."""
 
     def __init__(
         self,
@@ -86,13 +90,10 @@ class ReadBatcher:
         self._closed = False
         self.batches_sent = 0  # pipelines written, for tests and the curious
 
-    async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
-        """The rows of a read-only `statement` ($1, $2, ... placeholders) as dicts."""
-        return await self._queued(statement, values)
-
-    async def _queued(
-        self, statement: bytes, values: Sequence[Any], order: WriteOrder = (0, "")
+    async def _enqueue(
+        self, statement: bytes, values: Sequence[Any], order: tuple[Any, ...] = ()
     ) -> list[prepared.Row]:
+        """Queue a statement ($1, $2, ... placeholders) for the next batch; its rows as dicts."""
         if self._closed:
             raise _store_closed()
         queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
@@ -227,15 +228,23 @@ class ReadBatcher:
         self._waiting.extendleft(reversed(again))
 
 
-class WriteBatcher(ReadBatcher):
+class ReadBatcher(_Batcher):
+    """The batches of point reads of one shard's pool."""
+
+    async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
+        """The rows of a read-only `statement`."""
+        return await self._enqueue(statement, values)
+
+
+class WriteBatcher(_Batcher):
     """The batches of one-row writes of one shard's pool: each batch one transaction."""
 
     async def write(
         self, statement: bytes, values: Sequence[Any], order: WriteOrder
     ) -> list[prepared.Row]:
-        """The rows of `statement`, a write of the one row that `order` (its vnode and
-        name) locates, once committed with the rest of its batch."""
-        return await self._queued(statement, values, order)
+        """The rows of `statement`, a write of the one row that `order` locates, once
+        committed with the rest of its batch."""
+        return await self._enqueue(statement, values, order)
 
     def _next_batch(self) -> list[_Queued]:
         # Every batch takes its rows' locks in this order: two batches that wrote the same
@@ -252,11 +261,9 @@ class WriteBatcher(ReadBatcher):
             return
         # The server rolled the whole batch back: nothing of it happened. Each write goes
         # again alone, so that only one that fails by itself sees an error.
-        again = []
-        for statement in sent:
-            statement.queued.alone = True
-            if not statement.queued.answer.done():
-                again.append(statement.queued)
+        again = [statement.queued for statement in sent if not statement.queued.answer.done()]
+        for queued in again:
+            queued.alone = True
         self._waiting.extendleft(reversed(again))
 
 
@@ -281,15 +288,20 @@ def _fail(batch: list[_Queued], exc: BaseException) -> None:
 
 def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:
     """Flush the pipeline, then read the last result of each of `count` statements and the
-    Sync that ends them."""
+    Sync that ends them. An error between the last statement and the Sync is the commit's
+    (a deferred constraint, say): it stands for the last statement's result, so that the
+    batch counts as failed and nothing of it as done."""
     yield from generators.send(pgconn)
     answers = []
     for _ in range(count):
         results = yield from generators.fetch_many(pgconn)
         answers.append(results[-1])
-    synced = yield from generators.fetch_many(pgconn)
-    # Only the Sync: an error here would be the commit's, and no statement of the batch
-    # may then be answered as done.
-    if [result.status for result in synced] != [ExecStatus.PIPELINE_SYNC]:
-        raise psycopg.OperationalError("a pipeline ended without its Sync")
-    return answers
+    while True:
+        results = yield from generators.fetch_many(pgconn)
+        if not results:
+            raise psycopg.OperationalError("a pipeline ended without its Sync")
+        for result in results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                answers[-1] = result
+        if results[-1].status == ExecStatus.PIPELINE_SYNC:
+            return answers

@@ -8,6 +8,13 @@ sees the row version the write actually replaced, where RFD 149's CTE reads it f
 statement's snapshot and can miss a concurrent writer's version (a block leak) or record a
 deleted one twice. A small object's version (`properties.inline`: its bytes are in its row)
 leaves no record: no node holds anything of it, so GC would have nothing to do but drop it.
+
+The one-row object writes stamp their times (created, modified, deleted_at) with
+`statement_timestamp()`, not `current_timestamp`: they are group-committed (batched.py), and
+in a batch's transaction `current_timestamp` is when the batch began. A write that waited
+behind a row lock would then stamp a time older than the versions committed meanwhile, and
+Last-Modified could go back. A statement's own start is what each write's own transaction
+gave before batching.
 """
 
 from __future__ import annotations
@@ -123,15 +130,15 @@ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 PUT_OBJECT = """
 WITH upsert AS (
     INSERT INTO {schema}.manta_bucket_object (
-        id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
-        headers, roles, sharks, properties, data)
-    VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
-            %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s,
-            %(properties)s, %(data)s)
+        id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
+        content_type, headers, roles, sharks, properties, data)
+    VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, statement_timestamp(),
+            statement_timestamp(), %(creator)s, %(content_length)s, %(content_md5)s,
+            %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s, %(data)s)
     ON CONFLICT (owner, bucket_id, name) DO UPDATE SET
         id = EXCLUDED.id,
-        created = current_timestamp,
-        modified = current_timestamp,
+        created = EXCLUDED.created,
+        modified = EXCLUDED.modified,
         creator = EXCLUDED.creator,
         content_length = EXCLUDED.content_length,
         content_md5 = EXCLUDED.content_md5,
@@ -149,10 +156,10 @@ WITH upsert AS (
         old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
         old.properties AS old_properties
 ), record AS (
-    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
     SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
            old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
-           old_sharks, old_properties
+           old_sharks, old_properties, statement_timestamp()
     FROM upsert WHERE old_id IS NOT NULL AND old_properties -> 'inline' IS NULL
 )
 SELECT created, modified, old_id FROM upsert
@@ -164,8 +171,8 @@ REPLACE_OBJECT_IF_MATCH = """
 WITH replaced AS (
     UPDATE {schema}.manta_bucket_object SET
         id = %(id)s,
-        created = current_timestamp,
-        modified = current_timestamp,
+        created = statement_timestamp(),
+        modified = statement_timestamp(),
         creator = %(creator)s,
         content_length = %(content_length)s,
         content_md5 = %(content_md5)s,
@@ -185,10 +192,10 @@ WITH replaced AS (
         old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
         old.properties AS old_properties
 ), record AS (
-    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
     SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
            old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
-           old_sharks, old_properties
+           old_sharks, old_properties, statement_timestamp()
     FROM replaced WHERE old_properties -> 'inline' IS NULL
 )
 SELECT created, modified, old_id FROM replaced
@@ -197,11 +204,11 @@ SELECT created, modified, old_id FROM replaced
 # If-None-Match: * (create only): exactly one of many concurrent creators inserts.
 CREATE_OBJECT = """
 INSERT INTO {schema}.manta_bucket_object (
-    id, owner, bucket_id, name, creator, content_length, content_md5, content_type,
-    headers, roles, sharks, properties, data)
-VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, %(creator)s, %(content_length)s,
-        %(content_md5)s, %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s,
-        %(data)s)
+    id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
+    content_type, headers, roles, sharks, properties, data)
+VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, statement_timestamp(),
+        statement_timestamp(), %(creator)s, %(content_length)s, %(content_md5)s,
+        %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s, %(data)s)
 ON CONFLICT (owner, bucket_id, name) DO NOTHING
 RETURNING created, modified, NULL::uuid AS old_id
 """
@@ -211,7 +218,7 @@ UPDATE_OBJECT_METADATA = """
 UPDATE {schema}.manta_bucket_object SET
     headers = %(headers)s,
     content_type = %(content_type)s,
-    modified = current_timestamp
+    modified = statement_timestamp()
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 RETURNING {object_columns}
 """
@@ -224,8 +231,9 @@ WITH gone AS (
       AND (%(if_match)s::bytea IS NULL OR content_md5 = %(if_match)s::bytea)
     RETURNING {object_columns}
 ), record AS (
-    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns})
-    SELECT {object_columns} FROM gone WHERE properties -> 'inline' IS NULL
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
+    SELECT {object_columns}, statement_timestamp() FROM gone
+    WHERE properties -> 'inline' IS NULL
 )
 SELECT {object_columns} FROM gone
 """

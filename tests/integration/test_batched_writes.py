@@ -11,8 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from shoal.metadata import MetadataStore, ObjectWrite
-from shoal.metadata.batched import WriteBatcher
+from shoal.metadata import MetadataStore, ObjectWrite, queries
+from shoal.metadata.base import _bound, write_params
+from shoal.metadata.batched import WriteBatcher, WriteOrder
+from shoal.metadata.ring import vnode_schema
 from tests.fixtures.postgres import MakeStore
 
 # Each write records the transaction it ran in and when, in that transaction, it ran.
@@ -42,6 +44,14 @@ def writer_of(store: MetadataStore) -> WriteBatcher:
     return WriteBatcher(store.shards.placed()[0].pool, batches_at_once=1)
 
 
+OWNER = uuid.UUID(int=1)
+BUCKETS = (uuid.UUID(int=1), uuid.UUID(int=2))
+
+
+def order(key: str, vnode: int = 0, bucket: uuid.UUID = BUCKETS[0]) -> WriteOrder:
+    return (vnode, OWNER, bucket, key)
+
+
 def rows_written(store: MetadataStore, run: Any, keys: list[str]) -> list[tuple[Any, ...]]:
     async def select() -> list[tuple[Any, ...]]:
         async with store.shards.placed()[0].pool.connection() as conn:
@@ -59,7 +69,7 @@ def test_writes_waiting_together_commit_together(store: MetadataStore, run: Any)
 
     async def many() -> list[Any]:
         return await asyncio.gather(
-            *(writes.write(WRITE, [key, n], (0, key)) for n, key in enumerate(keys))
+            *(writes.write(WRITE, [key, n], order(key)) for n, key in enumerate(keys))
         )
 
     answers = run(many())
@@ -73,23 +83,27 @@ def test_writes_waiting_together_commit_together(store: MetadataStore, run: Any)
 
 
 def test_a_batch_takes_its_rows_in_order(store: MetadataStore, run: Any) -> None:
-    """Writes arriving in descending order run in ascending (vnode, name) order inside their
-    transaction, so two batches never lock the same rows in opposite orders."""
+    """Writes arriving in descending order run in ascending order of vnode, then row key
+    (owner, bucket id, name) inside their transaction, so two batches never lock the same
+    rows in opposite orders: not even one name in two buckets of one vnode."""
     writes = writer_of(store)
-    orders = [(vnode, f"order-{name}") for vnode in (1, 0) for name in "zyxa"]
+    orders = [
+        order(f"order-{name}", vnode, bucket)
+        for vnode in (1, 0)
+        for bucket in reversed(BUCKETS)
+        for name in "zya"
+    ]
 
     async def descending() -> None:
-        await asyncio.gather(
-            *(writes.write(WRITE, [name, vnode], (vnode, name)) for vnode, name in orders)
-        )
+        await asyncio.gather(*(writes.write(WRITE, [repr(each), 0], each) for each in orders))
 
     run(descending())
-    written = rows_written(store, run, [name for _, name in orders])
-    by_transaction: dict[str, list[tuple[int, str]]] = {}
-    for name, vnode, xid in written:
-        by_transaction.setdefault(xid, []).append((vnode, name))
-    assert max(map(len, by_transaction.values())) > 1  # some did share a transaction
-    for taken in by_transaction.values():
+    written = rows_written(store, run, [repr(each) for each in orders])
+    taken_by_transaction: dict[str, list[WriteOrder]] = {}
+    for key, _, xid in written:
+        taken_by_transaction.setdefault(xid, []).append(next(o for o in orders if repr(o) == key))
+    assert max(map(len, taken_by_transaction.values())) > 1  # some did share a transaction
+    for taken in taken_by_transaction.values():
         assert taken == sorted(taken)
     run(writes.close())
 
@@ -102,7 +116,7 @@ def test_a_failing_write_fails_alone_and_the_rest_commit(store: MetadataStore, r
 
     async def mixed() -> list[Any]:
         return await asyncio.gather(
-            *(writes.write(WRITE, [key, n], (0, key)) for key, n in values),
+            *(writes.write(WRITE, [key, n], order(key)) for key, n in values),
             return_exceptions=True,
         )
 
@@ -148,3 +162,101 @@ def test_concurrent_puts_of_one_key_replace_each_other_once(
     assert len(replaced) == len(puts) - 1 == len(set(replaced))
     assert set(replaced) | {live.id} == ids
     assert store.shards.placed()[0].writes.batches_sent < len(puts)
+
+
+def test_an_error_at_commit_fails_the_batch_not_its_writes(store: MetadataStore, run: Any) -> None:
+    """A deferred constraint fails at the commit, after every statement succeeded: nothing of
+    the batch is answered as done; each write goes again alone, the first commits, the
+    second fails its own commit."""
+    writes = writer_of(store)
+
+    async def create_table() -> None:
+        async with store.shards.placed()[0].pool.connection() as conn:
+            await conn.execute(
+                "CREATE TABLE deferred (k text UNIQUE DEFERRABLE INITIALLY DEFERRED, n int)"
+            )
+
+    insert = b"INSERT INTO deferred VALUES ($1::text, $2::int) RETURNING n"
+
+    async def same_key_twice() -> list[Any]:
+        first = asyncio.create_task(writes.write(insert, ["other", 0], order("other")))
+        await asyncio.sleep(0)  # the first goes alone; the two below wait, then go together
+        return await asyncio.gather(
+            first,
+            writes.write(insert, ["same", 1], order("same")),
+            writes.write(insert, ["same", 2], order("same")),
+            return_exceptions=True,
+        )
+
+    run(create_table())
+    other, one, two = run(same_key_twice())
+    assert other == [{"n": 0}]
+    assert one == [{"n": 1}]
+    assert isinstance(two, psycopg.errors.UniqueViolation)
+    assert writes.batches_sent == 4  # "other"; the two together (failed); each alone
+
+    async def kept() -> list[Any]:
+        async with store.shards.placed()[0].pool.connection() as conn:
+            cursor = await conn.execute("SELECT k, n FROM deferred ORDER BY k")
+            return await cursor.fetchall()
+
+    assert run(kept()) == [("other", 0), ("same", 1)]
+    run(writes.close())
+
+
+def test_last_modified_never_goes_back_behind_a_waiting_batch(
+    make_store: MakeStore, run: Any
+) -> None:
+    """A batch whose first write waits for a row lock writes `k` after another write of `k`
+    committed meanwhile: its version is stamped when its own statement started, so it is
+    newer than the one it replaced, and that one's deletion record is not older than it."""
+    store = make_store(shards=1, vnodes=1, pool_max_size=6)
+    pool = store.shards.placed()[0].pool
+
+    def version() -> ObjectWrite:
+        return ObjectWrite(content_length=1, content_md5=b"0" * 16, sharks=["node-1"])
+
+    async def race() -> tuple[Any, Any, list[Any]]:
+        owner = (await store.accounts.create(f"lm-{uuid.uuid4().hex[:8]}")).id
+        bucket = await store.buckets.create(owner, f"lm-{uuid.uuid4().hex[:8]}")
+        await store.objects.put(owner, bucket.name, "a", version())
+        await store.objects.put(owner, bucket.name, "k", version())
+        writes = WriteBatcher(pool, batches_at_once=1)
+        batched = {name: version() for name in ("a", "k")}
+        statements = {
+            name: _bound(queries.PUT_OBJECT, 0, write_params(owner, bucket.id, name, write))
+            for name, write in batched.items()
+        }
+        async with await psycopg.AsyncConnection.connect(pool.conninfo) as blocker:
+            await blocker.execute(
+                f"SELECT 1 FROM {vnode_schema(0)}.manta_bucket_object"
+                " WHERE bucket_id = %s AND name = 'a' FOR UPDATE",
+                [bucket.id],
+            )
+            held = asyncio.gather(
+                *(
+                    writes.write(*statements[name], (0, owner, bucket.id, name))
+                    for name in ("a", "k")
+                )
+            )
+            await asyncio.sleep(0.3)  # the batch of both waits for "a"
+            meanwhile = version()
+            await store.objects.put(owner, bucket.name, "k", meanwhile)
+            await asyncio.sleep(0.1)
+        await held  # the blocker's transaction ended with its connection
+        live = await store.objects.get(owner, bucket.name, "k")
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                f"SELECT modified, deleted_at FROM {vnode_schema(0)}.manta_bucket_deleted_object"
+                " WHERE id = %s",
+                [meanwhile.id],
+            )
+            records = await cursor.fetchall()
+        await writes.close()
+        return batched["k"], live, records
+
+    batched_k, live, records = run(race())
+    assert live.id == batched_k.id  # the batch's write of "k" came last
+    [(replaced_modified, deleted_at)] = records
+    assert live.modified > replaced_modified
+    assert deleted_at >= replaced_modified
