@@ -151,7 +151,8 @@ class GcRun:
 
 PAUSED_SETTING = "gc_paused"
 # A window is dropped only this long after its end: a transaction that began before the end
-# still writes deleted_at inside it (current_timestamp is the transaction's start).
+# still writes deleted_at inside it (current_timestamp is the transaction's start; the
+# one-row object writes stamp their statement's start, no earlier).
 WINDOW_DROP_GRACE = timedelta(minutes=10)
 
 
