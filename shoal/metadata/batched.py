@@ -295,6 +295,8 @@ def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]
     answers = []
     for _ in range(count):
         results = yield from generators.fetch_many(pgconn)
+        if not results:
+            raise psycopg.OperationalError("a pipeline ended before its statements' results")
         answers.append(results[-1])
     while True:
         results = yield from generators.fetch_many(pgconn)

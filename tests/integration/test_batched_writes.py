@@ -302,3 +302,43 @@ def test_object_writes_are_ordered_by_vnode_then_primary_key(
         owner, bucket_id = run(put_and_delete())
     vnode = store.shards.ring.vnode_for_object(owner, bucket_id, "name")
     assert seen == [(vnode, owner, bucket_id, "name")] * 2
+
+
+def test_writes_recording_versions_create_a_missing_window(make_store: MakeStore, run: Any) -> None:
+    """With no deleted-table window for now (all dropped), concurrent overwrites and deletes
+    that share batches all succeed: the batch fails on the missing partition, each write goes
+    again alone, and `retrying_window` creates the window before its second try."""
+    store = make_store(shards=1, vnodes=1, pool_max_size=6)
+    pool = store.shards.placed()[0].pool
+
+    def version() -> ObjectWrite:
+        return ObjectWrite(content_length=1, content_md5=b"0" * 16, sharks=["node-1"])
+
+    async def without_windows() -> tuple[list[Any], int]:
+        owner = (await store.accounts.create(f"win-{uuid.uuid4().hex[:8]}")).id
+        bucket = await store.buckets.create(owner, f"win-{uuid.uuid4().hex[:8]}")
+        names = [f"object-{n}" for n in range(6)]
+        for name in names:
+            await store.objects.put(owner, bucket.name, name, version())
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass",
+                [f"{vnode_schema(0)}.manta_bucket_deleted_object"],
+            )
+            for (window,) in await cursor.fetchall():
+                await conn.execute(f"DROP TABLE {window}")
+        answers = await asyncio.gather(
+            *(store.objects.put(owner, bucket.name, name, version()) for name in names[:4]),
+            *(store.objects.delete(owner, bucket.name, name) for name in names[4:]),
+            return_exceptions=True,
+        )
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                f"SELECT count(*) FROM {vnode_schema(0)}.manta_bucket_deleted_object"
+            )
+            row = await cursor.fetchone()
+        return answers, row[0] if row else 0
+
+    answers, records = run(without_windows())
+    assert not [answer for answer in answers if isinstance(answer, BaseException)]
+    assert records == 6  # four replaced versions, two deleted ones
