@@ -64,22 +64,6 @@ class StorageConfig:
     node_workers: int = 1
 
 
-@dataclass(frozen=True)
-class S3Config:
-    host: str = "127.0.0.1"
-    port: int = 9000
-    region: str = "us-east-1"
-    # Host names under which `bucket.<domain>` is virtual-hosted-style addressing.
-    domains: tuple[str, ...] = ("localhost", "s3.localhost")
-    # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
-    credentials_key_file: Path | None = None
-    # Processes serving the S3 port (one event loop each; see docs/s3.md).
-    workers: int = field(default_factory=lambda: default_gateway_workers())
-    # Objects of at most this many bytes keep their data in their metadata row, not in blocks
-    # on the storage nodes (docs/s3.md, "Small objects"; 0: only empty objects).
-    inline_max_bytes: int = 4096
-
-
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity, where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
@@ -98,6 +82,22 @@ def default_gateway_workers(cores: int | None = None) -> int:
     that runs only the gateway wants `workers` set to its cores.
     """
     return max(1, (usable_cores() if cores is None else cores) // 2)
+
+
+@dataclass(frozen=True)
+class S3Config:
+    host: str = "127.0.0.1"
+    port: int = 9000
+    region: str = "us-east-1"
+    # Host names under which `bucket.<domain>` is virtual-hosted-style addressing.
+    domains: tuple[str, ...] = ("localhost", "s3.localhost")
+    # The key that encrypts access-key secrets; default <data_dir>/credentials.key.
+    credentials_key_file: Path | None = None
+    # Processes serving the S3 port (one event loop each; see docs/s3.md).
+    workers: int = field(default_factory=default_gateway_workers)
+    # Objects of at most this many bytes keep their data in their metadata row, not in blocks
+    # on the storage nodes (docs/s3.md, "Small objects"; 0: only empty objects).
+    inline_max_bytes: int = 4096
 
 
 @dataclass(frozen=True)
