@@ -14,6 +14,8 @@ MetadataError
  +-- InvalidPartOrder
  +-- EntityTooSmall           a part other than the last is under the minimum size
  +-- SchemaError              the database is not migrated, or the ring disagrees
+ +-- MetadataUnavailable      a shard cannot be reached now; nothing was written
+ +-- CommitUnknown            a write was sent and its answer lost: it may have committed
 """
 
 from __future__ import annotations
@@ -77,3 +79,17 @@ class EntityTooSmall(MetadataError):
 
 class SchemaError(MetadataError):
     pass
+
+
+class MetadataUnavailable(MetadataError):
+    """A shard could not be reached (down, refusing connections, out of connections) before
+    anything of the request was written. Nothing happened; the caller may try again."""
+
+
+class CommitUnknown(MetadataError):
+    """The connection to a shard broke after a write was sent and before its answer came
+    back: the write may have committed or not. Whatever the write names (its blocks) must
+    be kept; the orphan job reclaims them if the write did not commit.
+
+    Deliberately not a MetadataUnavailable: code that cleans up after a refused write
+    catches that one, and must never catch this."""

@@ -36,6 +36,9 @@ from shoal.s3.router import Address, Endpoint, address, route
 from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 
 log = logging.getLogger("shoal.s3")
+# What a 503 tells the client to wait before trying again: outages Shoal can ride out (a
+# shard restarting, a node coming back) last seconds.
+RETRY_AFTER_SECONDS = 1
 access_log = logs.AccessLog()
 
 Handler = Callable[["Call"], Awaitable[http.Response]]
@@ -204,6 +207,8 @@ def _as_s3_error(error: Exception, request_id: str) -> S3Error:
 
 def _error_response(request: http.Request, request_id: str, error: S3Error) -> http.Response:
     headers: dict[str, str] = {}  # x-amz-request-id: every response has it (handle)
+    if error.status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     if error.status == 416 and "ActualObjectSize" in error.fields:
         headers["Content-Range"] = f"bytes */{error.fields['ActualObjectSize']}"
     if request.method == "HEAD":

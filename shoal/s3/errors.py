@@ -267,6 +267,8 @@ _DOMAIN: dict[type[Exception], type[S3Error]] = {
     metadata.AccessKeyNotFound: InvalidAccessKeyId,
     metadata.AccountNotFound: AccessDenied,
     metadata.InvalidName: InvalidArgument,
+    metadata.MetadataUnavailable: ServiceUnavailable,
+    metadata.CommitUnknown: ServiceUnavailable,
     StorageUnavailable: ServiceUnavailable,
     DataUnavailable: InternalError,
 }
