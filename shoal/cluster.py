@@ -77,6 +77,10 @@ class RegistryDirectory:
             await self._refresh(force=True)
         return self._urls.get(shark)
 
+    async def registered_count(self) -> int:
+        await self._refresh()
+        return len(self._urls)
+
     async def _refresh(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:
             return
