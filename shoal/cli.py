@@ -156,7 +156,7 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
         print(f"  schema          {versions or 'not migrated'}")
         print(f"  deleted windows {s.windows}")
         for table, count in s.row_counts.items():
-            print(f"  {table:<28} {count:>12,}")
+            print(f"  {table:<30} {count:>12,}")
     print(f"\nstorage nodes: {sum(n.alive for n in status.nodes)} alive of {len(status.nodes)}")
     for n in status.nodes:
         state = "alive" if n.alive else "SILENT"

@@ -77,6 +77,10 @@ class RegistryDirectory:
             await self._refresh(force=True)
         return self._urls.get(shark)
 
+    async def registered_count(self) -> int:
+        await self._refresh()
+        return len(self._urls)
+
     async def _refresh(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:
             return
@@ -208,11 +212,12 @@ async def run_gateway(
     stop: asyncio.Event,
     on_ready: Callable[[KeyPair], None] | None = None,
 ) -> None:
-    """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon and
-    the upkeep of deleted-table windows beside it, in this process and `s3.workers - 1` more
-    (the gateway keeps no state of its own between requests, so any process can serve any
-    request; GC and upkeep run here only)."""
+    """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon,
+    re-replication and the upkeep of deleted-table windows beside it, in this process and
+    `s3.workers - 1` more (the gateway keeps no state of its own between requests, so any
+    process can serve any request; GC, re-replication and upkeep run here only)."""
     from shoal.gc import Collector
+    from shoal.replication import Rereplicator
 
     sock = listening_socket(config.s3.host, port)
     extra = config.s3.workers - 1
@@ -235,6 +240,7 @@ async def run_gateway(
             daemon = None
             if config.gc.enabled:
                 daemon = asyncio.create_task(collector.run_forever(config.gc.interval, stop))
+            restorer = asyncio.create_task(Rereplicator(store, path).run_forever(stop))
             upkeep_due = 0.0
             while not stop.is_set():
                 workers.restart_dead()
@@ -245,6 +251,7 @@ async def run_gateway(
                     await asyncio.wait_for(stop.wait(), WORKER_CHECK_SECONDS)
             if daemon is not None:
                 await daemon
+            await restorer
         finally:
             await in_thread(workers.stop)
 

@@ -55,7 +55,10 @@ class StorageConfig:
     local_nodes: int = 2
     datacenter: str = "local"
     block_size: int = 1024 * 1024
-    replicas: int = 0  # 0: two where at least two nodes are writable, else one
+    # Copies of every version (placement.target_replicas). N: a write needs N writable nodes.
+    # 0: two once at least two nodes are registered, else one; a write then stores as many as
+    # are writable (at least one), and re-replication adds the rest once nodes are back.
+    replicas: int = 0
     heartbeat_interval: timedelta = timedelta(seconds=5)
     # A node silent for longer receives no new blocks.
     heartbeat_deadline: timedelta = timedelta(seconds=30)

@@ -4,4 +4,9 @@ The server is the embedded one (started once, in a temporary folder), or an exis
 given as an admin DSN in SHOAL_TEST_DSN. Each test cluster is a set of fresh databases on it.
 """
 
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.storage", "tests.fixtures.serve"]
+pytest_plugins = [
+    "tests.fixtures.postgres",
+    "tests.fixtures.storage",
+    "tests.fixtures.serve",
+    "tests.fixtures.spark",
+]

@@ -40,6 +40,9 @@ class ObjectWrite:
     creator: uuid.UUID | None = None
     id: uuid.UUID = field(default_factory=uuid7)
     data: bytes | None = None
+    # Written to fewer nodes than the target number of copies: put notes the version for
+    # re-replication before its row commits (metadata/replicas.py).
+    under_replicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ class PartWrite:
     sharks: list[str] = field(default_factory=list)
     properties: dict[str, Any] = field(default_factory=dict)
     id: uuid.UUID = field(default_factory=uuid7)
+    under_replicated: bool = False  # as ObjectWrite's: noted before the part row commits
 
 
 @dataclass(frozen=True)

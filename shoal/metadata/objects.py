@@ -73,6 +73,8 @@ class Objects(Component):
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
         params = write_params(owner, found.id, name, write)
+        if write.under_replicated:  # noted first: a crash before the row leaves a stale note
+            await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
         if if_none_match:
             statement = queries.CREATE_OBJECT
         elif if_match is not None:

@@ -711,6 +711,112 @@ SELECT 1 FROM {schema}.manta_bucket_upload_part
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = %(id)s
 """
 
+# -- re-replication (on the object's vnode) ---------------------------------------------------
+
+# A version or part written with fewer copies than the target, noted before its row commits
+# (docs/storage.md, "Re-replication"). A second note of the same id changes nothing.
+NOTE_UNDER_REPLICATED = """
+INSERT INTO {schema}.manta_bucket_under_replicated (owner, bucket_id, name, id)
+VALUES (%(owner)s, %(bucket_id)s, %(name)s, %(id)s)
+ON CONFLICT DO NOTHING
+"""
+
+# The oldest notes of a vnode, held by one re-replicator until its transaction ends (SKIP
+# LOCKED: two never copy the same version at once). `settled`: older than `grace` by the
+# database clock, so a note whose version is not found is no write still committing.
+CLAIM_UNDER_REPLICATED = """
+SELECT owner, bucket_id, name, id,
+       noted_at < current_timestamp - %(grace)s::interval AS settled
+FROM {schema}.manta_bucket_under_replicated
+ORDER BY noted_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+REMOVE_UNDER_REPLICATED = """
+DELETE FROM {schema}.manta_bucket_under_replicated WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+# Notes that must wait (no node to copy to, no good replica to copy from) go to the back, so
+# that they do not hold up the notes behind them batch after batch.
+POSTPONE_UNDER_REPLICATED = """
+UPDATE {schema}.manta_bucket_under_replicated SET noted_at = current_timestamp
+WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+# Where the blocks named by `id` are, if it is still live: the object's own version, a part of
+# the completed multipart object (its properties.parts), or a part of an open upload.
+# No row: the version was replaced or deleted (or its write has not committed yet).
+LOCATE_UNDER_REPLICATED = """
+SELECT content_length AS size, properties ->> 'block_size' AS block_size, sharks
+FROM {schema}.manta_bucket_object
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(id)s
+  AND properties -> 'inline' IS NULL
+UNION ALL
+SELECT (part ->> 'size')::bigint, part ->> 'block_size',
+       ARRAY(SELECT jsonb_array_elements_text(part -> 'sharks'))
+FROM {schema}.manta_bucket_object o, jsonb_array_elements(o.properties -> 'parts') AS part
+WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s AND o.name = %(name)s
+  AND part ->> 'id' = %(id)s::text
+UNION ALL
+SELECT content_length, properties ->> 'block_size', sharks
+FROM {schema}.manta_bucket_upload_part
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = %(id)s
+"""
+
+# Adds the nodes that now hold copies to the sharks of `id`, wherever it is live (the three
+# places LOCATE_UNDER_REPLICATED looks), and counts the rows changed. Each UPDATE re-checks
+# its WHERE on the newest row version under the row's lock, so a version replaced or deleted
+# meanwhile is not touched (0): the deletion record its replacement made already copied the
+# old sharks, and a shark added after that would name a copy GC never deletes. Added sharks
+# already named are skipped, so running it twice changes nothing.
+ADD_SHARKS = """
+WITH version AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET sharks = o.sharks || ARRAY(
+        SELECT s FROM unnest(%(added)s::text[]) AS s WHERE s <> ALL(o.sharks))
+    WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s AND o.name = %(name)s
+      AND o.id = %(id)s
+    RETURNING 1
+), assembled AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET sharks = o.sharks || ARRAY(
+            SELECT s FROM unnest(%(added)s::text[]) AS s WHERE s <> ALL(o.sharks)),
+        properties = jsonb_set(o.properties, '{{parts}}', (
+            SELECT jsonb_agg(
+                CASE WHEN part ->> 'id' = %(id)s::text
+                     THEN jsonb_set(part, '{{sharks}}', (part -> 'sharks') || to_jsonb(ARRAY(
+                         SELECT s FROM unnest(%(added)s::text[]) AS s
+                         WHERE NOT (part -> 'sharks') @> jsonb_build_array(s))))
+                     ELSE part END
+                ORDER BY ordinal)
+            FROM jsonb_array_elements(o.properties -> 'parts') WITH ORDINALITY
+                 AS parts (part, ordinal)))
+    WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s AND o.name = %(name)s
+      AND o.properties -> 'parts' @> jsonb_build_array(jsonb_build_object('id', %(id)s::text))
+    RETURNING 1
+), part AS (
+    UPDATE {schema}.manta_bucket_upload_part p
+    SET sharks = p.sharks || ARRAY(
+        SELECT s FROM unnest(%(added)s::text[]) AS s WHERE s <> ALL(p.sharks))
+    WHERE p.owner = %(owner)s AND p.bucket_id = %(bucket_id)s AND p.id = %(id)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM version) + (SELECT count(*) FROM assembled)
+       + (SELECT count(*) FROM part) AS updated
+"""
+
+# Which vnodes of a shard hold notes (a pass reads only those), and how many in all.
+UNDER_REPLICATED_VNODE_ARM = """
+(SELECT {vnode} AS vnode FROM {schema}.manta_bucket_under_replicated LIMIT 1)
+"""
+
+UNDER_REPLICATED_COUNT_ARM = """
+SELECT count(*) AS notes FROM {schema}.manta_bucket_under_replicated
+"""
+
+UNDER_REPLICATED_COUNT = "SELECT coalesce(sum(notes), 0)::bigint AS notes FROM ({arms}) AS counts"
+
 # -- bucket lifecycle (catalog shard) ---------------------------------------------------------
 
 PUT_LIFECYCLE = """

@@ -274,6 +274,27 @@ ALTER TABLE {schema}.manta_bucket_object ADD COLUMN data bytea;
 ALTER TABLE {schema}.manta_bucket_object ALTER COLUMN data SET STORAGE EXTERNAL;
 """,
     ),
+    Migration(
+        3,
+        "versions short of their copies",
+        """
+-- A version (or multipart part, by its id) written to fewer storage nodes than the target
+-- number of copies, noted before its row commits; re-replication adds copies and removes the
+-- note (docs/storage.md, "Re-replication"). Versions at full replication are never here.
+CREATE TABLE {schema}.manta_bucket_under_replicated (
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    id uuid NOT NULL,
+    noted_at timestamptz DEFAULT current_timestamp NOT NULL,
+
+    PRIMARY KEY (owner, bucket_id, name, id)
+);
+
+CREATE INDEX manta_bucket_under_replicated_noted_at_idx
+ON {schema}.manta_bucket_under_replicated (noted_at);
+""",
+    ),
 )
 
 # The two RFD 149 tables partitioned by deleted_at, in windows (see partitions.py).

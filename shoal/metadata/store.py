@@ -22,6 +22,7 @@ from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
 from shoal.metadata.objects import Objects
 from shoal.metadata.partitions import ensure_windows, window_width
+from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
 from shoal.metadata.shards import ShardSet
 from shoal.metadata.uploads import Uploads
@@ -39,6 +40,7 @@ class MetadataStore:
         self.gc_book = GarbageBook(shards, window)
         self.nodes = Nodes(shards, window)
         self.keys = Keys(shards, window)
+        self.under_replicated = UnderReplicated(shards, window)
 
     @classmethod
     async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> MetadataStore:

@@ -100,6 +100,8 @@ class Uploads(Component):
             "sharks": list(part.sharks),
             "properties": Jsonb(part.properties),
         }
+        if part.under_replicated:  # noted first, as objects.put does
+            await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
         rows = await self.rows(vnode, queries.PUT_PART, params)
         if not rows:
             raise UploadNotFound(f"no upload {upload_id} for {name!r}")

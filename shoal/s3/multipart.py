@@ -110,6 +110,7 @@ async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: paylo
         content_md5=stored.result.md5,
         sharks=stored.result.sharks,
         properties=stored.properties(),
+        under_replicated=stored.result.under_replicated,
     )
     try:
         await call.store.uploads.put_part(call.account, call.bucket, call.key, upload, part)

@@ -91,6 +91,7 @@ def _object_write(
         headers=headers,
         properties=stored.properties(),
         data=stored.data,
+        under_replicated=stored.result.under_replicated,
     )
 
 

@@ -61,6 +61,10 @@ class NodeDirectory(Protocol):
         """Where a node named in a row's sharks answers, if it is known."""
         ...
 
+    async def registered_count(self) -> int:
+        """How many nodes the registry knows, alive or not (placement.target_replicas)."""
+        ...
+
 
 @dataclass(frozen=True)
 class WriteResult:
@@ -69,6 +73,14 @@ class WriteResult:
     block_size: int
     md5: bytes
     checksums: dict[str, str]  # S3 form: base64 of the checksum bytes
+    # The copies every version should have (placement.target_replicas) when it was written;
+    # 0 for a body that went to no node (a small object kept in its row).
+    wanted: int = 0
+
+    @property
+    def under_replicated(self) -> bool:
+        """Fewer distinct nodes hold it than the target: re-replication must add copies."""
+        return len(set(self.sharks)) < self.wanted
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,7 @@ class DataPath:
     ) -> WriteResult:
         nodes = await self.directory.writable_nodes()
         wanted = self.replicas or placement.default_replicas(len(nodes))
+        target = await self.target_replicas()
         replicas = placement.choose(nodes, wanted, self.rng)
         if len(replicas) < wanted:
             raise StorageUnavailable(f"{wanted} replicas wanted, {len(replicas)} nodes writable")
@@ -181,7 +194,39 @@ class DataPath:
             block_size=self.block_size,
             md5=digests.md5,
             checksums=digests.s3_values(),
+            wanted=target,
         )
+
+    async def target_replicas(self) -> int:
+        """The copies every version should have (placement.target_replicas)."""
+        return placement.target_replicas(self.replicas, await self.directory.registered_count())
+
+    async def add_copies(self, run: BlockRun, count: int) -> list[str]:
+        """Copy every block of `run` from a good replica to `count` writable nodes that do not
+        hold it (in datacenters without a copy first); returns their sharks.
+
+        Raises StorageUnavailable when too few such nodes are writable, DataUnavailable when
+        a block has no good replica left; blocks copied before a failure are deleted again.
+        """
+        nodes = await self.directory.writable_nodes()
+        datacenters = {shark.partition(":")[0] for shark in run.sharks}
+        targets = placement.choose(
+            nodes, count, self.rng, exclude=run.sharks, used_datacenters=datacenters
+        )
+        if len(targets) < count:
+            raise StorageUnavailable(f"{count} more copies wanted, {len(targets)} nodes writable")
+        try:
+            for index in range(run.block_count):
+                data = await self._fetch(run, index)  # size and checksum verified
+                name = block_name(run.id, index)
+                await asyncio.gather(*(self.client.put_block(n.url, name, data) for n in targets))
+        except BaseException:
+            names = run.block_names()
+            for node in targets:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.client.delete_blocks(node.url, names), 10)
+            raise
+        return [n.shark for n in targets]
 
     async def read(
         self, runs: Sequence[BlockRun], start: int = 0, end: int | None = None

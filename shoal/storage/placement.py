@@ -25,17 +25,32 @@ def default_replicas(available: int) -> int:
     return 2 if available >= 2 else 1
 
 
+def target_replicas(configured: int | None, registered: int) -> int:
+    """How many copies every version should have: `[storage] replicas` when set, otherwise
+    two once at least two nodes are registered (alive or not), else one.
+
+    Judged by the nodes registered, not the nodes writable: a version written while a node
+    is down is short of this target, and re-replication restores it once nodes come back.
+    """
+    return configured or default_replicas(registered)
+
+
 def choose(
-    nodes: Sequence[Node], count: int, rng: random.Random, exclude: Collection[str] = ()
+    nodes: Sequence[Node],
+    count: int,
+    rng: random.Random,
+    exclude: Collection[str] = (),
+    used_datacenters: Collection[str] = (),
 ) -> list[Node]:
-    """`count` distinct nodes; each pick prefers a datacenter not used yet, then free space.
+    """`count` distinct nodes; each pick prefers a datacenter not used yet (by the picks before
+    it, or by `used_datacenters`: where copies already are), then free space.
 
     Returns fewer than `count` if there are not enough candidates; the caller decides.
     """
     candidates = [n for n in nodes if n.shark not in exclude]
     chosen: list[Node] = []
     while candidates and len(chosen) < count:
-        used = {n.datacenter for n in chosen}
+        used = {n.datacenter for n in chosen} | set(used_datacenters)
         fresh = [n for n in candidates if n.datacenter not in used]
         pool = fresh or candidates
         pick = rng.choices(pool, weights=[max(n.free_bytes, 1) for n in pool])[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,11 @@ from shoal.config import load_config
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
 from shoal.pipeline.jobs.meter import meter
-from shoal.pipeline.session import spark_session
 from tests.fixtures.garbage import block_ids, build_garbage, check_live, dead_tuples, garbage_files
 from tests.fixtures.storage import MakeStorage, NodeProcess, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 KiB = 1024
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    session = spark_session("tests", "local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import random
 from collections import Counter
 
-from shoal.storage.placement import Node, choose, default_replicas
+from shoal.storage.placement import Node, choose, default_replicas, target_replicas
 
 
 def node(name: str, dc: str, free: int = 100) -> Node:
@@ -38,3 +38,16 @@ def test_excluded_nodes_are_never_chosen() -> None:
 def test_default_replicas() -> None:
     assert default_replicas(1) == 1
     assert default_replicas(2) == default_replicas(9) == 2
+
+
+def test_target_is_the_configured_count_or_two_once_two_nodes_are_registered() -> None:
+    assert target_replicas(3, 1) == 3
+    assert target_replicas(0, 1) == target_replicas(None, 1) == 1
+    assert target_replicas(0, 2) == target_replicas(0, 5) == 2
+
+
+def test_new_copies_prefer_datacenters_without_one() -> None:
+    nodes = [node("a2", "a"), node("a3", "a"), node("b1", "b")]
+    for seed in range(100):
+        [chosen] = choose(nodes, 1, random.Random(seed), used_datacenters={"a"})
+        assert chosen.name == "b1"

@@ -1,5 +1,7 @@
 """`shoal pipeline audit`: every block that a live object or part names is on every node its
-row names, with the right size and checksum. `--repair` copies a good replica over.
+row names, with the right size and checksum, and every version and part has as many copies as
+the target (placement.target_replicas). `--repair` copies a good replica over a bad one, and
+gives under-replicated versions their copies the way the re-replication daemon does.
 
 Metadata is read before the inventories, so a block written after the snapshot is never
 missed by mistake; each finding is re-checked against the live row before it is reported,
@@ -18,7 +20,7 @@ from pyspark.sql import functions as F
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
-from shoal.storage import block_runs
+from shoal.storage import block_runs, placement
 from shoal.storage.auth import load_or_create_secret
 
 
@@ -26,9 +28,17 @@ def run(ctx: JobContext) -> Summary:
     started = time.monotonic()
     urls = ctx.node_urls()
     secret = load_or_create_secret(ctx.config.secret_file)
+    target = placement.target_replicas(ctx.config.storage.replicas, len(urls))
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_PARTS)
+        short = [
+            r.asDict()
+            for r in live.unionByName(parts)
+            .rdd.flatMap(lambda row: _short_runs(row, target))
+            .toDF(UNDER_REPLICATED_SCHEMA)
+            .collect()
+        ]
         expected = (
             live.unionByName(parts)
             .rdd.flatMap(_expected_blocks)
@@ -72,9 +82,14 @@ def run(ctx: JobContext) -> Summary:
     )
     findings = [r.asDict() for r in candidates.collect()]
     confirmed = ctx.with_store(lambda store: _still_live(store, findings))
-    repaired = 0
+    repaired = restored = 0
     if ctx.options.get("repair") and confirmed:
         repaired = ctx.with_store(lambda store: _repair(store, confirmed, urls, secret))
+    if ctx.options.get("repair") and short:
+        restored = ctx.with_store(lambda store: _rereplicate(store, ctx, short))
+    ctx.spark.createDataFrame(short, UNDER_REPLICATED_SCHEMA).write.mode("overwrite").parquet(
+        str(ctx.output / "under_replicated")
+    )
     ctx.spark.createDataFrame(
         confirmed or [],
         "shark string, name string, size long, owner string, bucket_id string, "
@@ -91,6 +106,9 @@ def run(ctx: JobContext) -> Summary:
             "blocks checked": blocks_checked,
             **{f"blocks {k}": v for k, v in counts.items()},
             "repaired": repaired,
+            "copies wanted": target,
+            "versions under-replicated": len(short),
+            "versions re-replicated": restored,
             "seconds": round(seconds, 2),
             "blocks per second": round(blocks_checked / max(seconds, 1e-9)),
         },
@@ -112,6 +130,45 @@ def _expected_blocks(row: Any) -> list[tuple[Any, ...]]:
             for shark in run.sharks:
                 expected.append((shark, name, size, row.owner, row.bucket_id, row.name, row.id))
     return expected
+
+
+# A version or part (by `id`) with fewer distinct nodes than the target.
+UNDER_REPLICATED_SCHEMA = (
+    "owner string, bucket_id string, key string, version string, id string, copies int"
+)
+
+
+def _short_runs(row: Any, target: int) -> list[tuple[Any, ...]]:
+    """The runs of a row (its version, or each part) held by fewer nodes than `target`."""
+    properties = json.loads(row.properties) if row.properties else {}
+    runs = block_runs(uuid.UUID(row.id), row.content_length or 0, row.sharks or [], properties)
+    return [
+        (row.owner, row.bucket_id, row.name, row.id, str(run.id), len(set(run.sharks)))
+        for run in runs
+        if len(set(run.sharks)) < target
+    ]
+
+
+async def _rereplicate(store: Any, ctx: JobContext, short: list[dict[str, Any]]) -> int:
+    """Note each under-replicated version (or part) and run one re-replication pass: the
+    daemon's own code, so copies are added and named the same way. Returns how many got
+    their copies."""
+    from shoal.cluster import data_path
+    from shoal.replication import Rereplicator
+
+    for found in short:
+        await store.under_replicated.note(
+            uuid.UUID(found["owner"]),
+            uuid.UUID(found["bucket_id"]),
+            found["key"],
+            uuid.UUID(found["id"]),
+        )
+    path = data_path(ctx.config, store)
+    try:
+        tally = await Rereplicator(store, path).run_once()
+    finally:
+        await path.client.close()
+    return int(tally.restored)
 
 
 async def _still_live(store: Any, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
