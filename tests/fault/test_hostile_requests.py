@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from shoal.s3 import http
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Keys, RawResponse, Served, raw_request
+from tests.fixtures.serve import RawResponse, Served, raw_request
 
 MiB = 1024 * 1024
 
@@ -63,15 +63,29 @@ def bucket(served: Served) -> str:
 # -- raw sockets, for broken framing ---------------------------------------------------------
 
 
+class _PayloadAsGiven(S3SigV4Auth):
+    """botocore's S3 signer, with x-amz-content-sha256 as given (it would hash the body)."""
+
+    def __init__(self, credentials: Credentials, payload: str) -> None:
+        super().__init__(credentials, "s3", "us-east-1")
+        self._payload = payload
+
+    def payload(self, request: AWSRequest) -> str:
+        return self._payload
+
+
 def signed_head(
-    served: Served, method: str, path: str, headers: dict[str, str], keys: Keys | None = None
+    served: Served,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    payload: str = "UNSIGNED-PAYLOAD",
 ) -> bytes:
-    """A request head signed for an unsigned payload, as bytes to send on a raw socket."""
-    keys = keys or served.root
+    """A request head signed (payload: its x-amz-content-sha256), as bytes for a raw socket."""
+    keys = served.root
     host = f"127.0.0.1:{served.port}"
     request = AWSRequest(method=method, url=f"http://{host}{path}", data=b"", headers=headers)
-    request.headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
-    signer = S3SigV4Auth(Credentials(keys.access_key_id, keys.secret_access_key), "s3", "us-east-1")
+    signer = _PayloadAsGiven(Credentials(keys.access_key_id, keys.secret_access_key), payload)
     signer.add_auth(request)
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in request.headers.items() if k.lower() != "host"]
@@ -81,7 +95,10 @@ def signed_head(
 def read_answer(sock: socket.socket) -> RawResponse:
     """One response read from a raw socket: status, headers and the body its length says."""
     received = b""
-    while b"\r\n\r\n" not in received:
+    while b"\r\n\r\n" not in received or received.startswith(b"HTTP/1.1 100 "):
+        if received.startswith(b"HTTP/1.1 100 ") and b"\r\n\r\n" in received:
+            received = received.partition(b"\r\n\r\n")[2]  # Expect: 100-continue's
+            continue
         chunk = sock.recv(65536)
         assert chunk, f"the connection closed before an answer: {received!r}"
         received += chunk
@@ -105,6 +122,16 @@ def send_short_body_then_half_close(
         return read_answer(sock)
 
 
+def send_aws_chunked(
+    served: Served, method: str, path: str, headers: dict[str, str], body: bytes, payload: str
+) -> RawResponse:
+    """A streaming (aws-chunked) upload as framed by the caller, framing errors and all."""
+    headers = headers | {"Content-Length": str(len(body)), "Content-Encoding": "aws-chunked"}
+    with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
+        sock.sendall(signed_head(served, method, path, headers, payload) + body)
+        return read_answer(sock)
+
+
 # -- each hostile input named ----------------------------------------------------------------
 
 
@@ -117,6 +144,18 @@ def test_xml_bodies_over_their_limit_are_max_message_length_exceeded(
     assert (response.status, code_of(response)) == (400, "MaxMessageLengthExceeded")
     lifecycle = b"<LifecycleConfiguration>" + padding + b"</LifecycleConfiguration>"
     response = raw_request(served, "PUT", f"/{bucket}?lifecycle", lifecycle)
+    assert (response.status, code_of(response)) == (400, "MaxMessageLengthExceeded")
+    upload = served.client().create_multipart_upload(Bucket=bucket, Key="m")["UploadId"]
+    parts = "".join(
+        f'<Part><ETag>"{n:032x}"</ETag><PartNumber>{n}</PartNumber>'
+        f"<ChecksumCRC32>AAAAAA==</ChecksumCRC32></Part>"
+        for n in range(1, 10_001)
+    )
+    complete = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+    assert MiB < len(complete) < 4 * MiB  # the most parts S3 allows, with checksums
+    response = raw_request(served, "POST", f"/{bucket}/m?uploadId={upload}", complete)
+    assert (response.status, code_of(response)) == (400, "InvalidPart")  # read, not refused
+    response = raw_request(served, "POST", f"/{bucket}/m?uploadId={upload}", complete * 4)
     assert (response.status, code_of(response)) == (400, "MaxMessageLengthExceeded")
     assert not logged_failure(served, response)
 
@@ -496,6 +535,43 @@ def mutated(draw: st.DrawFn, documents: st.SearchStrategy[str]) -> bytes:
     return body
 
 
+@st.composite
+def aws_chunked_bodies(draw: st.DrawFn) -> tuple[str, dict[str, str], bytes]:
+    """An aws-chunked body (x-amz-content-sha256, headers, bytes): chunks of random data, a
+    trailing checksum right or wrong, chunk signatures that cannot be right, then perhaps
+    mutated (cut, a byte spliced in, a chunk size of absurd hex)."""
+    data = draw(st.binary(max_size=300))
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=3)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    signed = draw(st.booleans())
+    extension = ";chunk-signature=" + "0" * 64 if signed else ""
+    body = b"".join(f"{len(c):x}{extension}\r\n".encode() + c + b"\r\n" for c in chunks if c)
+    body += f"0{extension}\r\n".encode()
+    headers = {"x-amz-decoded-content-length": draw(st.one_of(st.just(str(len(data))), NUMBERS))}
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    trailer = draw(
+        st.sampled_from(
+            ["", f"x-amz-checksum-crc32:{crc}", "x-amz-checksum-crc32:AAAAAA==", "bogus"]
+        )
+    )
+    if trailer and not signed:
+        headers["x-amz-trailer"] = "x-amz-checksum-crc32"
+        body += trailer.encode() + b"\r\n"
+    body += b"\r\n"
+    how = draw(st.sampled_from(["as is", "as is", "cut", "splice", "huge size"]))
+    if how == "cut" and body:
+        body = body[: draw(st.integers(0, len(body) - 1))]
+    elif how == "splice":
+        at = draw(st.integers(0, len(body)))
+        body = body[:at] + draw(st.binary(min_size=1, max_size=4)) + body[at:]
+    elif how == "huge size":
+        body = b"f" * draw(st.sampled_from([17, 40, 5000])) + body
+    payload = (
+        "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" if signed else "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+    )
+    return payload, headers, body
+
+
 BODIES = st.one_of(
     st.just(b""),
     st.binary(max_size=64),
@@ -552,13 +628,17 @@ def hostile_requests(draw: st.DrawFn, names: dict[str, str]) -> dict[str, Any]:
     body = draw(BODIES)
     if draw(st.booleans()) and "Content-MD5" not in headers:
         headers |= md5_header(body)  # so that DeleteObjects goes on to its XML
-    cut_short = method in ("PUT", "POST") and draw(st.integers(0, 9)) == 0
+    framing = "plain"
+    if method in ("PUT", "POST"):
+        framing = draw(st.sampled_from(["plain"] * 7 + ["cut short", "aws-chunked"] * 2))
+    streamed = draw(aws_chunked_bodies()) if framing == "aws-chunked" else None
     return {
         "method": method,
         "path": path,
         "headers": headers,
         "body": body,
-        "cut_short": cut_short,
+        "framing": framing,
+        "streamed": streamed,
     }
 
 
@@ -603,10 +683,20 @@ def test_fuzzed_requests_never_get_a_500(served: Served, fuzz_names: dict[str, s
     )
     @given(request=hostile_requests(fuzz_names))
     def check(request: dict[str, Any]) -> None:
-        if request["cut_short"]:
+        if request["framing"] == "cut short":
             declared = len(request["body"]) + 10
             response = send_short_body_then_half_close(
                 served, request["method"], request["path"], declared, request["body"]
+            )
+        elif request["framing"] == "aws-chunked":
+            payload, headers, body = request["streamed"]
+            response = send_aws_chunked(
+                served,
+                request["method"],
+                request["path"],
+                request["headers"] | headers,
+                body,
+                payload,
             )
         else:
             response = raw_request(
