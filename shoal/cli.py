@@ -325,12 +325,18 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"job": summary.job, **summary.figures, "output": str(summary.output)}, default=str
+                {
+                    "job": summary.job,
+                    **summary.figures,
+                    "output": str(summary.output),
+                    "problems": summary.problems,
+                },
+                default=str,
             )
         )
     else:
         print(summary.table())
-    return 0
+    return 1 if summary.problems else 0
 
 
 def _first_line(exc: BaseException) -> str:

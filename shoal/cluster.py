@@ -267,7 +267,9 @@ async def _serving_gateway(
     credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
     path = data_path(config, store)
     gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
-    server = await http.serve(make_handler(gateway), sock)
+    server = await http.serve(
+        make_handler(gateway), sock, head_seconds=config.s3.request_head_seconds
+    )
     shoal.loop.settle_heap()
     try:
         yield credentials, path

@@ -101,6 +101,9 @@ class S3Config:
     # Objects of at most this many bytes keep their data in their metadata row, not in blocks
     # on the storage nodes (docs/s3.md, "Small objects"; 0: only empty objects).
     inline_max_bytes: int = 4096
+    # A request head (its line and headers) must arrive within this many seconds of its
+    # first byte, or the connection is answered RequestTimeout and closed (docs/s3.md, "HTTP").
+    request_head_seconds: int = 20
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
             "credentials_key_file",
             "workers",
             "inline_max_bytes",
+            "request_head_seconds",
         },
         "[s3]",
     )
@@ -224,6 +228,9 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         credentials_key_file=(base / key_file).absolute() if key_file else None,
         workers=_positive_int(raw, "workers", default_gateway_workers(), "[s3]"),
         inline_max_bytes=_inline_limit(raw),
+        request_head_seconds=_positive_int(
+            raw, "request_head_seconds", S3Config.request_head_seconds, "[s3]"
+        ),
     )
 
 

@@ -49,11 +49,16 @@ class JobContext:
 
 @dataclass
 class Summary:
-    """What a job did: rows for the summary table, and the same as JSON for machines."""
+    """What a job did: rows for the summary table, and the same as JSON for machines.
+
+    `problems` are what the job had to leave undone, one line each (a bucket skipped, say);
+    `shoal pipeline` prints them and then exits 1, as `shoal gc run` does for kept records.
+    """
 
     job: str
     figures: dict[str, Any]
     output: Path
+    problems: list[str] = field(default_factory=list)
 
     def table(self) -> str:
         width = max(len(k) for k in self.figures) if self.figures else 0
@@ -63,4 +68,5 @@ class Summary:
             for k, v in self.figures.items()
         ]
         lines.append(f"  {'output':<{width}}  {self.output}")
+        lines += [f"  problem: {problem}" for problem in self.problems]
         return "\n".join(lines)

@@ -26,7 +26,9 @@ from shoal.s3 import http, sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import (
     AccessDenied,
+    IncompleteBody,
     InternalError,
+    MaxMessageLengthExceeded,
     RequestTimeout,
     S3Error,
     by_code,
@@ -99,12 +101,16 @@ class Call:
         return self.verified.body(self.request.body)
 
     async def read_body(self, limit: int) -> bytes:
-        """A small body (XML), whole."""
+        """A small body (XML), whole; S3's MaxMessageLengthExceeded past `limit` bytes,
+        refused before reading when the declared length already says so."""
+        declared = self.request.content_length
+        if declared is not None and declared > limit:
+            raise MaxMessageLengthExceeded()
         received = bytearray()
         async for chunk in self.body():
             received += chunk
             if len(received) > limit:
-                raise S3Error("request body too large")
+                raise MaxMessageLengthExceeded()
         return bytes(received)
 
 
@@ -139,10 +145,7 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
         try:
             response = await HANDLERS[call.endpoint](call)
         except BucketNotFound:
-            # Someone else's bucket is AccessDenied in S3, not NoSuchBucket.
-            owner = await gateway.store.buckets.owner_of(call.bucket)
-            if owner is not None and owner != call.account:
-                raise AccessDenied() from None
+            await refuse_foreign_bucket(call, call.bucket)
             raise
     except Exception as exc:
         if request.response_started:
@@ -151,6 +154,14 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
         response = _error_response(request, request_id, _as_s3_error(exc, request_id))
     _log_access(request, request_id, call, response, started)
     return response
+
+
+async def refuse_foreign_bucket(call: Call, bucket: str) -> None:
+    """AccessDenied if `bucket`, which the caller does not have, is another account's: S3
+    answers so, not NoSuchBucket (for the bucket addressed, and for a copy's source)."""
+    owner = await call.store.buckets.owner_of(bucket)
+    if owner is not None and owner != call.account:
+        raise AccessDenied() from None
 
 
 async def _authenticated_call(gateway: Gateway, request: http.Request, request_id: str) -> Call:
@@ -193,6 +204,9 @@ def _as_s3_error(error: Exception, request_id: str) -> S3Error:
         return error
     if isinstance(error, http.BodyTimeout):
         return RequestTimeout()
+    if isinstance(error, http.BodyIncomplete):
+        # The client's doing, not the gateway's: answered (if it still reads), not logged.
+        return IncompleteBody()
     if isinstance(error, sigv4.SigV4Error):
         mapped = by_code(error.code, error.message)
         mapped.fields = dict(error.details)

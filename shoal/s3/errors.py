@@ -167,6 +167,10 @@ class MalformedXML(
     pass
 
 
+class MaxMessageLengthExceeded(S3Error, message="Your request was too big."):
+    pass
+
+
 class MethodNotAllowed(
     S3Error, status=405, message=("The specified method is not allowed against this resource.")
 ):

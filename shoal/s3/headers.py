@@ -32,7 +32,12 @@ RESPONSE_OVERRIDES = {
     "response-content-disposition": "Content-Disposition",
     "response-content-encoding": "Content-Encoding",
 }
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+# A range bound of more digits than this is past the end of any object, and is read as this
+# (Python will not even parse an int of over 4300 digits): a Range header of 10,000 digits
+# is then what S3 makes of it, 416 past the end or the rest of the object.
+_RANGE_NUMBER_DIGITS = 20
+BEYOND_ANY_OBJECT = 10**_RANGE_NUMBER_DIGITS
 
 
 class NotModified(Exception):
@@ -168,17 +173,23 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     if first == "" and last == "":
         return None
     if first == "":
-        length = int(last)
+        length = range_number(last)
         if length == 0:
             raise InvalidRange(ActualObjectSize=str(size))
         return max(0, size - length), size
-    start = int(first)
-    end = size if last == "" else min(size, int(last) + 1)
-    if last != "" and int(last) < start:
+    start = range_number(first)
+    end = size if last == "" else min(size, range_number(last) + 1)
+    if last != "" and range_number(last) < start:
         return None  # not a valid range: S3 ignores it and sends the whole object
     if start >= size:
         raise InvalidRange(ActualObjectSize=str(size))
     return start, end
+
+
+def range_number(digits: str) -> int:
+    """A byte position of a range header (ASCII digits), huge ones capped past any object."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _RANGE_NUMBER_DIGITS else BEYOND_ANY_OBJECT
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:

@@ -37,6 +37,18 @@ BODY_HIGH_WATER = 4 * 1024 * 1024
 BODY_LOW_WATER = 1024 * 1024
 # A request line and headers larger than this are refused (431), as most servers do at 8-64 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+# A request with more header lines than this is refused (431): S3 requests carry a few dozen.
+MAX_HEADER_LINES = 256
+# A request head (its line and all its headers) must arrive within this long of its first
+# byte, or the connection is answered 400 RequestTimeout and closed: a client that sends one
+# header line now and then never holds a connection for long ([s3] request_head_seconds).
+HEAD_SECONDS = 20.0
+# Its answer: S3's error for a client too slow, which SDKs retry on a new connection.
+REQUEST_TIMEOUT_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>RequestTimeout</Code><Message>Your '
+    b"socket connection to the server was not read from or written to within the timeout "
+    b"period.</Message></Error>"
+)
 # An idle keep-alive connection is closed after this long (aiohttp's and nginx's 75 s).
 KEEPALIVE_SECONDS = 75.0
 # After its response, the part of a request body nobody read is read and dropped for this
@@ -137,6 +149,10 @@ class Body:
 
 class BodyTimeout(ConnectionResetError):
     """The client stopped sending a request body it had announced."""
+
+
+class BodyIncomplete(ConnectionResetError):
+    """The client half-closed or closed the connection before the end of a request body."""
 
 
 class Request:
@@ -282,8 +298,9 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._waiting: collections.deque[Request] = collections.deque()
         self._responder: asyncio.Task[None] | None = None
-        # Closes an idle connection, and one whose client stalls inside a request head.
+        # Closes an idle connection; the head timer, one whose request head is too slow.
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
         # No more requests will be read: the client half-closed, or sent what cannot be
         # parsed (then `_refusal` is the answer, sent after those before it).
         self._done_reading = False
@@ -317,7 +334,7 @@ class _Connection(asyncio.Protocol):
             return
         except httptools.HttpParserError as exc:
             # An exception in a callback reaches here wrapped as a parser error.
-            if self._head_bytes > MAX_HEAD_BYTES:
+            if self._head_bytes > MAX_HEAD_BYTES or len(self._header_pairs) > MAX_HEADER_LINES:
                 self._refuse(431, "request head too large")
             else:
                 self._refuse(400, f"malformed request: {exc}")
@@ -328,14 +345,16 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The client will send no more: answer what it asked, then close."""
         self._done_reading = True
-        self._abandon_current(ConnectionResetError("the client stopped sending mid-request"))
+        self._cancel_head_timer()
+        self._abandon_current(BodyIncomplete("the client stopped sending mid-request"))
         return self._responder is not None  # False closes the transport: nothing to answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
         self._cancel_idle_timer()
-        lost = ConnectionResetError("the client closed the connection")
+        self._cancel_head_timer()
+        lost = BodyIncomplete("the client closed the connection")
         for request in (self._current, *self._waiting):
             if request is not None:
                 request.body._fail(lost)
@@ -356,6 +375,7 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._head_bytes = 0
         self._header_pairs = []
+        self._start_head_timer()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -364,10 +384,13 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_pairs.append((name, value))
         self._count_head(len(name) + len(value))
+        if len(self._header_pairs) > MAX_HEADER_LINES:
+            raise ValueError("too many header lines")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_idle_timer()
+        self._cancel_head_timer()
         headers = Headers()
         for raw_name, raw_value in self._header_pairs:
             name = raw_name.decode("latin-1").lower()
@@ -521,17 +544,20 @@ class _Connection(asyncio.Protocol):
             else:
                 self._transport.write(data)
 
-    def _refuse(self, status: int, reason: str) -> None:
-        """Bytes that cannot be parsed: the requests before them are answered, then this
-        plain answer, then the connection is closed."""
+    def _refuse(self, status: int, reason: str, xml_body: bytes | None = None) -> None:
+        """Bytes that cannot be parsed (or came too slowly): the requests before them are
+        answered, then this answer (plain `reason`, or an S3 XML error), then the connection
+        is closed."""
         log.info("refused a request: %s", reason)
         self._done_reading = True
-        if self._abandon_current(ConnectionResetError(reason)):
+        self._cancel_head_timer()
+        if self._abandon_current(BodyIncomplete(reason)):
             return  # that request is being answered; its answer is the last
-        body = reason.encode() + b"\n"
+        body = xml_body if xml_body is not None else reason.encode() + b"\n"
+        content_type = "application/xml" if xml_body is not None else "text/plain"
         self._refusal = (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Bad Request')}\r\nServer: Shoal\r\n"
-            f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n".encode()
             + body
         )
@@ -597,6 +623,22 @@ class _Connection(asyncio.Protocol):
             self._idle_timer.cancel()
             self._idle_timer = None
 
+    def _start_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self._loop.call_later(self._server.head_seconds, self._head_too_slow)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._reading_paused:
+            self._start_head_timer()  # the gateway is not reading: not the client's delay
+            return
+        self._refuse(400, "request head not received in time", REQUEST_TIMEOUT_BODY)
+
     @property
     def busy(self) -> bool:
         return self._responder is not None
@@ -618,8 +660,9 @@ async def _drained(body: Body) -> bool:
 class Server:
     """Serves `handler` on listening sockets until `close`."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, head_seconds: float = HEAD_SECONDS) -> None:
         self.handler = handler
+        self.head_seconds = head_seconds
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self._listeners: list[asyncio.AbstractServer] = []
@@ -642,7 +685,9 @@ class Server:
                 await listener.wait_closed()
 
 
-async def serve(handler: Handler, sock: socket.socket) -> Server:
-    server = Server(handler)
+async def serve(
+    handler: Handler, sock: socket.socket, head_seconds: float = HEAD_SECONDS
+) -> Server:
+    server = Server(handler, head_seconds)
     await server.listen(sock)
     return server

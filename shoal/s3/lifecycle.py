@@ -2,17 +2,19 @@
 DeleteBucketLifecycle. The rules are applied by `shoal pipeline lifecycle`.
 
 Supported, per rule: an ID, Status, a prefix filter (`Filter/Prefix` or the older `Prefix`),
-`Expiration` by `Days` or `Date`, and `AbortIncompleteMultipartUpload`. Buckets are
-unversioned, so noncurrent-version actions have nothing to act on, and Shoal has one storage
-class, so transitions are refused with NotImplemented rather than silently ignored.
+`Expiration` by `Days` or `Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does
+(and days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so noncurrent-version
+actions have nothing to act on, and Shoal has one storage class, so transitions are refused
+with NotImplemented rather than silently ignored, as are filters by tag or object size.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 from xml.etree.ElementTree import Element
 
+from shoal.lifecycle import MAX_DAYS, MAX_ID_CHARS, MAX_RULES, expiration_date_problem, problem_with
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
@@ -25,20 +27,21 @@ from shoal.s3.errors import (
 from shoal.s3.router import Endpoint
 
 XML = "application/xml"
-MAX_RULES = 1000
 MAX_BODY = 512 * 1024
 UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition")
 
 
 @handles(Endpoint.PutBucketLifecycleConfiguration)
 async def put_bucket_lifecycle(call: Call) -> http.Response:
+    await call.store.buckets.get(call.account, call.bucket)
     document = s3xml.parse(await call.read_body(MAX_BODY), "LifecycleConfiguration")
     rules = [parse_rule(rule) for rule in document.findall("Rule")]
     if not rules or len(rules) > MAX_RULES:
         raise MalformedXML(f"a lifecycle configuration has 1 to {MAX_RULES} rules")
-    ids = [r["id"] for r in rules]
+    ids = [r["id"] for r in rules if r["id"]]
     if len(set(ids)) != len(ids):
         raise InvalidArgument("Rule ID must be unique. Found same ID for more than one rule")
+    assert problem_with(rules) is None, problem_with(rules)  # what the lifecycle job accepts
     await call.store.buckets.put_lifecycle(call.account, call.bucket, rules)
     return http.Response()
 
@@ -59,15 +62,18 @@ async def delete_bucket_lifecycle(call: Call) -> http.Response:
 
 
 def parse_rule(rule: Element) -> dict[str, Any]:
-    """One <Rule> as stored: id, enabled, prefix, expiration_days/date, abort_days."""
+    """One <Rule> as stored (shoal/lifecycle.py), validated as S3 does."""
     for action in UNSUPPORTED_ACTIONS:
         if rule.find(action) is not None:
             raise NotImplementedByShoal(f"{action} is not supported: Shoal has one storage class")
     status = s3xml.text_of(rule, "Status")
     if status not in ("Enabled", "Disabled"):
         raise MalformedXML("Status must be Enabled or Disabled")
+    rule_id = s3xml.text_of(rule, "ID", required=False) or ""
+    if len(rule_id) > MAX_ID_CHARS:
+        raise InvalidArgument(f"ID length should not exceed allowed limit of {MAX_ID_CHARS}")
     parsed: dict[str, Any] = {
-        "id": s3xml.text_of(rule, "ID", required=False) or "",
+        "id": rule_id,
         "enabled": status == "Enabled",
         "prefix": _prefix(rule),
         "expiration_days": None,
@@ -78,16 +84,29 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     if expiration is not None:
         days = s3xml.text_of(expiration, "Days", required=False)
         date = s3xml.text_of(expiration, "Date", required=False)
+        delete_marker = expiration.find("ExpiredObjectDeleteMarker") is not None
+        if delete_marker and (days is not None or date is not None):
+            raise InvalidArgument(
+                "ExpiredObjectDeleteMarker cannot be specified with Days or Date in a "
+                "Lifecycle Expiration Policy"
+            )
+        if delete_marker:
+            raise NotImplementedByShoal(
+                "ExpiredObjectDeleteMarker is not supported: buckets are unversioned"
+            )
         if (days is None) == (date is None):
-            raise MalformedXML("Expiration needs exactly one of Days or Date")
+            raise MalformedXML(
+                "Expiration needs exactly one of Days, Date or ExpiredObjectDeleteMarker"
+            )
         if days is not None:
-            parsed["expiration_days"] = _positive(days, "Days")
+            parsed["expiration_days"] = _days(days, "'Days' for Expiration action")
         else:
-            parsed["expiration_date"] = _date(date or "").isoformat()
+            parsed["expiration_date"] = _date(date or "")
     abort = rule.find("AbortIncompleteMultipartUpload")
     if abort is not None:
-        parsed["abort_days"] = _positive(
-            s3xml.text_of(abort, "DaysAfterInitiation") or "", "DaysAfterInitiation"
+        parsed["abort_days"] = _days(
+            s3xml.text_of(abort, "DaysAfterInitiation") or "",
+            "'DaysAfterInitiation' for AbortIncompleteMultipartUpload action",
         )
     if (
         parsed["expiration_days"] is None
@@ -117,31 +136,61 @@ def render_rule(rule: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prefix(rule: Element) -> str:
+    """The rule's prefix: `Filter` (with one of Prefix or And; Tag and object sizes are not
+    supported) or the older `Prefix` beside it, one of the two."""
     filter_ = rule.find("Filter")
-    if filter_ is not None:
-        if filter_.find("Tag") is not None or filter_.find("And/Tag") is not None:
-            raise NotImplementedByShoal("lifecycle filters by tag are not supported")
-        for path in ("Prefix", "And/Prefix"):
-            node = filter_.find(path)
-            if node is not None:
-                return node.text or ""
+    old_prefix = rule.find("Prefix")
+    if (filter_ is None) == (old_prefix is None):
+        raise MalformedXML("a rule has one of Filter or Prefix")
+    if old_prefix is not None:
+        return old_prefix.text or ""
+    assert filter_ is not None
+    conditions = list(filter_)
+    if len(conditions) > 1:
+        raise MalformedXML("Filter has one of Prefix, Tag, ObjectSizeGreaterThan, And, ...")
+    if not conditions:
         return ""
-    return s3xml.text_of(rule, "Prefix", required=False) or ""
+    condition = conditions[0]
+    if condition.tag == "Prefix":
+        return condition.text or ""
+    if condition.tag == "And":
+        for part in condition:
+            if part.tag != "Prefix":
+                _unsupported_filter(part.tag)
+        prefixes = condition.findall("Prefix")
+        if len(prefixes) > 1:
+            raise MalformedXML("And has at most one Prefix")
+        return (prefixes[0].text or "") if prefixes else ""
+    _unsupported_filter(condition.tag)
 
 
-def _positive(text: str, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise MalformedXML(f"{what} must be an integer") from None
+def _unsupported_filter(tag: str) -> NoReturn:
+    if tag in ("Tag", "ObjectSizeGreaterThan", "ObjectSizeLessThan"):
+        raise NotImplementedByShoal(f"lifecycle filters by {tag} are not supported")
+    raise MalformedXML(f"a lifecycle Filter has no <{tag}>")
+
+
+def _days(text: str, what: str) -> int:
+    """A number of days: a positive integer (S3's rule), at most MAX_DAYS (Shoal's)."""
+    if not text.isascii() or not text.isdigit():
+        raise InvalidArgument(f"{what} must be a positive integer")
+    value = int(text) if len(text.lstrip("0")) <= len(str(MAX_DAYS)) else MAX_DAYS + 1
     if value < 1:
-        raise InvalidArgument(f"'{what}' in a lifecycle rule must be a positive integer")
+        raise InvalidArgument(f"{what} must be a positive integer")
+    if value > MAX_DAYS:
+        raise InvalidArgument(f"{what} must be at most {MAX_DAYS} days")
     return value
 
 
-def _date(text: str) -> datetime:
+def _date(text: str) -> str:
+    """An Expiration Date as stored: ISO 8601 at midnight UTC, as S3 requires."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise MalformedXML("Date must be an ISO 8601 date") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        raise InvalidArgument("Invalid date: Date must be in ISO 8601 format") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    stored = moment.isoformat()
+    if expiration_date_problem(stored) is not None:
+        raise InvalidArgument("'Date' must be at midnight GMT")
+    return stored

@@ -123,12 +123,12 @@ def _copy_range(header: str | None, size: int) -> tuple[int, int]:
     """[start, end) of x-amz-copy-source-range, which must be `bytes=first-last`."""
     if header is None:
         return 0, size
-    match = re.fullmatch(r"bytes=(\d+)-(\d+)", header.strip())
+    match = re.fullmatch(r"bytes=([0-9]+)-([0-9]+)", header.strip())
     if not match:
         raise InvalidArgument(
             "The x-amz-copy-source-range value must be of the form bytes=first-last"
         )
-    first, last = int(match[1]), int(match[2])
+    first, last = h.range_number(match[1]), h.range_number(match[2])
     if first > last or last >= size:
         raise InvalidRange(ActualObjectSize=str(size))
     return first, last + 1
@@ -191,7 +191,7 @@ async def list_parts(call: Call) -> http.Response:
     parts = await call.store.uploads.list_parts(
         call.account, call.bucket, call.key, upload_id(call), after=after, limit=limit + 1
     )
-    truncated = len(parts) > limit
+    truncated = len(parts) > limit > 0  # max-parts=0: an empty page, nothing to go on from
     parts = parts[:limit]
     body = s3xml.document(
         "ListPartsResult",
@@ -237,7 +237,7 @@ async def list_multipart_uploads(call: Call) -> http.Response:
         upload_id_marker=after_id,
         limit=limit + 1,
     )
-    truncated = len(uploads) > limit
+    truncated = len(uploads) > limit > 0  # max-uploads=0: an empty page, nothing to go on from
     uploads = uploads[:limit]
     body = s3xml.document(
         "ListMultipartUploadsResult",

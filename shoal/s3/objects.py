@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from shoal.metadata import InvalidName, ObjectVersion, ObjectWrite
+from shoal.metadata import BucketNotFound, InvalidName, ObjectVersion, ObjectWrite
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
-from shoal.s3.app import Call, handles
+from shoal.s3.app import Call, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
+    BadDigest,
     InvalidArgument,
     InvalidRequest,
     KeyTooLongError,
@@ -21,6 +22,7 @@ from shoal.s3.errors import (
     from_domain,
 )
 from shoal.s3.router import Endpoint
+from shoal.storage.checksums import Digests
 
 XML = "application/xml"
 MAX_DELETE_KEYS = 1000
@@ -159,15 +161,22 @@ async def delete_object(call: Call) -> http.Response:
 @handles(Endpoint.DeleteObjects)
 async def delete_objects(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
-    request = s3xml.parse(await call.read_body(MAX_DELETE_BODY), "Delete")
+    body = await call.read_body(MAX_DELETE_BODY)
+    digested = check_body_digests(call, body)
+    request = s3xml.parse(body, "Delete")
     quiet = (s3xml.text_of(request, "Quiet", required=False) or "false").lower() == "true"
     targets = request.findall("Object")
     if not targets or len(targets) > MAX_DELETE_KEYS:
         raise MalformedXML(f"Delete names 1 to {MAX_DELETE_KEYS} objects")
+    # Every <Object> is read before the first delete: a malformed one deletes nothing.
+    named = [
+        (s3xml.text_of(t, "Key") or "", s3xml.text_of(t, "VersionId", required=False))
+        for t in targets
+    ]
+    if not digested:
+        raise InvalidRequest("Missing required header for this request: Content-MD5")
     deleted, errors = [], []
-    for target in targets:
-        key = s3xml.text_of(target, "Key") or ""
-        version = s3xml.text_of(target, "VersionId", required=False)
+    for key, version in named:
         try:
             if version not in (None, "null"):
                 raise NoSuchKey("The specified version does not exist.")
@@ -189,6 +198,22 @@ async def delete_objects(call: Call) -> http.Response:
         },
     )
     return http.Response(body=body, content_type=XML)
+
+
+def check_body_digests(call: Call, body: bytes) -> bool:
+    """Content-MD5 and x-amz-checksum-* (header or trailer) of a small body, checked before
+    anything is done with it (BadDigest); whether the client sent any."""
+    sent = {
+        k.lower(): v for k, v in (*call.request.headers.items(), *call.verified.trailers.items())
+    }
+    expected_md5 = h.content_md5(sent)
+    digests = Digests(payload.requested_checksums(sent))
+    digests.update(body)
+    if expected_md5 is not None and expected_md5 != digests.md5:
+        raise BadDigest()
+    computed = digests.s3_values()
+    payload.verify_checksums(computed, sent)
+    return expected_md5 is not None or any(f"x-amz-checksum-{n}" in sent for n in computed)
 
 
 @handles(Endpoint.CopyObject)
@@ -247,6 +272,10 @@ async def copy_source(call: Call) -> ObjectVersion:
     if not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: bucket/key")
     check_key(key)
-    source = await call.store.objects.get(call.account, bucket, key)
+    try:
+        source = await call.store.objects.get(call.account, bucket, key)
+    except BucketNotFound:
+        await refuse_foreign_bucket(call, bucket)
+        raise
     h.check_conditions(source, call.request.headers, prefix="x-amz-copy-source-")
     return source

@@ -17,7 +17,9 @@ from shoal.s3.errors import MalformedXML
 
 NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'
-MAX_REQUEST_XML_BYTES = 1024 * 1024
+# A backstop: each caller refuses a body past its own limit first (MaxMessageLengthExceeded),
+# the largest being CompleteMultipartUpload's 4 MiB (10,000 parts with checksums pass 1 MiB).
+MAX_REQUEST_XML_BYTES = 4 * 1024 * 1024
 
 Tree = dict[str, Any]  # tag -> text, or nested Tree, or list of Trees for repeated tags
 

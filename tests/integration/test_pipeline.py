@@ -353,6 +353,50 @@ def test_lifecycle_expires_and_aborts_by_rule(
     assert run(store.objects.list(owner, bucket)).objects  # the rest stays readable
 
 
+def test_lifecycle_skips_a_bucket_whose_rules_cannot_be_applied(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    """A rule the gateway now refuses (Days of 3,000,000 overflowed the date arithmetic and
+    failed the job for every account), stored straight into the metadata: that bucket is
+    skipped and reported, the others' rules are applied."""
+    from shoal.metadata import ObjectWrite
+    from tests.fixtures.postgres import unique
+
+    store = cluster.store
+    owner = run(store.accounts.create(unique("lc"))).id
+    good, bad = unique("lcgood"), unique("lcbad")
+    for bucket in (good, bad):
+        run(store.buckets.create(owner, bucket))
+        run(
+            store.objects.put(
+                owner, bucket, "old", ObjectWrite(content_length=1, content_md5=bytes(16))
+            )
+        )
+    rule = {
+        "id": "r",
+        "enabled": True,
+        "prefix": "",
+        "expiration_days": None,
+        "expiration_date": "2020-01-01T00:00:00+00:00",
+        "abort_days": None,
+    }
+    run(store.buckets.put_lifecycle(owner, good, [rule]))
+    run(
+        store.buckets.put_lifecycle(
+            owner, bad, [rule | {"expiration_days": 3_000_000, "expiration_date": None}]
+        )
+    )
+    summary = job(cluster, spark, "lifecycle", tmp_path)
+    assert summary.figures["objects expired"] == 1
+    assert summary.figures["buckets skipped (rules cannot be applied)"] == 1
+    assert len(summary.problems) == 1 and bad in summary.problems[0]
+    assert "3000000" in summary.problems[0]
+    assert not run(store.objects.list(owner, good)).objects
+    assert [o.name for o in run(store.objects.list(owner, bad)).objects] == ["old"]
+    skipped = pq.read_table(summary.output / "skipped").to_pylist()
+    assert [(s["bucket"], s["owner"]) for s in skipped] == [(bad, str(owner))]
+
+
 def test_expiry_rounds_up_to_midnight_utc() -> None:
     from datetime import UTC, datetime
 

@@ -19,3 +19,10 @@ def test_a_configuration_without_s3_workers_gets_the_default_and_one_with_them_k
     assert parse_config({"s3": {"workers": 3}}, tmp_path).s3.workers == 3
     with pytest.raises(ConfigError, match="workers"):
         parse_config({"s3": {"workers": 0}}, tmp_path)
+
+
+def test_the_request_head_deadline_is_20_seconds_unless_set(tmp_path: Path) -> None:
+    assert parse_config({}, tmp_path).s3.request_head_seconds == 20
+    assert parse_config({"s3": {"request_head_seconds": 5}}, tmp_path).s3.request_head_seconds == 5
+    with pytest.raises(ConfigError, match="request_head_seconds"):
+        parse_config({"s3": {"request_head_seconds": 0}}, tmp_path)

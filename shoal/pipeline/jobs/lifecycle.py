@@ -10,23 +10,23 @@ judged by the database clock.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
+from shoal.lifecycle import problem_with
 from shoal.metadata import BucketNotFound, ObjectNotFound, PreconditionFailed, UploadNotFound
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 
 CONCURRENT_DELETES = 16
+log = logging.getLogger("shoal.pipeline")
 
 
 def run(ctx: JobContext) -> Summary:
     configured = ctx.with_store(lambda store: store.buckets.lifecycles())
-    rules = {
-        str(bucket_id): (str(owner), name, bucket_rules)
-        for bucket_id, owner, name, bucket_rules in configured
-    }
+    rules, skipped = _applicable(configured)
     now = io.database_time_minus(ctx.shards[0].dsn, 0)
     with io.exported_snapshots(ctx.shards) as snapshots:
         objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
@@ -47,16 +47,42 @@ def run(ctx: JobContext) -> Summary:
         + [(o, b, k, "aborted upload", u in aborted) for o, b, k, u in stale],
         "owner string, bucket string, key string, action string, done boolean",
     ).write.mode("overwrite").parquet(str(ctx.output / "actions"))
+    ctx.spark.createDataFrame(
+        skipped or [], "owner string, bucket string, problem string"
+    ).write.mode("overwrite").parquet(str(ctx.output / "skipped"))
     return Summary(
         "lifecycle",
         {
-            "buckets with rules": len(rules),
+            "buckets with rules": len(rules) + len(skipped),
+            "buckets skipped (rules cannot be applied)": len(skipped),
             "objects expired": len(deleted),
             "expired but changed since (kept)": len(expired) - len(deleted),
             "uploads aborted": len(aborted),
         },
         ctx.output,
+        [
+            f"bucket {bucket} (account {owner}) skipped: {problem}"
+            for owner, bucket, problem in skipped
+        ],
     )
+
+
+def _applicable(
+    configured: list[tuple[Any, Any, str, Any]],
+) -> tuple[dict[str, tuple[str, str, Any]], list[tuple[str, str, str]]]:
+    """The buckets whose stored rules can be applied, by bucket id; and (owner, bucket,
+    problem) of the others, which the job skips so that one bucket's bad rule (stored before
+    the gateway checked rules, or by hand) never stops the job for every account."""
+    rules: dict[str, tuple[str, str, Any]] = {}
+    skipped: list[tuple[str, str, str]] = []
+    for bucket_id, owner, name, bucket_rules in configured:
+        problem = problem_with(bucket_rules)
+        if problem is None:
+            rules[str(bucket_id)] = (str(owner), name, bucket_rules)
+        else:
+            log.warning("lifecycle: bucket %s skipped: %s", name, problem)
+            skipped.append((str(owner), name, problem))
+    return rules, skipped
 
 
 def expires_at(created: datetime, days: int) -> datetime:

@@ -1,0 +1,73 @@
+"""Bucket lifecycle rules as stored: their bounds, and whether a stored rule can be applied.
+
+The gateway refuses a rule out of these bounds when it is put (shoal/s3/lifecycle.py); the
+lifecycle job checks each bucket's stored rules again before it applies any (a rule stored
+by an older gateway, or written to the metadata by hand, is not trusted), and skips a bucket
+whose rules it cannot apply instead of failing for every bucket.
+
+A stored rule is a dict: id, enabled, prefix, expiration_days, expiration_date (ISO 8601,
+midnight UTC), abort_days.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+# Days of Expiration or of AbortIncompleteMultipartUpload: at most about 273 years, so that
+# an object's creation time plus the days (rounded up to midnight) stays far inside the
+# dates Python and PostgreSQL can hold (year 9999); S3 names no bound of its own.
+MAX_DAYS = 100_000
+MAX_RULES = 1000
+MAX_ID_CHARS = 255
+RULE_KEYS = ("id", "enabled", "prefix", "expiration_days", "expiration_date", "abort_days")
+
+
+def problem_with(rules: Any) -> str | None:
+    """Why a bucket's stored rules cannot be applied, or None if they can."""
+    if not isinstance(rules, list) or not 1 <= len(rules) <= MAX_RULES:
+        return f"a lifecycle configuration has 1 to {MAX_RULES} rules"
+    for index, rule in enumerate(rules):
+        problem = _problem_with_rule(rule)
+        if problem is not None:
+            name = rule.get("id") if isinstance(rule, dict) else None
+            return f"rule {name or index + 1}: {problem}"
+    return None
+
+
+def _problem_with_rule(rule: Any) -> str | None:
+    if not isinstance(rule, dict) or set(rule) != set(RULE_KEYS):
+        return f"a rule has exactly the fields {', '.join(RULE_KEYS)}"
+    if not isinstance(rule["id"], str) or len(rule["id"]) > MAX_ID_CHARS:
+        return f"the ID is text of at most {MAX_ID_CHARS} characters"
+    if not isinstance(rule["enabled"], bool) or not isinstance(rule["prefix"], str):
+        return "enabled is true or false and prefix is text"
+    for field in ("expiration_days", "abort_days"):
+        days = rule[field]
+        if days is not None and not (
+            isinstance(days, int) and not isinstance(days, bool) and 1 <= days <= MAX_DAYS
+        ):
+            return f"{field} {days!r} is not a whole number of days from 1 to {MAX_DAYS}"
+    date = rule["expiration_date"]
+    if date is not None and expiration_date_problem(date) is not None:
+        return f"expiration_date {date!r}: {expiration_date_problem(date)}"
+    if rule["expiration_days"] is not None and date is not None:
+        return "expiration by both days and date"
+    if all(rule[f] is None for f in ("expiration_days", "expiration_date", "abort_days")):
+        return "the rule has no action"
+    return None
+
+
+def expiration_date_problem(text: Any) -> str | None:
+    """Why a stored expiration date cannot be used, or None (ISO 8601, midnight UTC)."""
+    if not isinstance(text, str):
+        return "not a date"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return "not an ISO 8601 date"
+    if moment.utcoffset() != timedelta(0):
+        return "not in UTC"
+    if (moment.hour, moment.minute, moment.second, moment.microsecond) != (0, 0, 0, 0):
+        return "not at midnight UTC"
+    return None
