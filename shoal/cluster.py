@@ -131,7 +131,8 @@ async def run_storage_node(
     extra = config.storage.node_workers - 1
     access: dict[str, Any] = {
         "addresses": [urlsplit(node.public_url).netloc],  # the name clients sign requests for
-        "replays": ReplayCache(node.root / "replay.lock"),
+        # Shared by the node's processes; with workers, they take turns by a lock file.
+        "replays": ReplayCache(node.root / "replay.lock" if extra else None),
         "tls": _server_tls(config),
     }
     workers = node_workers(extra, node.root, secret, identity, count, sock, **access)

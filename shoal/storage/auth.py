@@ -15,7 +15,6 @@ the writer and checked by the node (docs/storage.md, "Request tokens").
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hmac
 import multiprocessing
@@ -25,7 +24,6 @@ import secrets
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
@@ -150,8 +148,9 @@ class ReplayCache:
 
     A fixed table in shared memory: a nonce goes into one bucket of BUCKET slots chosen by its
     bits, in the slot whose token expired longest ago. A request costs a look at one bucket
-    under a lock (a thread lock, and flock on `lock_file` across processes, which the kernel
-    releases when a process dies holding it): O(1), and the memory is fixed
+    under a lock (a thread lock, and with `lock_file` a flock across processes, which the
+    kernel releases when a process dies holding it; a node without worker processes has no
+    need of it): O(1), and the memory is fixed
     (2 x 8 bytes x slots, 16 MiB by default). Tokens live at most
     TOKEN_LIFETIME_SECONDS + CLOCK_SKEW_SECONDS (30 s), so 2^20 slots hold 17,000 requests a
     second at half full; a bucket with no expired slot refuses the request (ReplayCacheFull)
@@ -161,7 +160,7 @@ class ReplayCache:
     BUCKET = 64
     SLOTS = 1 << 20
 
-    def __init__(self, lock_file: Path, slots: int = SLOTS) -> None:
+    def __init__(self, lock_file: Path | None, slots: int = SLOTS) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.lock_file = lock_file
         self._keys: Any = spawn.RawArray("q", slots)
@@ -187,31 +186,34 @@ class ReplayCache:
         key = int(nonce[:16], 16) - (1 << 63)  # a signed 64-bit slot
         start = int(nonce[16:24], 16) % self._buckets * self.BUCKET
         offset = start * 8
-        with self._locked():
-            keys = self._format.unpack_from(self._keys, offset)
-            expiries = self._format.unpack_from(self._expiries, offset)
-            if key in keys and any(
-                k == key and e >= now for k, e in zip(keys, expiries, strict=True)
-            ):
-                return False
-            oldest = min(expiries)
-            if oldest >= now:
-                raise ReplayCacheFull("too many tokens alive at once")
-            slot = start + expiries.index(oldest)
-            self._keys[slot] = key
-            self._expiries[slot] = expires
+        with self._thread_lock:
+            fd = self._lock_across_processes()
+            try:
+                keys = self._format.unpack_from(self._keys, offset)
+                expiries = self._format.unpack_from(self._expiries, offset)
+                if key in keys and any(
+                    k == key and e >= now for k, e in zip(keys, expiries, strict=True)
+                ):
+                    return False
+                oldest = min(expiries)
+                if oldest >= now:
+                    raise ReplayCacheFull("too many tokens alive at once")
+                slot = start + expiries.index(oldest)
+                self._keys[slot] = key
+                self._expiries[slot] = expires
+            finally:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         return True
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            if self._fd is None:
-                self._fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def _lock_across_processes(self) -> int | None:
+        """Take the flock of `lock_file` (the thread lock is held); its descriptor, if any."""
+        if self.lock_file is None:
+            return None
+        if self._fd is None:
+            self._fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self._fd
 
 
 def load_or_create_secret(path: Path) -> bytes:
@@ -232,4 +234,4 @@ def load_or_create_secret(path: Path) -> bytes:
 
 
 def _mac(secret: bytes, request: Signed, expires: int, nonce: str) -> str:
-    return hmac.new(secret, request.message(expires, nonce), sha256).hexdigest()
+    return hmac.digest(secret, request.message(expires, nonce), "sha256").hex()

@@ -140,7 +140,7 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     `addresses` are the host:port values under which clients reach this node (a token names
     the node it is for, so that a request to one node cannot be replayed to another); by
     default the address it listens on and, on loopback, its aliases. `replays` remembers the
-    tokens accepted (shared with the node's worker processes); `tls` makes it HTTPS.
+    tokens accepted (give every process of a node the same one); `tls` makes it HTTPS.
     """
 
     daemon_threads = True  # an idle kept-alive connection must not hold a stopping node
@@ -168,7 +168,7 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.identity = identity
         self.count = count
         self.addresses = frozenset(addresses) | own_addresses(sock)
-        self.replays = replays or auth.ReplayCache(store.root / "replay.lock")
+        self.replays = replays or auth.ReplayCache(None)  # this process's alone
         self.tls = tls.context() if tls is not None else None
         self._in_progress = 0
         self._idle = threading.Condition()
