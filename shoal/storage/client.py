@@ -90,7 +90,8 @@ class BlockClient:
     ) -> None:
         self.secret = secret
         self.tls_ca = tls_ca
-        self._tls: ssl.SSLContext | None = None
+        # Made now when a CA is named, so that a missing or bad file fails at start.
+        self._tls = client_context(tls_ca) if tls_ca is not None else None
         self._connections = connections_per_node
         self._pools: dict[str, _Pool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -338,8 +338,8 @@ class _Handler(socketserver.StreamRequestHandler):
         """The body of a request other than a block PUT (a batch of names at most), read
         whole before the token is checked, since the token binds its digest."""
         length = self.body.length
-        if length is None:
-            return b""  # refused as it is routed
+        if not length:
+            return b""  # no body (a GET), or a chunked one, refused as it is routed
         if length > MAX_BATCH_DELETE_BODY_BYTES:
             raise Refused(413, f"a body of at most {MAX_BATCH_DELETE_BODY_BYTES} bytes")
         return self.body.read_all()
