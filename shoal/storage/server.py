@@ -219,8 +219,8 @@ class _Handler(socketserver.StreamRequestHandler):
         # A blocking socket whose kernel timeouts end a stalled receive or send (the error is
         # EAGAIN), rather than Python's socket timeout: that one polls before every recv and
         # send, a system call and a wake-up more for each piece of a block.
-        # Over TLS, Python's socket timeout instead: an SSL read on a blocking socket would
-        # retry the EAGAIN of a kernel timeout rather than give up.
+        # Over TLS, Python's socket timeout instead: the ssl module ends a read or write on
+        # a timeout it set itself, not on the EAGAIN of a kernel one.
         connection: socket.socket = self.request
         if isinstance(connection, ssl.SSLSocket):
             connection.settimeout(IDLE_SECONDS)
