@@ -374,6 +374,7 @@ def test_expiry_rounds_up_to_midnight_utc() -> None:
     assert expires_at(datetime(2024, 3, 1, tzinfo=UTC), 1) == datetime(2024, 3, 2, tzinfo=UTC)
 
 
+@pytest.mark.slow
 def test_nothing_under_a_served_data_dir_is_readable_by_other_users(
     served: Served, spark: Any
 ) -> None:
