@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,9 @@ from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
 from shoal.workers import stop_on_signals
 
+# Files 0600, folders 0700 (see main).
+PRIVATE_UMASK = 0o077
+
 
 class CommandError(Exception):
     """A failure to report to the user as one line."""
@@ -41,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     shoal.logs.configure()
+    # Whatever Shoal and its children make (data directory, blocks, PostgreSQL's files, Spark's
+    # outputs, logs) is readable by its own user only: objects must not leak to other local
+    # users who have no S3 credentials.
+    os.umask(PRIVATE_UMASK)
     try:
         config = load_config(args.config, args.data_dir)
         return int(args.run(config, args) or 0)
@@ -113,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--name", required=True, help="node name, unique in the cluster")
     node.add_argument("--datacenter", default="local")
     node.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    node.add_argument("--url", help="address others use, if not http://HOST:PORT")
+    node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
     node.set_defaults(run=_storage_node)
 
     db = verbs.add_parser("db", help="the metadata database").add_subparsers(title="db commands")
@@ -173,7 +181,8 @@ def _db_dsn(config: Config, args: argparse.Namespace) -> int:
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
     port = args.port or config.s3.port
     nodes = LocalNodes(config, _where(config, args))
@@ -222,6 +231,7 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
         name=args.name,
         datacenter=args.datacenter,
         url=args.url,
+        tls=config.storage.tls_cert is not None,
     )
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")

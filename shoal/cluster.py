@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import shoal.loop
 from shoal.children import preexec_die_with_parent
@@ -34,9 +36,10 @@ from shoal.storage import (
     NodeIdentity,
     NodeServer,
 )
-from shoal.storage.auth import load_or_create_secret
+from shoal.storage.auth import ReplayCache, load_or_create_secret
 from shoal.storage.blockfile import in_thread
 from shoal.storage.server import BlockCount
+from shoal.storage.tls import ServerFiles
 from shoal.storage.workers import node_workers
 from shoal.workers import WorkerProcesses, listening_socket, stop_on_signals
 
@@ -95,7 +98,7 @@ class RegistryDirectory:
 
 
 def data_path(config: Config, store: MetadataStore) -> DataPath:
-    client = BlockClient(load_or_create_secret(config.secret_file))
+    client = BlockClient(load_or_create_secret(config.secret_file), tls_ca=config.storage.tls_ca)
     return DataPath(
         client,
         RegistryDirectory(store, config.storage.heartbeat_deadline),
@@ -111,11 +114,12 @@ class NodeSettings:
     port: int
     name: str
     datacenter: str
-    url: str | None = None  # how others reach it, when not http://host:port
+    url: str | None = None  # how others reach it, when not http(s)://host:port
+    tls: bool = False  # serves HTTPS ([storage] tls_cert and tls_key)
 
     @property
     def public_url(self) -> str:
-        return self.url or f"http://{self.host}:{self.port}"
+        return self.url or f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
 
 async def run_storage_node(
@@ -129,8 +133,14 @@ async def run_storage_node(
     count = BlockCount(await in_thread(store.count), config.storage.node_workers)
     sock = listening_socket(node.host, node.port)
     extra = config.storage.node_workers - 1
-    workers = node_workers(extra, node.root, secret, identity, count, sock)
-    server = NodeServer(sock, store, secret, identity, count)
+    access: dict[str, Any] = {
+        "addresses": [urlsplit(node.public_url).netloc],  # the name clients sign requests for
+        # Shared by the node's processes; with workers, they take turns by a lock file.
+        "replays": ReplayCache(node.root / "replay.lock" if extra else None),
+        "tls": _server_tls(config),
+    }
+    workers = node_workers(extra, node.root, secret, identity, count, sock, **access)
+    server = NodeServer(sock, store, secret, identity, count, **access)
     server.serve_in_thread()
     try:
         workers.start()
@@ -155,6 +165,11 @@ async def run_storage_node(
     finally:
         await in_thread(workers.stop)
         await in_thread(server.stop)
+
+
+def _server_tls(config: Config) -> ServerFiles | None:
+    cert, key = config.storage.tls_cert, config.storage.tls_key
+    return ServerFiles(cert, key) if cert is not None and key is not None else None
 
 
 class LocalNodes:
@@ -190,7 +205,8 @@ class LocalNodes:
                     command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
                 )
             )
-            urls.append(f"{self.config.storage.datacenter}:{name} http://127.0.0.1:{port}")
+            scheme = "https" if self.config.storage.tls_cert else "http"
+            urls.append(f"{self.config.storage.datacenter}:{name} {scheme}://127.0.0.1:{port}")
         return urls
 
     def stop(self) -> None:

@@ -65,6 +65,11 @@ class StorageConfig:
     # Processes serving each storage node's HTTP requests (the node's own included); more than
     # one lets a node use more than one core (docs/storage.md, "Worker processes").
     node_workers: int = 1
+    # TLS for node traffic (docs/storage.md, "TLS"): a node with a certificate and key serves
+    # HTTPS; clients check https:// nodes against tls_ca (the system's CAs without it).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
 
 
 def usable_cores() -> int:
@@ -253,9 +258,15 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             "heartbeat_interval_seconds",
             "heartbeat_deadline_seconds",
             "node_workers",
+            "tls_cert",
+            "tls_key",
+            "tls_ca",
         },
         "[storage]",
     )
+    tls = {key: _optional_path(raw, key, base) for key in ("tls_cert", "tls_key", "tls_ca")}
+    if (tls["tls_cert"] is None) != (tls["tls_key"] is None):
+        raise ConfigError("[storage] tls_cert and tls_key go together")
     secret = raw.get("secret_file")
     if secret is not None and not isinstance(secret, str):
         raise ConfigError("[storage] secret_file must be a path")
@@ -275,7 +286,17 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             seconds=_positive_int(raw, "heartbeat_deadline_seconds", 30, "[storage]")
         ),
         node_workers=_positive_int(raw, "node_workers", 1, "[storage]"),
+        **tls,
     )
+
+
+def _optional_path(raw: dict[str, Any], key: str, base: Path) -> Path | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"[storage] {key} must be a path")
+    return (base / value).absolute()
 
 
 def _non_negative_int(raw: dict[str, Any], key: str, default: int) -> int:

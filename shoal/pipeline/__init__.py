@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ def run_job(
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
     ring = asyncio.run(_ring(shards))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    folder = (output or config.data_dir / "pipeline") / job / stamp
+    root = output or config.data_dir / "pipeline"
+    folder = root / job / stamp
     log_file = folder.parent / "spark.log"
     session = spark if spark is not None else spark_session(job, master, log_file)
     try:
@@ -54,6 +56,25 @@ def run_job(
     finally:
         if spark is None:
             session.stop()
+        make_private(root, folder.parent)
+
+
+def make_private(*trees: Path) -> None:
+    """Folders 0700 and files 0600 in these trees: outputs name every object and account.
+
+    Spark writes them with `fs.permissions.umask-mode` 077 (session.py), and `shoal` runs
+    with umask 077, but a session made elsewhere (a test's, a notebook's) or an executor
+    with another umask may not: this makes sure, on a file system the driver sees.
+    """
+    for tree in trees:
+        if not tree.exists():
+            continue
+        tree.chmod(0o700)
+        for folder, folders, files in os.walk(tree):
+            for name in folders:
+                os.chmod(os.path.join(folder, name), 0o700)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o600)
 
 
 async def _ring(shards: list[ShardConfig]) -> Any:
@@ -61,4 +82,4 @@ async def _ring(shards: list[ShardConfig]) -> Any:
         return store.ring
 
 
-__all__ = ["JOBS", "Summary", "run_job"]
+__all__ = ["JOBS", "Summary", "make_private", "run_job"]

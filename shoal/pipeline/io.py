@@ -25,8 +25,10 @@ from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from shoal.config import ShardConfig
+from shoal.config import Config, ShardConfig
 from shoal.metadata.ring import Ring, vnode_schema
+from shoal.storage.auth import load_or_create_secret
+from shoal.storage.client import ClientSettings
 
 # Columns of a deletion record (or of a row of a deleted bucket, read as one).
 RECORD_SCHEMA = T.StructType(
@@ -265,6 +267,13 @@ def run_async(coroutine: Any) -> Any:
 
 # -- executor-side effects --------------------------------------------------------------------
 
+
+def node_access(config: Config) -> ClientSettings:
+    """What executors need to call storage nodes (the secret, the nodes' CA): given to them
+    by value, as they may run on hosts without the configuration."""
+    return ClientSettings(load_or_create_secret(config.secret_file), config.storage.tls_ca)
+
+
 FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
 DELETE_BATCH = 1000
 # Delete requests in flight per node from one task: overlaps one batch's HTTP round trip and
@@ -278,7 +287,7 @@ BatchOutcome = tuple[list[Any], bool, int]
 
 
 def delete_blocks(
-    rows: Iterable[tuple[str, str, str, Any]], secret: bytes
+    rows: Iterable[tuple[str, str, str, Any]], access: ClientSettings
 ) -> Iterator[BatchOutcome]:
     """(shark, url, block name, record key) -> one BatchOutcome per request of <= 1,000 names.
 
@@ -294,7 +303,7 @@ def delete_blocks(
         batches = [blocks[i : i + DELETE_BATCH] for i in range(0, len(blocks), DELETE_BATCH)]
         for first in range(0, len(batches), DELETES_IN_FLIGHT):
             group = batches[first : first + DELETES_IN_FLIGHT]
-            deleted = run_async(_delete_batches(secret, url, [[n for n, _ in b] for b in group]))
+            deleted = run_async(_delete_batches(access, url, [[n for n, _ in b] for b in group]))
             for batch, count in zip(group, deleted, strict=True):
                 calls += 1
                 if fault_after is not None and calls >= fault_after:
@@ -304,13 +313,15 @@ def delete_blocks(
                 yield [key for _, key in batch], count is not None, count or 0
 
 
-async def _delete_batches(secret: bytes, url: str, batches: list[list[str]]) -> list[int | None]:
+async def _delete_batches(
+    access: ClientSettings, url: str, batches: list[list[str]]
+) -> list[int | None]:
     """Send the batches to one node at once; per batch the node's count, None if it failed."""
-    from shoal.storage import BlockClient, NodeError
+    from shoal.storage import NodeError
 
     if not url:  # a node unknown to the registry cannot be asked
         return [None] * len(batches)
-    client = BlockClient(secret)
+    client = access.client()
 
     async def one(names: list[str]) -> int | None:
         try:
@@ -403,20 +414,22 @@ INVENTORY_SCHEMA = T.StructType(
 LIVE_PARTS = OPEN_PARTS
 
 
-def read_inventories(spark: SparkSession, urls: dict[str, str], secret: bytes) -> DataFrame:
+def read_inventories(
+    spark: SparkSession, urls: dict[str, str], access: ClientSettings
+) -> DataFrame:
     """Every block of every node, one Spark task per node."""
     nodes = sorted(urls.items())
     rdd = spark.sparkContext.parallelize(nodes, max(1, len(nodes))).mapPartitions(
-        lambda part: _inventory(part, secret)
+        lambda part: _inventory(part, access)
     )
     return spark.createDataFrame(rdd, INVENTORY_SCHEMA)
 
 
-def _inventory(nodes: Iterable[tuple[str, str]], secret: bytes) -> Iterator[tuple[Any, ...]]:
-    from shoal.storage import BlockClient
-
+def _inventory(
+    nodes: Iterable[tuple[str, str]], access: ClientSettings
+) -> Iterator[tuple[Any, ...]]:
     async def collect(shark: str, url: str) -> list[tuple[Any, ...]]:
-        client = BlockClient(secret)
+        client = access.client()
         try:
             return [
                 (shark, b.name, b.size, b.checksum, b.mtime)
@@ -436,16 +449,16 @@ VERIFY_CHUNK = 2000
 
 
 def verify_blocks(
-    rows: Iterable[tuple[str, str, str]], secret: bytes
+    rows: Iterable[tuple[str, str, str]], access: ClientSettings
 ) -> Iterator[tuple[str, str, str]]:
     """(shark, url, name) -> (shark, name, verdict): ok, corrupt, missing or unreachable.
 
     Each block is read whole and checked against its checksum by the client; up to
     READS_IN_FLIGHT reads at once, on one connection pool for the task.
     """
-    from shoal.storage import BlockClient, BlockCorrupted, BlockMissing, NodeError
+    from shoal.storage import BlockCorrupted, BlockMissing, NodeError
 
-    client = BlockClient(secret, connections_per_node=READS_IN_FLIGHT)
+    client = access.client(connections_per_node=READS_IN_FLIGHT)
     gate = asyncio.Semaphore(READS_IN_FLIGHT)  # binds to the loop below at first use
 
     async def check(shark: str, url: str, name: str) -> tuple[str, str, str]:

@@ -44,9 +44,12 @@ def spark_session(
         .config("spark.python.worker.reuse", "true")
         # A failed task is a failed job: GC must stop, not retry half-done work blindly.
         .config("spark.task.maxFailures", "1")
+        # Outputs name every object and account: folders 0700 and files 0600, whatever the
+        # umask of the process that writes them (executors' included).
+        .config("spark.hadoop.fs.permissions.umask-mode", "077")
     )
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings = log_file.with_suffix(".log4j2.properties")
         settings.write_text(LOG4J2.format(log_file=log_file))
         builder = builder.config(

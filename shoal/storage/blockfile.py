@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import struct
 import threading
 import uuid
@@ -43,6 +44,11 @@ RESERVED_FREE_BYTES = 64 * 1024 * 1024
 MAX_BLOCK_BYTES = 64 * 1024 * 1024
 # Empty temporary files a process keeps made ahead of the writes to come (see make_spare).
 SPARE_FILES = 8
+# A node's folders and block files are its own: no other local user reads objects from them.
+PRIVATE_FOLDER = 0o700
+PRIVATE_FILE = 0o600
+# Over TLS a range is read and sent in pieces of this size (sendfile would bypass TLS).
+TLS_SEND_BYTES = 256 * 1024
 _BLOCK_NAME = re.compile(
     r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|[1-9][0-9]{0,8})$"
 )
@@ -129,12 +135,16 @@ class BlockStore:
         self._buffers = _Buffers()
         self._spares: list[_TempBlock] = []
         self._spares_lock = threading.Lock()
-        self.blocks.mkdir(parents=True, exist_ok=True)
+        self.blocks.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
+        # Folders made before they were private: closing them closes every file inside.
+        for folder in (self.root, self.blocks):
+            folder.chmod(PRIVATE_FOLDER)
         self._make_fan_out_folders()
         # What an earlier run left half-written: the node process (worker 0) starts before
         # its workers and clears them all; a worker started again clears its own.
         shutil.rmtree(self.tmp.parent if worker == 0 else self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp.parent.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
+        self.tmp.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
 
     def path_of(self, name: str) -> Path:
         check_block_name(name)
@@ -260,7 +270,9 @@ class BlockStore:
         """All 256 folders, made durable once: a write then links without a mkdir (a syscall
         per block), and no folder a block was acknowledged in can vanish in a crash."""
         for index in range(256):
-            (self.blocks / f"{index:02x}").mkdir(exist_ok=True)
+            folder = self.blocks / f"{index:02x}"
+            folder.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
+            folder.chmod(PRIVATE_FOLDER)
         _fsync_directory(self.blocks)
 
     def _link_into_place(self, temp: _TempBlock, final: Path, checksum: str) -> bool:
@@ -322,13 +334,23 @@ class BlockReader:
 
     def send(self, out: socket.socket) -> None:
         """The range's bytes to a blocking socket, from the page cache by sendfile (no copy
-        through Python)."""
+        through Python); over TLS, read and sent in pieces."""
         offset, end = HEADER.size + self.start, HEADER.size + self.end
+        if isinstance(out, ssl.SSLSocket):
+            return self._send_in_pieces(out, offset, end)
         while offset < end:
             sent = os.sendfile(out.fileno(), self._handle.fileno(), offset, end - offset)
             if sent == 0:
                 raise BlockCorrupt(f"block {self.info.name} is shorter than its header says")
             offset += sent
+
+    def _send_in_pieces(self, out: socket.socket, offset: int, end: int) -> None:
+        while offset < end:
+            piece = os.pread(self._handle.fileno(), min(TLS_SEND_BYTES, end - offset), offset)
+            if not piece:
+                raise BlockCorrupt(f"block {self.info.name} is shorter than its header says")
+            out.sendall(piece)
+            offset += len(piece)
 
     def close(self) -> None:
         self._handle.close()
@@ -345,7 +367,7 @@ class _TempBlock:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
 from shoal.storage.blockfile import MAX_BLOCK_BYTES, BlockInfo, checksum_of
 from shoal.storage.server import CHECKSUM_HEADER
+from shoal.storage.tls import client_context
 
 CONNECT_TIMEOUT_SECONDS = 5
 # A block transfer that stalls this long is a failed replica, not a slow one.
@@ -77,10 +80,18 @@ class BlockClient:
 
     Connections belong to the event loop that opened them: close() the client in that loop
     when done with it. Used from another loop afterwards, it opens new connections.
+
+    Nodes at https:// URLs are reached over TLS and their certificate checked against
+    `tls_ca` (a PEM bundle; the system's CAs without it).
     """
 
-    def __init__(self, secret: bytes, connections_per_node: int = 32) -> None:
+    def __init__(
+        self, secret: bytes, connections_per_node: int = 32, *, tls_ca: Path | None = None
+    ) -> None:
         self.secret = secret
+        self.tls_ca = tls_ca
+        # Made now when a CA is named, so that a missing or bad file fails at start.
+        self._tls = client_context(tls_ca) if tls_ca is not None else None
         self._connections = connections_per_node
         self._pools: dict[str, _Pool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -156,9 +167,19 @@ class BlockClient:
         headers: dict[str, str] | None = None,
         query: str = "",
     ) -> _Call:
-        headers = {**(headers or {}), "Authorization": auth.sign(self.secret, method, path)}
+        headers = headers or {}
+        pool = self._pool(url)
+        signed = auth.Signed.request(
+            pool.host_header,
+            method,
+            path,
+            query=query,
+            body=body,
+            checksum=headers.get(CHECKSUM_HEADER),
+            range=headers.get("Range", ""),
+        )
         target = f"{path}?{query}" if query else path
-        return _Call(self._pool(url), method, target, body, headers)
+        return _Call(pool, method, target, body, headers, lambda: auth.sign(self.secret, signed))
 
     def _pool(self, url: str) -> _Pool:
         loop = asyncio.get_running_loop()
@@ -168,8 +189,25 @@ class BlockClient:
             self._pools, self._loop = {}, loop
         pool = self._pools.get(url)
         if pool is None:
-            pool = self._pools[url] = _Pool(url, self._connections)
+            pool = self._pools[url] = _Pool(url, self._connections, self._tls_context)
         return pool
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = client_context(self.tls_ca)
+        return self._tls
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a process needs to make a BlockClient: the cluster secret and the CA that signed
+    the nodes' certificates. Picklable, for the pipeline's executors."""
+
+    secret: bytes
+    tls_ca: Path | None = None
+
+    def client(self, connections_per_node: int = 32) -> BlockClient:
+        return BlockClient(self.secret, connections_per_node, tls_ca=self.tls_ca)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -193,8 +231,11 @@ class _Connection(asyncio.BufferedProtocol):
         self._drained: asyncio.Future[None] | None = None
 
     @classmethod
-    async def open(cls, host: str, port: int) -> _Connection:
-        _, connection = await asyncio.get_running_loop().create_connection(cls, host, port)
+    async def open(cls, host: str, port: int, tls: ssl.SSLContext | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.create_connection(
+            cls, host, port, ssl=tls, server_hostname=host if tls else None
+        )
         return connection
 
     # -- what the client does -------------------------------------------------------------
@@ -330,13 +371,14 @@ class _Connection(asyncio.BufferedProtocol):
 class _Pool:
     """Kept-alive connections to one node, at most `size` at a time, the last used first."""
 
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(self, url: str, size: int, tls: Callable[[], ssl.SSLContext]) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"a node URL is http://host:port, not {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"a node URL is http(s)://host:port, not {url!r}")
         self.url = url
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.tls = tls() if parts.scheme == "https" else None
+        self.port = parts.port or (443 if self.tls else 80)
         self.host_header = parts.netloc
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(size)
@@ -353,7 +395,7 @@ class _Pool:
                     return connection, True
                 connection.close()
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                return await _Connection.open(self.host, self.port), False
+                return await _Connection.open(self.host, self.port, self.tls), False
         except BaseException:
             self._slots.release()
             raise
@@ -439,16 +481,24 @@ class _Call:
     A request on a kept-alive connection that fails before any response arrives is sent again
     once on a new connection: the node may have closed the idle connection as the request
     left. Every node request is idempotent (a block PUT again with the same bytes is a 200).
+    Each attempt carries a token of its own (`authorize`): a node accepts a token once.
     """
 
     def __init__(
-        self, pool: _Pool, method: str, target: str, body: bytes, headers: dict[str, str]
+        self,
+        pool: _Pool,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: dict[str, str],
+        authorize: Callable[[], str],
     ) -> None:
         self.pool = pool
         self.method = method
         self.target = target
         self.body = body
         self.headers = headers
+        self.authorize = authorize
         self.response: _Response | None = None
 
     async def __aenter__(self) -> _Response:
@@ -485,6 +535,7 @@ class _Call:
     async def _exchange(self, connection: _Connection) -> _Response:
         head = [f"{self.method} {self.target} HTTP/1.1", f"Host: {self.pool.host_header}"]
         head += [f"{key}: {value}" for key, value in self.headers.items()]
+        head.append(f"Authorization: {self.authorize()}")
         if self.body or self.method in ("PUT", "POST"):
             head.append(f"Content-Length: {len(self.body)}")
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")

@@ -8,8 +8,9 @@
     GET    /inventory?after=&limit=   a page of {name, size, mtime, checksum}, in a stable order
     GET    /status              name, datacenter, capacity, free bytes, block count
 
-Every request carries a token signed with the cluster secret (auth.py). The HTTP layer only
-translates: the disk is blockfile.BlockStore's business.
+Every request carries a token signed with the cluster secret that binds the whole request and
+is accepted once (auth.py). With a certificate and key (tls.py) the node speaks HTTPS. The HTTP
+layer only translates: the disk is blockfile.BlockStore's business.
 
 A thread per connection, not an event loop: every request ends in blocking disk work (a write
 and two fsyncs, an open and a sendfile), so the thread that parsed the request does it, where
@@ -29,8 +30,10 @@ import multiprocessing
 import re
 import socket
 import socketserver
+import ssl
 import struct
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -48,6 +51,7 @@ from shoal.storage.blockfile import (
     InvalidBlockName,
     OutOfSpace,
 )
+from shoal.storage.tls import ServerFiles
 
 log = logging.getLogger("shoal.storage")
 
@@ -68,8 +72,8 @@ DRAIN_SECONDS = 30
 MAX_HEAD_LINE_BYTES = 8192
 MAX_HEADERS = 64
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
-# A client that closed its connection, or stalled past IDLE_SECONDS (EAGAIN).
-_GONE = (ConnectionError, TimeoutError, BlockingIOError)
+# A client that closed its connection, or stalled past IDLE_SECONDS (EAGAIN), or broke TLS.
+_GONE = (ConnectionError, TimeoutError, BlockingIOError, ssl.SSLError)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHECKSUM = re.compile(r"^[0-9a-f]{32}$")
 
@@ -131,7 +135,13 @@ _STATUS_OF_ERROR: list[tuple[type[BlockError], int]] = [
 
 
 class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    """The node's HTTP service on a listening socket it is given (shared by its processes)."""
+    """The node's HTTP service on a listening socket it is given (shared by its processes).
+
+    `addresses` are the host:port values under which clients reach this node (a token names
+    the node it is for, so that a request to one node cannot be replayed to another); by
+    default the address it listens on and, on loopback, its aliases. `replays` remembers the
+    tokens accepted (give every process of a node the same one); `tls` makes it HTTPS.
+    """
 
     daemon_threads = True  # an idle kept-alive connection must not hold a stopping node
 
@@ -142,6 +152,10 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         secret: bytes,
         identity: NodeIdentity,
         count: BlockCount,
+        *,
+        addresses: Collection[str] = (),
+        replays: auth.ReplayCache | None = None,
+        tls: ServerFiles | None = None,
     ) -> None:
         super().__init__(sock.getsockname()[:2], _Handler, bind_and_activate=False)
         self.socket.close()
@@ -153,8 +167,19 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.secret = secret
         self.identity = identity
         self.count = count
+        self.addresses = frozenset(addresses) | own_addresses(sock)
+        self.replays = replays or auth.ReplayCache(None)  # this process's alone
+        self.tls = tls.context() if tls is not None else None
         self._in_progress = 0
         self._idle = threading.Condition()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = self.socket.accept()
+        if self.tls is not None:  # the handshake happens in the connection's thread
+            connection = self.tls.wrap_socket(
+                connection, server_side=True, do_handshake_on_connect=False
+            )
+        return connection, address
 
     def serve_in_thread(self) -> None:
         threading.Thread(target=self.serve_forever, name="node-accept", daemon=True).start()
@@ -194,17 +219,25 @@ class _Handler(socketserver.StreamRequestHandler):
         # A blocking socket whose kernel timeouts end a stalled receive or send (the error is
         # EAGAIN), rather than Python's socket timeout: that one polls before every recv and
         # send, a system call and a wake-up more for each piece of a block.
+        # Over TLS, Python's socket timeout instead: the ssl module ends a read or write on
+        # a timeout it set itself, not on the EAGAIN of a kernel one.
         connection: socket.socket = self.request
-        connection.setblocking(True)
-        timeval = struct.pack("ll", IDLE_SECONDS, 0)
-        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        if isinstance(connection, ssl.SSLSocket):
+            connection.settimeout(IDLE_SECONDS)
+        else:
+            connection.setblocking(True)
+            timeval = struct.pack("ll", IDLE_SECONDS, 0)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().setup()
 
     def handle(self) -> None:
-        # The client went away or stalled past IDLE_SECONDS: drop the connection.
+        # The client went away, stalled past IDLE_SECONDS or failed the TLS handshake: drop
+        # the connection.
         with contextlib.suppress(_GONE):
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.do_handshake()
             while not self.close_connection and self._read_request():
                 self._serve()
                 if self.command == "PUT":  # a writer: more blocks are likely to come
@@ -253,7 +286,7 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             url = urlsplit(self.path)
             path = unquote(url.path)
-            self._authenticate(path)
+            self._authenticate(path, url.query)
             self._route(path, parse_qs(url.query))
         except Refused as refusal:
             self._refuse(refusal.status, str(refusal), refusal.headers)
@@ -271,12 +304,45 @@ class _Handler(socketserver.StreamRequestHandler):
             else:
                 self._refuse(500, "internal error")
 
-    def _authenticate(self, path: str) -> None:
+    def _authenticate(self, path: str, query: str) -> None:
+        """Check the token against the whole request: the node it names, method, path,
+        query, range and body (a block by its checksum and length, which the write checks the
+        bytes against; any other body by its SHA-256, so it is read first)."""
+        host = self.headers.get("host", "")
+        if host not in self.server.addresses:
+            raise Refused(401, f"a request for another node ({host[:80]!r})")
+        if self.command == "PUT" and path.startswith("/blocks/"):
+            checksum = self.headers.get(CHECKSUM_HEADER.lower(), "")
+            content = auth.block_content(checksum, self.body.length or 0)
+        else:
+            content = auth.body_content(self._small_body())
+        signed = auth.Signed(
+            host=host,
+            method=self.command,
+            path=path,
+            query=auth.canonical_query(query),
+            content=content,
+            range=self.headers.get("range", ""),
+        )
         try:
-            auth.verify(self.server.secret, self.command, path, self.headers.get("authorization"))
+            auth.verify(
+                self.server.secret, signed, self.headers.get("authorization"), self.server.replays
+            )
         except auth.InvalidToken as exc:
             raise Refused(401, str(exc)) from None
+        except auth.ReplayCacheFull as exc:
+            raise Refused(503, str(exc)) from None
         self.authenticated = True
+
+    def _small_body(self) -> bytes:
+        """The body of a request other than a block PUT (a batch of names at most), read
+        whole before the token is checked, since the token binds its digest."""
+        length = self.body.length
+        if not length:
+            return b""  # no body (a GET), or a chunked one, refused as it is routed
+        if length > MAX_BATCH_DELETE_BODY_BYTES:
+            raise Refused(413, f"a body of at most {MAX_BATCH_DELETE_BODY_BYTES} bytes")
+        return self.body.read_all()
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         method = self.command
@@ -378,7 +444,7 @@ class _Handler(socketserver.StreamRequestHandler):
         if length is None or length > MAX_BATCH_DELETE_BODY_BYTES:
             raise Refused(400, f"a JSON body of at most {MAX_BATCH_DELETE_BODY_BYTES} bytes")
         try:
-            value = json.loads(self.body.read_all())
+            value = json.loads(self.body.data)
         except ValueError:
             raise Refused(400, 'body must be {"names": [...]}') from None
         if not isinstance(value, dict):
@@ -429,6 +495,7 @@ class _Body:
         self._stream = stream
         self.length = length
         self._remaining = length or 0
+        self.data = b""  # what read_all() read
 
     @property
     def consumed(self) -> bool:
@@ -460,7 +527,18 @@ class _Body:
         self._remaining -= len(data)
         if self._remaining:
             raise ConnectionError("the client closed the connection in a request body")
+        self.data = data
         return data
+
+
+def own_addresses(sock: socket.socket) -> frozenset[str]:
+    """The host:port values that name the node listening on `sock`: its address, and on
+    loopback or a wildcard address the loopback names too."""
+    host, port = sock.getsockname()[:2]
+    names = {host}
+    if host in ("0.0.0.0", "::") or host.startswith("127.") or host == "::1":
+        names |= {"127.0.0.1", "localhost", "::1"}
+    return frozenset(f"[{name}]:{port}" if ":" in name else f"{name}:{port}" for name in names)
 
 
 def _block_headers(reader: BlockReader, partial: bool) -> dict[str, str]:

@@ -5,18 +5,22 @@ it, but parsing requests and hashing blocks take it. With many writers in flight
 with cores to spare, workers (shoal.workers) are extra processes that run the same service
 on the node's socket.
 
-What the processes share: the disk (each has its own tmp/ folder, see BlockStore) and the
-block count (in shared memory, server.BlockCount).
+What the processes share: the disk (each has its own tmp/ folder, see BlockStore), the block
+count (in shared memory, server.BlockCount) and the tokens already accepted (in shared memory,
+auth.ReplayCache), so that a token one process answered is refused by the others.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 import shoal.loop
+from shoal.storage.auth import ReplayCache
 from shoal.storage.blockfile import BlockStore, in_thread
 from shoal.storage.server import BlockCount, NodeIdentity, NodeServer
+from shoal.storage.tls import ServerFiles
 from shoal.workers import WorkerProcesses, stop_on_signals
 
 
@@ -27,9 +31,17 @@ def node_workers(
     identity: NodeIdentity,
     blocks: BlockCount,
     sock: socket.socket,
+    *,
+    replays: ReplayCache,
+    addresses: Collection[str] = (),
+    tls: ServerFiles | None = None,
 ) -> WorkerProcesses:
-    """`count` extra processes serving the node's socket (the node process serves too)."""
-    return WorkerProcesses("storage", count, _serve_node, root, secret, identity, blocks, sock)
+    """`count` extra processes serving the node's socket (the node process serves too),
+    sharing the node process's `replays`."""
+    access = (tuple(addresses), replays, tls)
+    return WorkerProcesses(
+        "storage", count, _serve_node, root, secret, identity, blocks, sock, access
+    )
 
 
 def _serve_node(
@@ -39,8 +51,9 @@ def _serve_node(
     identity: NodeIdentity,
     blocks: BlockCount,
     sock: socket.socket,
+    access: tuple[tuple[str, ...], ReplayCache, ServerFiles | None],
 ) -> None:
-    shoal.loop.run(_serve_until_stopped(worker, root, secret, identity, blocks, sock))
+    shoal.loop.run(_serve_until_stopped(worker, root, secret, identity, blocks, sock, access))
 
 
 async def _serve_until_stopped(
@@ -50,10 +63,15 @@ async def _serve_until_stopped(
     identity: NodeIdentity,
     blocks: BlockCount,
     sock: socket.socket,
+    access: tuple[tuple[str, ...], ReplayCache, ServerFiles | None],
 ) -> None:
     stop = stop_on_signals()
     blocks.slot = worker
-    server = NodeServer(sock, BlockStore(root, worker=worker), secret, identity, blocks)
+    addresses, replays, tls = access
+    store = BlockStore(root, worker=worker)
+    server = NodeServer(
+        sock, store, secret, identity, blocks, addresses=addresses, replays=replays, tls=tls
+    )
     server.serve_in_thread()
     try:
         await stop.wait()

@@ -17,9 +17,8 @@ from yarl import URL
 from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
 from shoal.ids import uuid7
 from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
-from shoal.storage.auth import sign
 from shoal.storage.blockfile import SPARE_FILES, checksum_of
-from tests.fixtures.storage import MakeStorage, StorageCluster
+from tests.fixtures.storage import MakeStorage, StorageCluster, node_token
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,17 @@ async def raw(
     node = cluster.nodes[0]
     headers = kwargs.pop("headers", {})
     if token == "good":
-        headers["Authorization"] = sign(cluster.secret, method, URL(path, encoded=True).path)
+        body = kwargs.get("data", b"")
+        target = URL(path, encoded=True)
+        headers["Authorization"] = node_token(
+            cluster.secret,
+            node.url,
+            method,
+            target.path,
+            query=target.raw_query_string,
+            body=body,
+            headers=headers,
+        )
     elif token is not None:
         headers["Authorization"] = token
     async with (
@@ -89,10 +98,11 @@ def test_requests_without_a_valid_token_are_refused(
 
 
 def test_a_token_opens_only_its_own_method_and_path(cluster: StorageCluster, run: Any) -> None:
-    token = sign(cluster.secret, "GET", "/status")
+    url = cluster.nodes[0].url
+    token = node_token(cluster.secret, url, "GET", "/status")
     assert run(raw(cluster, "GET", "/status", token=token))[0] == 200
     assert run(raw(cluster, "GET", "/inventory", token=token))[0] == 401
-    other = sign(b"another cluster's secret", "GET", "/status")
+    other = node_token(b"another cluster's secret", url, "GET", "/status")
     assert run(raw(cluster, "GET", "/status", token=other))[0] == 401
 
 
@@ -282,13 +292,18 @@ async def exchange(url: str, requests: list[bytes]) -> list[bytes]:
 def test_a_refused_body_is_read_and_the_connection_kept(cluster: StorageCluster, run: Any) -> None:
     name = block_name(uuid7(), 0)
     path = f"/blocks/{name}"
+    url = cluster.nodes[0].url
+    host = URL(url).raw_authority
+    put = node_token(
+        cluster.secret, url, "PUT", path, body=bytes(5000), headers={"X-Shoal-Checksum": "nope"}
+    )
     bad_checksum = (
-        f"PUT {path} HTTP/1.1\r\nHost: node\r\nAuthorization: {sign(cluster.secret, 'PUT', path)}"
+        f"PUT {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {put}"
         "\r\nX-Shoal-Checksum: nope\r\nContent-Length: 5000\r\n\r\n"
     ).encode() + bytes(5000)
     status = (
-        f"GET /status HTTP/1.1\r\nHost: node\r\n"
-        f"Authorization: {sign(cluster.secret, 'GET', '/status')}\r\n\r\n"
+        f"GET /status HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {node_token(cluster.secret, url, 'GET', '/status')}\r\n\r\n"
     ).encode()
     first, second = run(exchange(cluster.nodes[0].url, [bad_checksum, status]))
     assert first.startswith(b"HTTP/1.1 400") and b"Connection: close" not in first

@@ -26,3 +26,18 @@ def test_the_request_head_deadline_is_20_seconds_unless_set(tmp_path: Path) -> N
     assert parse_config({"s3": {"request_head_seconds": 5}}, tmp_path).s3.request_head_seconds == 5
     with pytest.raises(ConfigError, match="request_head_seconds"):
         parse_config({"s3": {"request_head_seconds": 0}}, tmp_path)
+
+
+def test_node_tls_settings_are_paths_and_a_certificate_comes_with_its_key(
+    tmp_path: Path,
+) -> None:
+    storage = parse_config({}, tmp_path).storage
+    assert (storage.tls_cert, storage.tls_key, storage.tls_ca) == (None, None, None)
+    given = {"tls_cert": "node.crt", "tls_key": "node.key", "tls_ca": "ca.pem"}
+    storage = parse_config({"storage": given}, tmp_path).storage
+    assert storage.tls_cert == tmp_path.absolute() / "node.crt"
+    assert storage.tls_ca == tmp_path.absolute() / "ca.pem"
+    with pytest.raises(ConfigError, match="go together"):
+        parse_config({"storage": {"tls_cert": "node.crt"}}, tmp_path)
+    with pytest.raises(ConfigError, match="must be a path"):
+        parse_config({"storage": {"tls_ca": 3}}, tmp_path)

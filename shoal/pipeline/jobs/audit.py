@@ -20,14 +20,13 @@ from pyspark.sql import functions as F
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
-from shoal.storage import block_runs, placement
-from shoal.storage.auth import load_or_create_secret
+from shoal.storage import ClientSettings, block_runs, placement
 
 
 def run(ctx: JobContext) -> Summary:
     started = time.monotonic()
     urls = ctx.node_urls()
-    secret = load_or_create_secret(ctx.config.secret_file)
+    access = io.node_access(ctx.config)
     target = placement.target_replicas(ctx.config.storage.replicas, len(urls))
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
@@ -49,7 +48,7 @@ def run(ctx: JobContext) -> Summary:
             .cache()
         )
         blocks_checked = expected.count()
-    inventory = io.read_inventories(ctx.spark, urls, secret)
+    inventory = io.read_inventories(ctx.spark, urls, access)
     joined = expected.join(
         inventory.select("shark", "name", F.col("size").alias("found_size")),
         ["shark", "name"],
@@ -67,7 +66,7 @@ def run(ctx: JobContext) -> Summary:
             lambda key: node_index.get(key[0], 0) * per_node + _spread(key[1], per_node),
         )
         .values()
-        .mapPartitions(lambda rows: io.verify_blocks(rows, secret))
+        .mapPartitions(lambda rows: io.verify_blocks(rows, access))
         .toDF("shark string, name string, verdict string")
     )
     candidates = (
@@ -84,7 +83,7 @@ def run(ctx: JobContext) -> Summary:
     confirmed = ctx.with_store(lambda store: _still_live(store, findings))
     repaired = restored = 0
     if ctx.options.get("repair") and confirmed:
-        repaired = ctx.with_store(lambda store: _repair(store, confirmed, urls, secret))
+        repaired = ctx.with_store(lambda store: _repair(store, confirmed, urls, access))
     if ctx.options.get("repair") and short:
         restored = ctx.with_store(lambda store: _rereplicate(store, ctx, short))
     ctx.spark.createDataFrame(short, UNDER_REPLICATED_SCHEMA).write.mode("overwrite").parquet(
@@ -195,12 +194,12 @@ async def _still_live(store: Any, findings: list[dict[str, Any]]) -> list[dict[s
 
 
 async def _repair(
-    store: Any, findings: list[dict[str, Any]], urls: dict[str, str], secret: bytes
+    store: Any, findings: list[dict[str, Any]], urls: dict[str, str], access: ClientSettings
 ) -> int:
     """Copy a good replica onto each node that lacks a block or holds a bad one."""
-    from shoal.storage import BlockClient, NodeError
+    from shoal.storage import NodeError
 
-    client = BlockClient(secret)
+    client = access.client()
     repaired = 0
     try:
         bad = {(f["shark"], f["name"]) for f in findings}

@@ -30,7 +30,6 @@ from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 from shoal.storage import block_runs
-from shoal.storage.auth import load_or_create_secret
 
 
 def run(ctx: JobContext) -> Summary:
@@ -39,7 +38,7 @@ def run(ctx: JobContext) -> Summary:
     clock = time.monotonic()
     cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
     urls = ctx.node_urls()
-    secret = load_or_create_secret(ctx.config.secret_file)
+    access = io.node_access(ctx.config)
     width = ctx.with_store(_window_width)
 
     with io.exported_snapshots(ctx.shards) as snapshots:
@@ -70,7 +69,7 @@ def run(ctx: JobContext) -> Summary:
         blocks.map(lambda b: (b[0], b))
         .partitionBy(max(1, len(node_index)), lambda shark: node_index.get(shark, 0))
         .values()
-        .mapPartitions(lambda rows: io.delete_blocks(rows, secret))
+        .mapPartitions(lambda rows: io.delete_blocks(rows, access))
         .cache()
     )
     outcomes = batches.flatMap(lambda b: [(key, b[1]) for key in b[0]]).reduceByKey(

@@ -21,15 +21,14 @@ from pyspark.sql import types as T
 from shoal.ids import uuid7_time
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
-from shoal.storage.auth import load_or_create_secret
 
 
 def run(ctx: JobContext) -> Summary:
     started = time.monotonic()
     leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
     urls = ctx.node_urls()
-    secret = load_or_create_secret(ctx.config.secret_file)
-    inventory = io.read_inventories(ctx.spark, urls, secret).cache()
+    access = io.node_access(ctx.config)
+    inventory = io.read_inventories(ctx.spark, urls, access).cache()
     blocks = inventory.count()
     cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
     with io.exported_snapshots(ctx.shards) as snapshots:
@@ -57,7 +56,7 @@ def run(ctx: JobContext) -> Summary:
         deleted = sum(
             batch[2]
             for batch in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
-            .mapPartitions(lambda part: io.delete_blocks(part, secret))
+            .mapPartitions(lambda part: io.delete_blocks(part, access))
             .collect()
         )
     orphans.write.mode("overwrite").parquet(str(ctx.output / "orphans"))
