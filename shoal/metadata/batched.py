@@ -43,7 +43,7 @@ from psycopg.pq import ExecStatus
 
 from shoal.metadata import prepared
 from shoal.metadata.errors import MetadataUnavailable
-from shoal.metadata.outage import classified
+from shoal.metadata.outage import classified, connection_failed
 
 if TYPE_CHECKING:
     from shoal.metadata.shards import ShardPool
@@ -204,7 +204,7 @@ class _Batcher:
                 parameters = prepared.dumped(conn, queued.values)
                 name = await prepared.prepared_name(conn, queued.statement, parameters)
             except Exception as exc:
-                if conn.closed:  # the connection is lost, for every statement of the batch
+                if conn.closed or connection_failed(exc):  # lost, for the whole batch
                     raise
                 queued.fail(exc)  # its own fault (a value, its statement): the rest go on
                 continue
