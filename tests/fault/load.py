@@ -89,6 +89,8 @@ class MixedLoad:
         self._workers: list[threading.Thread] = []
 
     def start(self) -> MixedLoad:
+        # Twice would run two threads on each thread's keys, and the ledger would be wrong.
+        assert not self._workers, "the load was started already (`with load:` starts it)"
         for index in range(self.threads):
             worker = threading.Thread(target=self._run, args=(index,), daemon=True)
             worker.start()

@@ -108,7 +108,7 @@ def _load(served: Served, bucket: str) -> MixedLoad:
         threads=4,
         max_requests=400,
         max_seconds=45,
-    ).start()
+    )
 
 
 def _check_outcomes(load: MixedLoad) -> None:
