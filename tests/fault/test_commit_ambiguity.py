@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import botocore.exceptions
@@ -37,7 +37,11 @@ def proxied(
     """A `shoal serve` whose one shard is reached through a CuttingProxy."""
     [shard] = create_databases(admin_dsn, 1)
     with cutting_proxy(shard.dsn) as proxy:
-        config = f'[s3]\nworkers = 1\n\n[[metadata.shards]]\nname = "pg"\ndsn = "{proxy.dsn}"\n'
+        # No GC daemon: its transactions' COMMITs must not meet a proxy armed for another.
+        config = (
+            "[s3]\nworkers = 1\n\n[gc]\nenabled = false\n\n"
+            f'[[metadata.shards]]\nname = "pg"\ndsn = "{proxy.dsn}"\n'
+        )
         with own_serve(tmp_path_factory.mktemp("ambiguity"), config) as served:
             served.raw_client(served.root).create_bucket(Bucket=BUCKET)
             yield served, proxy, shard.dsn
@@ -70,6 +74,61 @@ def test_a_write_cut_before_its_commit_answers_503_and_leaves_its_blocks_to_orph
     assert status == 404
     unnamed = block_versions(served.data_dir) - before - named_versions(dsn)
     assert len(unnamed) == 1  # this write's blocks, which no row names: orphans'
+
+
+def test_a_completion_whose_commit_reply_is_lost_answers_the_same_when_retried(
+    proxied: tuple[Served, CuttingProxy, str],
+) -> None:
+    served, proxy, _ = proxied
+    client = served.raw_client(served.root, retries=NO_RETRIES)
+    key, body = f"completed-{uuid.uuid4().hex}", os.urandom(SIZE)
+    upload = client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    etag = client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload, PartNumber=1, Body=body)[
+        "ETag"
+    ]
+
+    def complete() -> Any:
+        parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+        return client.complete_multipart_upload(
+            Bucket=BUCKET, Key=key, UploadId=upload, MultipartUpload=parts
+        )
+
+    # The completion is one transaction: its COMMIT goes through, its reply is lost.
+    proxy.arm(b"COMMIT", forward=True)
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        complete()
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    assert proxy.fired.is_set()
+    # It did commit: the upload is gone (so the retry below takes the answer from the object).
+    assert (
+        _status_when_answered(lambda: client.list_parts(Bucket=BUCKET, Key=key, UploadId=upload))
+        == 404
+    )
+    deadline = time.monotonic() + 5
+    while True:  # the client retries, as it should after a 503
+        try:
+            answer = complete()
+            break
+        except botocore.exceptions.ClientError as exc:
+            assert exc.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert answer["ETag"].endswith('-1"')
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == body
+
+
+def _status_when_answered(call: Callable[[], Any], timeout: float = 5.0) -> int:
+    """The status of `call`, tried again while it is a 503."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            call()
+            return 200
+        except botocore.exceptions.ClientError as exc:
+            status = int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+        if status != 503 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
 
 
 def _put(client: Any, key: str, body: bytes) -> int | None:
