@@ -215,7 +215,7 @@ class ShardPool(LastInFirstOutPool):
         """What a call that met `exc` on this shard raises (outage.classified). A connection
         that broke in use drops the idle ones, which the same cause most likely broke too;
         their replacements' connects then say whether the shard is down."""
-        if connection_failed(exc) and not isinstance(exc, MetadataUnavailable):
+        if connection_failed(exc):
             self._replace_idle()
         return classified(exc, self.shard, may_have_committed=may_have_committed)
 
@@ -242,6 +242,8 @@ class ShardPool(LastInFirstOutPool):
             self.shard,
             first_line(exc),
         )
+        if self._prober is not None:
+            self._prober.cancel()  # one of an outage that ended while it slept
         self._prober = asyncio.get_running_loop().create_task(self._probe())
 
     def _reachable(self) -> None:
@@ -253,14 +255,17 @@ class ShardPool(LastInFirstOutPool):
         self.down_since = None
 
     async def _probe(self) -> None:
-        await self._drop_idle_and_waiting()
+        try:
+            await self._drop_idle_and_waiting()
+        except Exception as exc:  # the probe must go on: it is what ends the outage
+            log.warning("shard %s: dropping idle connections failed: %r", self.shard, exc)
         while self.down_since is not None and not self.closed:
             try:
                 conn = await asyncio.wait_for(
                     psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs),
                     PROBE_TIMEOUT_SECONDS,
                 )
-            except (psycopg.Error, TimeoutError, OSError):
+            except Exception:
                 await asyncio.sleep(PROBE_SECONDS)
                 continue
             await conn.close()
