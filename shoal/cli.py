@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import shoal.logs
@@ -24,7 +25,7 @@ from shoal.config import Config, ConfigError, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.gc import Collector, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
-from shoal.metadata.deployment import shard_configs
+from shoal.metadata.deployment import embedded_server, shard_configs
 from shoal.metadata.garbage import GcRun
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
@@ -194,15 +195,23 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
             def ready(root: KeyPair) -> None:
                 _print_banner(config, port, shards, node_lines, root)
 
-            shoal.loop.run(
-                _run_until_stopped(
-                    lambda stop: run_gateway(config, shards, port, stop, on_ready=ready)
-                )
-            )
+            async def serve(stop: asyncio.Event) -> None:
+                async with _supervised_postgres(config, stop):
+                    await run_gateway(config, shards, port, stop, on_ready=ready)
+
+            shoal.loop.run(_run_until_stopped(serve))
         finally:
             nodes.stop()
     print("Shoal stopped.", flush=True)
     return 0
+
+
+def _supervised_postgres(config: Config, stop: asyncio.Event) -> AbstractAsyncContextManager[None]:
+    """`serve` restarts the embedded PostgreSQL if it dies; external shards are their
+    operator's."""
+    if not config.metadata.embedded:
+        return contextlib.nullcontext()
+    return embedded_server(config).supervised(stop)
 
 
 def _print_banner(config: Config, port: int, shards: list, nodes: list[str], root: KeyPair) -> None:  # type: ignore[type-arg]

@@ -24,7 +24,7 @@ import shoal.loop
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
-from shoal.metadata import AccountNotFound, InvalidName, MetadataStore
+from shoal.metadata import AccountNotFound, InvalidName, MetadataError, MetadataStore
 from shoal.metadata.nodes import StorageNode
 from shoal.ports import free_port
 from shoal.storage import (
@@ -51,6 +51,7 @@ REGISTRY_REFRESH_SECONDS = 2.0
 MIN_FREE_BYTES = 256 * 1024 * 1024
 # How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
 WINDOW_MAINTENANCE_SECONDS = 600.0
+WINDOW_RETRY_SECONDS = 10.0
 # How often `shoal serve` looks for a gateway worker process that died, to restart it.
 WORKER_CHECK_SECONDS = 2.0
 ROOT_ACCOUNT = "root"
@@ -87,7 +88,14 @@ class RegistryDirectory:
     async def _refresh(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:
             return
-        nodes = await self.store.nodes.list(self.deadline)
+        try:
+            nodes = await self.store.nodes.list(self.deadline)
+        except MetadataError:
+            if not self._read_at:
+                raise  # no view to go on with
+            # The catalog shard is away: the last view serves (a shard holding the objects'
+            # rows may still answer), and the next call reads again.
+            return
         self._urls = {n.shark: n.url for n in nodes}
         self._writable = [
             Node(name=n.name, datacenter=n.datacenter, url=n.url, free_bytes=n.free_bytes or 0)
@@ -261,8 +269,8 @@ async def run_gateway(
             while not stop.is_set():
                 workers.restart_dead()
                 if time.monotonic() >= upkeep_due:
-                    await store.ensure_windows(config.metadata.partitions_ahead)
-                    upkeep_due = time.monotonic() + WINDOW_MAINTENANCE_SECONDS
+                    wait = await keep_windows(store, config.metadata.partitions_ahead)
+                    upkeep_due = time.monotonic() + wait
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), WORKER_CHECK_SECONDS)
             if daemon is not None:
@@ -270,6 +278,17 @@ async def run_gateway(
             await restorer
         finally:
             await in_thread(workers.stop)
+
+
+async def keep_windows(store: MetadataStore, ahead: int) -> float:
+    """Create the deleted-table windows ahead of now; the seconds until the next upkeep (sooner
+    after a failure: `serve` outlives an outage of a shard and tries again)."""
+    try:
+        await store.ensure_windows(ahead)
+    except Exception as exc:
+        log.warning("deleted-table window upkeep failed, trying again soon: %r", exc)
+        return WINDOW_RETRY_SECONDS
+    return WINDOW_MAINTENANCE_SECONDS
 
 
 @contextlib.asynccontextmanager

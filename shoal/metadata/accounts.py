@@ -31,7 +31,7 @@ class Accounts(Component):
         return account
 
     async def list(self) -> list[Account]:
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = conn.cursor(row_factory=class_row(Account))
             await cur.execute(queries.LIST_ACCOUNTS)
             return await cur.fetchall()
@@ -43,7 +43,7 @@ class Accounts(Component):
         return await self._one(queries.SELECT_ACCOUNT_BY_NAME, {"name": name}, repr(name))
 
     async def _one(self, query: str, params: dict[str, object], label: str) -> Account:
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = conn.cursor(row_factory=class_row(Account))
             await cur.execute(query, params)
             account = await cur.fetchone()

@@ -40,10 +40,19 @@ class Component:
         uploads); those go through write_row, and point reads through read_rows.
         """
         statement, values = _bound(template, vnode, params, upper_bound)
+        shard = self.shards.of_vnode(vnode)
 
         async def attempt() -> list[Row]:
-            async with self.shards.of_vnode(vnode).statement_connection() as conn:
-                return await prepared.fetch(conn, statement, values)
+            async with shard.statement_connection() as conn:
+                try:
+                    return await prepared.fetch(conn, statement, values)
+                except Exception as exc:
+                    # Sent, in autocommit: if the answer was lost, the write may have
+                    # committed (a read among these statements is treated the same way).
+                    failure = shard.pool.failure(exc, may_have_committed=True)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
 
         return await self.retrying_window(vnode, attempt)
 
@@ -75,7 +84,13 @@ class Component:
         text, names = positional(statement)
         async with shard.statement_connection() as conn:
             values = [params[name] for name in names]
-            return await prepared.fetch(conn, text, values, rows=rows)
+            try:
+                return await prepared.fetch(conn, text, values, rows=rows)
+            except Exception as exc:
+                failure = shard.pool.failure(exc, may_have_committed=False)
+                if failure is exc:
+                    raise
+                raise failure from exc
 
     async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt`; if a deletion record found no window for now, create it and rerun."""

@@ -35,14 +35,18 @@ from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors, generators
 from psycopg.pq import ExecStatus
-from psycopg_pool import AsyncConnectionPool
 
 from shoal.metadata import prepared
+from shoal.metadata.errors import MetadataUnavailable
+from shoal.metadata.outage import classified, connection_failed
+
+if TYPE_CHECKING:
+    from shoal.metadata.shards import ShardPool
 
 # Batches of one kind (reads or writes) of one shard out at once, per process: enough to keep
 # a few backends busy, few enough that statements wait for a batch rather than each taking a
@@ -66,6 +70,7 @@ class _Queued:
     order: tuple[Any, ...] = ()  # a write's WriteOrder; reads are not sorted
     prepared_again: bool = False  # after InvalidSqlStatementName, once
     alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
+    synced: bool = False  # its batch's Sync was sent: a write of it may have committed
 
     def fail(self, exc: BaseException) -> None:
         if not self.answer.done():  # its caller may have given up
@@ -75,9 +80,12 @@ class _Queued:
 class _Batcher:
     """The batches of one shard's pool: what reads and writes share."""
 
+    # Whether a statement of this kind may commit once its batch's Sync was sent.
+    writes = False
+
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        pool: ShardPool,
         batches_at_once: int = BATCHES_AT_ONCE,
         per_batch: int = PER_BATCH,
     ) -> None:
@@ -108,7 +116,8 @@ class _Batcher:
         for sender in list(self._senders):
             sender.cancel()
         await asyncio.gather(*self._senders, return_exceptions=True)
-        _fail(self._take_all(), _store_closed())
+        for queued in self._take_all():
+            queued.fail(_store_closed())
 
     def _start_sender(self) -> None:
         # A task, not the caller: a caller that gives up (its client went away) must not
@@ -128,7 +137,7 @@ class _Batcher:
             self._sending -= 1
             if not isinstance(exc, Exception):
                 raise  # cancelled by close(), which fails what waits
-            _fail(self._next_batch(), exc)
+            self._fail(self._next_batch(), exc)
             self._carry_on()
             return
         batch: list[_Queued] = []
@@ -142,12 +151,27 @@ class _Batcher:
             # The connection's state is unknown (a pipeline may be half read): it goes.
             await conn.close()
             if not isinstance(exc, Exception):
-                _fail(batch, _store_closed())
+                for queued in batch:
+                    queued.fail(self._closed_under(queued))
                 raise
-            _fail(batch, exc)
+            self._fail(batch, exc)
             self._carry_on()
         finally:
             await self.pool.putconn(conn)
+
+    def _fail(self, batch: list[_Queued], exc: Exception) -> None:
+        """Fail each statement of `batch` with `exc`, or with what a failed connection means
+        for it (outage.py): a write whose batch's Sync was sent may have committed."""
+        for queued in batch:
+            queued.fail(self._failure(queued, exc))
+
+    def _failure(self, queued: _Queued, exc: Exception) -> Exception:
+        return self.pool.failure(exc, may_have_committed=self.writes and queued.synced)
+
+    def _closed_under(self, queued: _Queued) -> Exception:
+        """What a statement whose batch close() interrupted gets."""
+        closed = psycopg.OperationalError("the metadata store is closed")
+        return classified(closed, self.pool.shard, may_have_committed=self.writes and queued.synced)
 
     def _carry_on(self) -> None:
         """After a failed batch: the statements still waiting get a sender of their own."""
@@ -180,7 +204,7 @@ class _Batcher:
                 parameters = prepared.dumped(conn, queued.values)
                 name = await prepared.prepared_name(conn, queued.statement, parameters)
             except Exception as exc:
-                if conn.closed:  # the connection is lost, for every statement of the batch
+                if conn.closed or connection_failed(exc):  # lost, for the whole batch
                     raise
                 queued.fail(exc)  # its own fault (a value, its statement): the rest go on
                 continue
@@ -191,6 +215,9 @@ class _Batcher:
         pgconn.enter_pipeline_mode()
         for statement in sent:
             prepared.send_prepared(conn, statement.name, statement.parameters)
+        # From here on the server may commit the batch: until the Sync, it cannot.
+        for statement in sent:
+            statement.queued.synced = True
         pgconn.pipeline_sync()
         self.batches_sent += 1
         results = await conn.wait(_pipeline_results(pgconn, len(sent)))
@@ -222,7 +249,7 @@ class _Batcher:
                 queued.prepared_again = True
                 again.append(queued)
             except Exception as exc:
-                queued.fail(exc)
+                queued.fail(self._failure(queued, exc))
             else:
                 queued.answer.set_result(rows)
         self._waiting.extendleft(reversed(again))
@@ -238,6 +265,8 @@ class ReadBatcher(_Batcher):
 
 class WriteBatcher(_Batcher):
     """The batches of one-row writes of one shard's pool: each batch one transaction."""
+
+    writes = True
 
     async def write(
         self, statement: bytes, values: Sequence[Any], order: WriteOrder
@@ -264,6 +293,7 @@ class WriteBatcher(_Batcher):
         again = [statement.queued for statement in sent if not statement.queued.answer.done()]
         for queued in again:
             queued.alone = True
+            queued.synced = False
         self._waiting.extendleft(reversed(again))
 
 
@@ -277,13 +307,8 @@ class _Sent:
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 
 
-def _store_closed() -> psycopg.OperationalError:
-    return psycopg.OperationalError("the metadata store is closed")
-
-
-def _fail(batch: list[_Queued], exc: BaseException) -> None:
-    for queued in batch:
-        queued.fail(exc)
+def _store_closed() -> MetadataUnavailable:
+    return MetadataUnavailable("the metadata store is closed")
 
 
 def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:

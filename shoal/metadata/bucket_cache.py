@@ -30,6 +30,7 @@ CHANNEL = "shoal_bucket_gone"
 # A safety net for a notification that never comes (a process of an older version deleting).
 KEEP_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
+CONNECT_TIMEOUT_SECONDS = 2
 
 
 class BucketCache:
@@ -67,18 +68,22 @@ class BucketCache:
         self._stop_trusting()
 
     async def _watch(self, connected: asyncio.Event) -> None:
+        warned = False  # once per outage, not once a second
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self.catalog_dsn, autocommit=True
+                    self.catalog_dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listening = True
+                    warned = False
                     connected.set()
                     async for notice in conn.notifies():
                         self._forget_payload(notice.payload)
             except psycopg.Error as exc:
-                log.warning("bucket cache off, no deletion notices: %s", exc)
+                if not warned:
+                    log.warning("bucket cache off, no deletion notices: %s", exc)
+                    warned = True
             finally:
                 self._stop_trusting()
             await asyncio.sleep(RECONNECT_SECONDS)

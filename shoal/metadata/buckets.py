@@ -129,7 +129,7 @@ class Buckets(Component):
 
     async def owner_of(self, name: str) -> uuid.UUID | None:
         """Who holds a bucket name across the ring (S3 names are global), if anyone."""
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.SELECT_BUCKET_NAME, {"name": name})
             row = await cur.fetchone()
         return row[0] if row else None

@@ -18,16 +18,18 @@ Layout under `<data-dir>/postgres/`:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import logging
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -40,6 +42,10 @@ NAMESPACE_UID = 1000
 # Longest Unix socket path the kernel accepts (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 START_TIMEOUT_SECONDS = 60
+# How often a supervising `shoal serve` checks that the postmaster lives.
+SUPERVISE_SECONDS = 1.0
+
+log = logging.getLogger("shoal.metadata")
 
 
 def postgres_bin_dir() -> Path:
@@ -125,12 +131,13 @@ class EmbeddedPostgres:
             "C",
         )
 
-    def start(self) -> None:
-        """Start the server (after initializing it) unless it already runs."""
+    def start(self, port: int | None = None) -> None:
+        """Start the server (after initializing it) unless it already runs: on `port`, or
+        the port of its last start if free, or a free one."""
         self.initialize()
         if self.is_running():
             return
-        port = self._choose_port()
+        port = port or self._choose_port()
         socket_dir = self.socket_dir
         socket_dir.mkdir(parents=True, exist_ok=True)
         socket_dir.chmod(0o700)
@@ -141,6 +148,11 @@ class EmbeddedPostgres:
                 f"-c unix_socket_directories='{socket_dir}'",
                 "-c unix_socket_permissions=0700",
                 "-c max_connections=300",
+                # After a crash, sync the data directory with one syncfs() instead of an
+                # fsync() per file: there are thousands (every vnode has its tables), and
+                # their fsyncs kept a killed server from recovering for seconds
+                # (bench/outage_bench.py --fault kill measures the whole outage).
+                "-c recovery_init_sync_method=syncfs",
             ]
         )
         result = self._pg_tool(
@@ -164,6 +176,47 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if self.is_running():
             self._pg_tool("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.pgdata))
+
+    def postmaster_alive(self) -> bool:
+        """Whether the process named in postmaster.pid lives (no pg_ctl: cheap enough to ask
+        every second)."""
+        try:
+            pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def supervised(self, stop: asyncio.Event) -> AsyncIterator[None]:
+        """While the block runs, start the server again whenever its postmaster dies (killed,
+        crashed, stopped by hand): same data directory, same port, so every DSN handed out
+        stays good. What the clients see meanwhile is the pools' business (shards.ShardPool)."""
+        watcher = asyncio.create_task(self._keep_running(stop))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _keep_running(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SUPERVISE_SECONDS)
+            if stop.is_set() or await asyncio.to_thread(self.postmaster_alive):
+                continue
+            log.warning("embedded PostgreSQL is not running; starting it again")
+            try:
+                await asyncio.to_thread(self._start_again)
+            except Exception as exc:  # whatever it was, the next check tries again
+                log.warning("embedded PostgreSQL did not start, trying again: %s", exc)
+            else:
+                log.warning("embedded PostgreSQL started again on port %d", self.port)
+
+    def _start_again(self) -> None:
+        with self._lock():
+            if not self.postmaster_alive():  # `shoal db status` may have started it meanwhile
+                self.start(port=self.port)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[EmbeddedPostgres]:

@@ -34,13 +34,14 @@ class Keys(Component):
         return (await self._rows(queries.INSERT_ACCESS_KEY, params))[0]
 
     async def get(self, access_key_id: str) -> AccessKey:
-        found = await self._rows(queries.SELECT_ACCESS_KEY, {"access_key_id": access_key_id})
+        params = {"access_key_id": access_key_id}
+        found = await self._rows(queries.SELECT_ACCESS_KEY, params, reads=True)
         if not found:
             raise AccessKeyNotFound(f"no access key {access_key_id}")
         return found[0]
 
     async def list(self, account_id: uuid.UUID) -> list[AccessKey]:
-        return await self._rows(queries.LIST_ACCESS_KEYS, {"account_id": account_id})
+        return await self._rows(queries.LIST_ACCESS_KEYS, {"account_id": account_id}, reads=True)
 
     async def revoke(self, access_key_id: str) -> None:
         async with self.shards.catalog.pool.connection() as conn:
@@ -48,8 +49,11 @@ class Keys(Component):
             if await cur.fetchone() is None:
                 raise AccessKeyNotFound(f"no active access key {access_key_id}")
 
-    async def _rows(self, query: str, params: dict[str, object]) -> list[AccessKey]:
-        async with self.shards.catalog.pool.connection() as conn:
+    async def _rows(
+        self, query: str, params: dict[str, object], *, reads: bool = False
+    ) -> list[AccessKey]:
+        pool = self.shards.catalog.pool
+        async with pool.reading() if reads else pool.connection() as conn:
             cur = conn.cursor(row_factory=class_row(AccessKey))
             await cur.execute(query, params)
             return await cur.fetchall()

@@ -43,7 +43,7 @@ class Nodes(Component):
             await conn.execute(queries.HEARTBEAT_NODE, params)
 
     async def list(self, deadline: timedelta) -> list[StorageNode]:
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = conn.cursor(row_factory=class_row(StorageNode))
             await cur.execute(queries.LIST_NODES, {"deadline": deadline})
             return await cur.fetchall()

@@ -7,36 +7,58 @@ round trip (`arms` joined by UNION ALL).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types import TypeInfo
 from psycopg.types.hstore import register_hstore
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from shoal.config import ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.batched import ReadBatcher, WriteBatcher
 from shoal.metadata.bucket_cache import BucketCache
-from shoal.metadata.errors import SchemaError
+from shoal.metadata.errors import MetadataUnavailable, SchemaError
+from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
+
+log = logging.getLogger("shoal.metadata")
+# psycopg_pool warns at every failed connect: while a shard is down, a few every PROBE_SECONDS
+# from each pool. ShardPool says once when a shard goes down and when it is back.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 # Statements are rendered per vnode, so a connection sees up to (vnodes x statements) texts;
 # keep them all prepared.
 PREPARED_STATEMENTS_PER_CONNECTION = 4096
 MIN_SERVER_VERSION = 180000  # RETURNING OLD (see queries.py) needs PostgreSQL 18
 UPPER_BOUND = "AND name < %(upper)s"
+# How long a call waits for a pooled connection before it is refused (MetadataUnavailable,
+# a 503): a request never hangs on the pool (psycopg_pool's own default is 30 s).
+CONNECTION_WAIT_SECONDS = 1.0
+# While a shard is down: how often it is tried again with a real connect, and how long one try
+# may take. The pool refills its connections at the same pace, not with psycopg_pool's
+# doubling delays, which could leave it empty for many seconds after the shard came back.
+PROBE_SECONDS = 0.2
+PROBE_TIMEOUT_SECONDS = 1.0
+# A DSN without a connect_timeout gets this one (seconds; libpq's smallest is 2).
+CONNECT_TIMEOUT_SECONDS = 2
 
 
 @dataclass
 class Shard:
     name: str
-    pool: AsyncConnectionPool
+    pool: ShardPool
     vnodes: list[int]
     reads: ReadBatcher = field(init=False)
     writes: WriteBatcher = field(init=False)
@@ -59,7 +81,7 @@ class PooledConnection:
 
     __slots__ = ("conn", "pool")
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: ShardPool) -> None:
         self.pool = pool
 
     async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
@@ -85,7 +107,7 @@ class ShardSet:
     async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> ShardSet:
         if not configs:
             raise SchemaError("no shards configured")
-        pools: dict[str, AsyncConnectionPool] = {}
+        pools: dict[str, ShardPool] = {}
         try:
             for config in configs:
                 pools[config.name] = await open_pool(config, pool_max_size)
@@ -146,7 +168,184 @@ class LastInFirstOutPool(AsyncConnectionPool):
         return conn
 
 
-async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
+class _SteadyAttempt(AttemptWithBackoff):
+    """psycopg_pool's reconnection attempts, at a steady pace instead of doubling delays."""
+
+    INITIAL_DELAY = PROBE_SECONDS
+    DELAY_BACKOFF = 1.0
+
+
+class ShardPool(LastInFirstOutPool):
+    """A shard's pool that knows when its shard is down, and then refuses at once.
+
+    A connect that fails (refused, timed out, the server starting or stopping: outage.py)
+    marks the shard down: the calls waiting for a connection and every call after them get
+    MetadataUnavailable at once instead of waiting on the pool, and the idle connections,
+    which the same outage most likely broke, are dropped. While down, the shard is tried with
+    a real connect every PROBE_SECONDS; the first that succeeds (or the first connection the
+    pool itself makes) marks it up again, and the pool, which kept trying at the same pace,
+    is refilling by then. A connection that breaks in use does not mark the shard down by
+    itself (one backend may have been terminated): the idle connections are replaced, and
+    their connects decide.
+    """
+
+    def __init__(self, *args: Any, shard: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shard = shard
+        self.down_since: float | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._replacing: asyncio.Task[None] | None = None
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        self.check_reachable()
+        try:
+            return await super().getconn(timeout)
+        except PoolTimeout as exc:
+            raise MetadataUnavailable(
+                f"shard {self.shard}: no connection free within {self.timeout:g} s"
+            ) from exc
+
+    def check_reachable(self) -> None:
+        """MetadataUnavailable while the shard is down."""
+        if self.down_since is not None:
+            down_for = time.monotonic() - self.down_since
+            raise MetadataUnavailable(f"shard {self.shard} is unreachable ({down_for:.1f} s)")
+
+    def failure(self, exc: Exception, *, may_have_committed: bool) -> Exception:
+        """What a call that met `exc` on this shard raises (outage.classified). A connection
+        that broke in use drops the idle ones, which the same cause most likely broke too;
+        their replacements' connects then say whether the shard is down."""
+        if connection_failed(exc):
+            self._replace_idle()
+        return classified(exc, self.shard, may_have_committed=may_have_committed)
+
+    def _replace_idle(self) -> None:
+        if self.down_since is not None or self.closed or self._replacing is not None:
+            return
+        self._replacing = asyncio.get_running_loop().create_task(self.drain())
+        self._replacing.add_done_callback(self._replaced)
+
+    def _replaced(self, task: asyncio.Task[None]) -> None:
+        self._replacing = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "shard %s: replacing idle connections failed: %r", self.shard, task.exception()
+            )
+
+    def lost(self, exc: BaseException) -> None:
+        """A connect to the shard failed: mark it down, until a probe connects."""
+        if self.down_since is not None or self.closed:
+            return
+        self.down_since = time.monotonic()
+        log.warning(
+            "shard %s is unreachable, refusing calls until it answers: %s",
+            self.shard,
+            first_line(exc),
+        )
+        if self._prober is not None:
+            self._prober.cancel()  # one of an outage that ended while it slept
+        self._prober = asyncio.get_running_loop().create_task(self._probe())
+
+    def _reachable(self) -> None:
+        if self.down_since is None:
+            return
+        log.warning(
+            "shard %s answers again after %.1f s", self.shard, time.monotonic() - self.down_since
+        )
+        self.down_since = None
+
+    async def _probe(self) -> None:
+        try:
+            await self._drop_idle_and_waiting()
+        except Exception as exc:  # the probe must go on: it is what ends the outage
+            log.warning("shard %s: dropping idle connections failed: %r", self.shard, exc)
+        while self.down_since is not None and not self.closed:
+            try:
+                conn = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs),
+                    PROBE_TIMEOUT_SECONDS,
+                )
+            except Exception:
+                await asyncio.sleep(PROBE_SECONDS)
+                continue
+            await conn.close()
+            self._reachable()
+
+    async def _drop_idle_and_waiting(self) -> None:
+        """Refuse the calls waiting for a connection, and replace the idle connections (and
+        those in use, as they come back): psycopg_pool's drain."""
+        async with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for client in waiting:
+            await client.fail(MetadataUnavailable(f"shard {self.shard} is unreachable"))
+        await self.drain()
+
+    async def _connect(self, timeout: float | None = None) -> Any:
+        try:
+            conn = await super()._connect(timeout)
+        except Exception as exc:
+            if connection_failed(exc):
+                self.lost(exc)
+            raise
+        self._reachable()
+        return conn
+
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        if attempt is None:
+            attempt = _SteadyAttempt(timeout=self.reconnect_timeout)
+        await super()._add_connection(attempt, growing)
+
+    def connection(self, timeout: float | None = None) -> Any:
+        """psycopg_pool's connection(), with a failed connection classified (outage.py):
+        whatever the block did may have committed, as far as this pool can tell."""
+        return self._classifying(super().connection(timeout), may_have_committed=True)
+
+    def reading(self) -> Any:
+        """A connection for reads only (`async with`): a failed connection is
+        MetadataUnavailable, since nothing the block does commits."""
+        return self._classifying(super().connection(), may_have_committed=False)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection in a transaction (`async with`), committed at the end of the block. A
+        failed connection is MetadataUnavailable before the COMMIT is sent, CommitUnknown at
+        the COMMIT."""
+        committing = False
+        try:
+            async with super().connection() as conn, conn.transaction():
+                yield conn
+                committing = True
+        except Exception as exc:
+            failure = self.failure(exc, may_have_committed=committing)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+    @contextlib.asynccontextmanager
+    async def _classifying(
+        self, connection: Any, *, may_have_committed: bool
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            async with connection as conn:
+                yield conn
+        except Exception as exc:
+            failure = self.failure(exc, may_have_committed=may_have_committed)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+    async def close(self, timeout: float = 5.0) -> None:
+        tasks = [task for task in (self._prober, self._replacing) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await super().close(timeout)
+
+
+async def open_pool(config: ShardConfig, max_size: int) -> ShardPool:
     try:
         async with await psycopg.AsyncConnection.connect(config.dsn, autocommit=True) as conn:
             hstore = await TypeInfo.fetch(conn, "hstore")
@@ -169,13 +368,18 @@ async def open_pool(config: ShardConfig, max_size: int) -> AsyncConnectionPool:
         # rows by key or key range, so one plan suits every parameter.
         await conn.execute("SET plan_cache_mode = force_generic_plan")
 
-    pool = LastInFirstOutPool(
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in conninfo_to_dict(config.dsn):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    pool = ShardPool(
         config.dsn,
+        shard=config.name,
         min_size=1,
         max_size=max_size,
-        kwargs={"autocommit": True},
+        kwargs=kwargs,
         configure=configure,
         name=f"shoal-{config.name}",
+        timeout=CONNECTION_WAIT_SECONDS,
         open=False,
     )
     await pool.open(wait=True)

@@ -206,7 +206,7 @@ class Uploads(Component):
         key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
 
         async def attempt() -> PutResult:
-            async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            async with self.shards.of_vnode(vnode).pool.transaction() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(render(queries.TAKE_UPLOAD, vnode), key)
                 if not await cur.fetchall():
@@ -241,7 +241,7 @@ class Uploads(Component):
         key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
 
         async def attempt() -> int:
-            async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            async with self.shards.of_vnode(vnode).pool.transaction() as conn:
                 cur = conn.cursor()
                 await cur.execute(render(queries.TAKE_UPLOAD, vnode), key)
                 if not await cur.fetchall():

@@ -6,7 +6,14 @@ from __future__ import annotations
 import re
 import uuid
 
-from shoal.metadata import PartWrite
+from shoal.metadata import (
+    CommitUnknown,
+    MetadataError,
+    ObjectNotFound,
+    ObjectVersion,
+    PartWrite,
+    UploadNotFound,
+)
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
@@ -114,8 +121,10 @@ async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: paylo
     )
     try:
         await call.store.uploads.put_part(call.account, call.bucket, call.key, upload, part)
-    except BaseException:
-        await payload.discard(call.data, stored.version_id, stored.result)
+    except MetadataError as exc:
+        # Only a part known not to be recorded drops its blocks (as objects._commit).
+        if not isinstance(exc, CommitUnknown):
+            await payload.discard(call.data, stored.version_id, stored.result)
         raise
 
 
@@ -152,14 +161,22 @@ async def complete_multipart_upload(call: Call) -> http.Response:
         chosen.append((number, md5))
     if not chosen:
         raise MalformedXML("CompleteMultipartUpload names no parts")
-    await call.store.uploads.complete(
-        call.account,
-        call.bucket,
-        call.key,
-        upload_id(call),
-        chosen,
-        **conditional_write(call),  # type: ignore[arg-type]
-    )
+    completing = upload_id(call)
+    try:
+        await call.store.uploads.complete(
+            call.account,
+            call.bucket,
+            call.key,
+            completing,
+            chosen,
+            **conditional_write(call),  # type: ignore[arg-type]
+        )
+    except UploadNotFound:
+        # A retry of a completion that committed but whose answer was lost (CommitUnknown, a
+        # 503): the upload is gone and the live object is what it made. Same answer again.
+        version = await _live_version(call)
+        if version is None or version.properties.get("upload_id") != str(completing):
+            raise
     version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
     body = s3xml.document(
         "CompleteMultipartUploadResult",
@@ -171,6 +188,13 @@ async def complete_multipart_upload(call: Call) -> http.Response:
         },
     )
     return http.Response(body=body, content_type=XML)
+
+
+async def _live_version(call: Call) -> ObjectVersion | None:
+    try:
+        return await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
+    except ObjectNotFound:
+        return None
 
 
 @handles(Endpoint.AbortMultipartUpload)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from shoal.metadata import BucketNotFound, InvalidName, ObjectVersion, ObjectWrite
+from shoal.metadata import (
+    BucketNotFound,
+    CommitUnknown,
+    InvalidName,
+    MetadataError,
+    ObjectVersion,
+    ObjectWrite,
+)
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
@@ -98,13 +105,20 @@ def _object_write(
 
 
 async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> None:
-    """Commit the row that makes the stored blocks visible; if it fails, drop the blocks."""
+    """Commit the row that makes the stored blocks visible.
+
+    The blocks are dropped only when the row is known not to have committed: the metadata
+    tier refused the write (a MetadataError other than CommitUnknown). After anything else (the
+    answer lost with the connection, an unexpected error, the client gone) the row may name
+    them, and dropping them would leave a row whose every GET fails: they stay, and
+    `shoal pipeline orphans` finds them if no row names them."""
     try:
         await call.store.objects.put(
             call.account, call.bucket, call.key, write, **conditional_write(call)
         )  # type: ignore[arg-type]
-    except BaseException:
-        await payload.discard(call.data, stored.version_id, stored.result)
+    except MetadataError as exc:
+        if not isinstance(exc, CommitUnknown):
+            await payload.discard(call.data, stored.version_id, stored.result)
         raise
 
 

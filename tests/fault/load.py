@@ -57,7 +57,8 @@ class _KeyState:
 class MixedLoad:
     """`threads` clients doing PUT, GET and DELETE on their own keys until stopped, at most
     `max_requests` each and never past `max_seconds`. `make_client(**botocore_config)` makes
-    a boto3 client that does not retry (Served.raw_client does)."""
+    a boto3 client with that configuration (Served.raw_client does); the load asks it for no
+    retries, so that each outcome is the answer to one request."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class MixedLoad:
         max_seconds: float = 60.0,
         keys_per_thread: int = 12,
         seed: int = 7,
+        pause_after_failure: float = 0.05,
     ) -> None:
         self.make_client = make_client
         self.bucket = bucket
@@ -76,6 +78,9 @@ class MixedLoad:
         self.max_seconds = max_seconds
         self.keys_per_thread = keys_per_thread
         self.seed = seed
+        # A client that was refused waits a little, as one would: an outage of a few seconds
+        # then spends tens of requests of `max_requests`, not hundreds.
+        self.pause_after_failure = pause_after_failure
         self.outcomes: list[Outcome] = []
         self.keys: dict[str, _KeyState] = {}
         self.violations: list[str] = []  # reads that saw what the key may not hold
@@ -84,6 +89,8 @@ class MixedLoad:
         self._workers: list[threading.Thread] = []
 
     def start(self) -> MixedLoad:
+        # Twice would run two threads on each thread's keys, and the ledger would be wrong.
+        assert not self._workers, "the load was started already (`with load:` starts it)"
         for index in range(self.threads):
             worker = threading.Thread(target=self._run, args=(index,), daemon=True)
             worker.start()
@@ -133,7 +140,9 @@ class MixedLoad:
     def _run(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
         # No retries: each request's fate is recorded as the client first saw it.
-        client = self.make_client(connect_timeout=5, read_timeout=10)
+        client = self.make_client(
+            connect_timeout=5, read_timeout=10, retries={"total_max_attempts": 1}
+        )
         keys = [f"load-{index}/{n:03d}" for n in range(self.keys_per_thread)]
         with self._lock:
             for key in keys:
@@ -165,10 +174,11 @@ class MixedLoad:
             if found and found not in state.possible:
                 with self._lock:
                     self.violations.append(f"GET {key} read {found}, not a value it may hold")
+        outcome = Outcome(op, key, started, time.monotonic() - started, status, error)
         with self._lock:
-            self.outcomes.append(
-                Outcome(op, key, started, time.monotonic() - started, status, error)
-            )
+            self.outcomes.append(outcome)
+        if outcome.failed and not _expected_miss(outcome):
+            time.sleep(self.pause_after_failure)
 
 
 def _get(client: Any, bucket: str, key: str) -> tuple[int | None, str, str]:

@@ -1,0 +1,92 @@
+"""A `shoal serve` of a fault test's own (the session's `served` must never be broken), and
+what a test reads of it afterwards: the block files on its nodes, the versions its rows name."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from shoal.children import preexec_die_with_parent
+from shoal.ports import free_port
+from tests.fixtures.serve import SHOAL, Keys, Served, read_banner
+
+# Every version id a shard's rows name: live objects, their parts, open uploads' parts and
+# deletion records (what `shoal pipeline orphans` counts as referenced).
+_NAMED = """
+SELECT id FROM {schema}.manta_bucket_object
+UNION ALL SELECT (p->>'id')::uuid FROM {schema}.manta_bucket_object,
+    jsonb_array_elements(properties->'parts') AS p
+UNION ALL SELECT id FROM {schema}.manta_bucket_deleted_object
+UNION ALL SELECT id FROM {schema}.manta_bucket_upload_part
+"""
+
+
+@contextlib.contextmanager
+def own_serve(folder: Path, config: str = "") -> Iterator[Served]:
+    """`shoal serve` with its data directory in `folder` and `config` added to its
+    configuration file; stopped (SIGINT) at the end."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config_file = folder / "shoal.toml"
+    config_file.write_text(f'data_dir = "data"\n{config}\n')
+    port = free_port()
+    log = folder / "serve.log"
+    with (
+        open(log, "w") as stderr,
+        subprocess.Popen(
+            [SHOAL, "serve", "--config", str(config_file), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            preexec_fn=preexec_die_with_parent(),
+        ) as process,
+    ):
+        try:
+            banner = read_banner(process)
+            root = Keys(
+                re.search(r"access key id\s+(\S+)", banner)[1],  # type: ignore[index]
+                re.search(r"secret access key\s+(\S+)", banner)[1],  # type: ignore[index]
+            )
+            yield Served(
+                endpoint=f"http://127.0.0.1:{port}",
+                port=port,
+                pid=process.pid,
+                data_dir=folder / "data",
+                log=log,
+                root=root,
+                other=root,
+            )
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def block_versions(data_dir: Path) -> set[uuid.UUID]:
+    """The versions with a block file on any of the serve's local nodes."""
+    files = (data_dir / "nodes").glob("*/blocks/*/*")
+    return {uuid.UUID(f.name.split(".")[0]) for f in files}
+
+
+def named_versions(dsn: str) -> set[uuid.UUID]:
+    """The versions the rows of a shard name (every vnode schema of its database)."""
+    named: set[uuid.UUID] = set()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schemas = [
+            row[0]
+            for row in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'manta\\_bucket\\_%'"
+            )
+        ]
+        for schema in schemas:
+            named.update(row[0] for row in conn.execute(_NAMED.format(schema=schema)))
+    return named
