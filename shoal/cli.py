@@ -187,7 +187,9 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 
             shoal.loop.run(
                 _run_until_stopped(
-                    lambda stop: run_gateway(config, shards, port, stop, on_ready=ready)
+                    lambda stop: run_gateway(
+                        config, shards, port, stop, on_ready=ready, local_nodes=nodes
+                    )
                 )
             )
         finally:

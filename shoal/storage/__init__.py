@@ -9,6 +9,7 @@ from shoal.storage.client import (
     NodeRefused,
     NodeStatus,
     NodeUnavailable,
+    NodeUnreachable,
 )
 from shoal.storage.datapath import (
     DEFAULT_BLOCK_SIZE,
@@ -17,6 +18,7 @@ from shoal.storage.datapath import (
     DataUnavailable,
     DeleteOutcome,
     NodeDirectory,
+    ReplicasUnreachable,
     StorageUnavailable,
     WriteResult,
     block_runs,
@@ -43,6 +45,8 @@ __all__ = [
     "NodeServer",
     "NodeStatus",
     "NodeUnavailable",
+    "NodeUnreachable",
+    "ReplicasUnreachable",
     "StorageUnavailable",
     "WriteResult",
     "block_name",
