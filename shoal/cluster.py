@@ -227,13 +227,21 @@ class _LocalNode:
     restart_at: float | None = None  # when a node that exited is started again
 
 
+def _restart_pause(quick_exits: int) -> float:
+    """0 s after a node's first exit, then 1, 2, 4, ... up to the maximum while it keeps
+    exiting soon after each start."""
+    if quick_exits <= 1:
+        return 0.0
+    return min(NODE_RESTART_MAX_PAUSE, 2.0 ** (quick_exits - 2))
+
+
 class LocalNodes:
     """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes.
 
     A node that exits (a crash, `kill -9`, the OOM killer) is reaped and started again on its
     folder and port by `restart_dead`, which the serve loop calls every second: at once the
-    first time, then after a pause that doubles (up to a minute) while it keeps exiting soon
-    after each start, so that a node that cannot start does not spin.
+    first time, then after a pause that doubles (1 s, 2 s, ... up to a minute) while it keeps
+    exiting soon after each start, so that a node that cannot start does not spin.
     """
 
     def __init__(self, config: Config, config_args: list[str]) -> None:
@@ -264,9 +272,8 @@ class LocalNodes:
                     continue
                 lived = now - node.started_at
                 node.quick_exits = node.quick_exits + 1 if lived < NODE_STEADY_SECONDS else 0
-                pause = min(NODE_RESTART_MAX_PAUSE, 2.0 ** (node.quick_exits - 1))
-                pause = pause if node.quick_exits else 0.0
-                node.restart_at = now + pause
+                node.restart_at = now + _restart_pause(node.quick_exits)
+                pause = node.restart_at - now
                 log.error(
                     "storage node %s exited with %s after %.0f s; restarting it in %.0f s",
                     node.name,
