@@ -395,11 +395,10 @@ class _VersionWriter:
             )
         self.replicas.remove(failed)
         log.warning(
-            "replica %s failed and no other node is left: version %s goes on with %d cop%s",
+            "replica %s failed and no other node is left: version %s goes on with %d replica(s)",
             failed.shark,
             self.version_id,
             len(self.replicas),
-            "y" if len(self.replicas) == 1 else "ies",
         )
 
     async def _fill_replacements(self) -> None:
