@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.fault.load import MixedLoad, iter_failures, statuses, wait_until
@@ -41,12 +42,12 @@ def tree(admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         tree.stop()
 
 
-def mixed_load(tree: ServeTree, max_seconds: float = 40) -> MixedLoad:
+def mixed_load(tree: ServeTree, max_seconds: float = 40, threads: int = THREADS) -> MixedLoad:
     """A load on a bucket of its own (the ledger knows only what this load wrote)."""
     bucket = unique("kills")
     tree.client().create_bucket(Bucket=bucket)
     return MixedLoad(
-        tree.client, bucket, threads=THREADS, max_requests=2000, max_seconds=max_seconds
+        tree.client, bucket, threads=threads, max_requests=2000, max_seconds=max_seconds
     )
 
 
@@ -69,29 +70,36 @@ def test_every_listening_socket_keeps_its_backlog(tree: ServeTree) -> None:
 
 def test_a_killed_gateway_worker_costs_only_its_requests_in_flight(tree: ServeTree) -> None:
     (worker,) = tree.gateway_workers()
-    load = mixed_load(tree)
+    # Each client keeps one connection, taken by whichever gateway process accepted it first:
+    # with 8, the worker holds some of them but for a chance of 1 in 256.
+    load = mixed_load(tree, threads=2 * THREADS)
     with load:
-        busy_before = sum(worker.cpu_times()[:2])
         load.wait_for_requests(100)
-        assert sum(worker.cpu_times()[:2]) > busy_before, "the worker served none of the load"
-        killed_at = time.monotonic()
+        held = [
+            c
+            for c in worker.net_connections("tcp")
+            if c.laddr.port == tree.port and c.status == psutil.CONN_ESTABLISHED
+        ]
+        assert held, "the worker holds none of the clients' connections"
         os.kill(worker.pid, signal.SIGKILL)
+        wait_until(lambda: gone(worker), 5, interval=0.01)
+        dead_at = time.monotonic()  # its sockets are closed: a client sees it from now on
         _, seconds = wait_for_new_process(lambda: tree.gateway_workers()[0], worker.pid)
         assert seconds < RESTART_SECONDS
         load.wait_for_requests(200)
-    after = [o for o in load.outcomes if o.started > killed_at]
-    # The requests that fail are the ones the killed process was serving: each client thread
-    # had at most one in flight, and only one started before the kill can have been on it.
-    # A kept-alive connection it held but was not using is found closed and replaced by the
-    # client before its next request. Nothing else fails: new connections wait in the
-    # listening socket's queue for the parent gateway process.
+    after = [o for o in load.outcomes if o.started > dead_at]
+    # The requests that fail are the ones sent on the connections the killed process held,
+    # before its sockets were closed: a connection carries one request at a time, and after
+    # the close a client finds the connection closed and opens another before it sends. So:
+    # at most one per connection it held, each a connection error (no status). Nothing else
+    # fails: new connections wait in the listening socket's queue for the parent process.
     failures = load.failures()
-    assert len(failures) <= THREADS, list(iter_failures(load))
-    assert all(f.status is None and f.started <= killed_at for f in failures), list(
+    assert len(failures) <= len(held), list(iter_failures(load))
+    assert all(f.status is None and f.started <= dead_at for f in failures), list(
         iter_failures(load)
     )
     slowest = max(o.seconds for o in after)
-    assert slowest < 3, f"a request after the kill took {slowest:.1f} s"
+    assert slowest < 5, f"a request after the kill took {slowest:.1f} s"
     load.verify(tree.client())
 
 
@@ -166,6 +174,14 @@ def test_a_killed_serve_tree_restarts_with_503s_until_ready_and_loses_nothing(
     assert not late, statuses(late)
     assert any(o.started > killed_at and not o.failed for o in load.outcomes)
     load.verify(tree.client())
+
+
+def gone(process: psutil.Process) -> bool:
+    """Exited (a zombie until its parent reaps it)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def head_status(client: object) -> int | None:
