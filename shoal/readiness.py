@@ -96,7 +96,7 @@ class Readiness:
         except Exception as exc:  # a shard or the registry failed: not ready, say why
             reason = f"the check failed: {exc!r}"
         if reason is None and not self.ready:
-            log.warning("gateway ready")
+            log.info("gateway ready")
         elif reason is not None and self.ready:
             log.warning("gateway not ready: %s", reason)
         self.ready = reason is None
