@@ -9,9 +9,11 @@ node it cannot reach, or a hang.
 
 A request to a ready gateway only reads a flag: the state is checked in the background,
 every second, each check bounded in time so that a shard or node that hangs counts as one
-that is down. A request to a gateway that is not ready has the state checked again (one check
-shared by the requests that arrive meanwhile, at most ten a second, waited for half a second
-at most): a gateway serves as soon as it can, not up to a second later.
+that is down. A request to a gateway that is not ready has the state checked again first, so
+that a gateway serves as soon as it can rather than up to a second later. That check is
+shared by the requests that arrive meanwhile, made at most ten times a second, and waited
+for a fifth of a second at most: when shards and nodes answer it takes milliseconds, and a
+shard or node that hangs must not hold every request.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ READY_CHECK_SECONDS = 1.0
 # While not ready, a request has the state checked again if the last check is older than
 # this, and waits this long at most for that check.
 RECHECK_SECONDS = 0.1
-CONFIRM_SECONDS = 0.5
+CONFIRM_SECONDS = 0.2
 # A shard or node that does not answer within this is one that is down, for this check.
 ANSWER_SECONDS = 1.0
 # A check that takes longer than this finds the gateway not ready.
