@@ -27,7 +27,7 @@ from datetime import timedelta
 
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import StorageNode
-from shoal.storage import BlockClient, NodeError
+from shoal.storage import BlockClient
 
 log = logging.getLogger("shoal")
 
@@ -134,7 +134,7 @@ async def answering_nodes(client: BlockClient, nodes: Sequence[StorageNode]) -> 
         try:
             async with asyncio.timeout(ANSWER_SECONDS):
                 return (await client.status(node.url)).shark == node.shark
-        except (NodeError, TimeoutError):
+        except Exception:  # refused, timed out, an address it cannot use: not answering
             return False
 
     answered = await asyncio.gather(*(answers(n) for n in nodes))
