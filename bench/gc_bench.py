@@ -352,7 +352,7 @@ async def collect(bench: Bench, cap: float) -> tuple[Any, bool]:
     async with await MetadataStore.open([bench.shard], 10) as store:
         client = BlockClient(bench.secret)
         try:
-            data = DataPath(client, RegistryDirectory(store, HEARTBEAT_DEADLINE))
+            data = DataPath(client, RegistryDirectory(store, HEARTBEAT_DEADLINE, client))
             collector = Collector(store, data, timedelta(0))
             try:
                 return await asyncio.wait_for(collector.run_once(), cap), True

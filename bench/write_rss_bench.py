@@ -277,7 +277,7 @@ async def benchmark(
     try:
         await wait_until_serving(client, cluster.nodes)
         await wait_until_registered(store, cluster.nodes)
-        directory = RegistryDirectory(store, HEARTBEAT_DEADLINE)
+        directory = RegistryDirectory(store, HEARTBEAT_DEADLINE, client)
         path = DataPath(client, directory, block_size=BLOCK_SIZE, replicas=REPLICAS)
         await path.write(uuid7(), Content.random(4 * MiB).stream(args.chunk_kib * KiB))  # warm-up
         version = uuid7()

@@ -197,7 +197,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 
             async def serve(stop: asyncio.Event) -> None:
                 async with _supervised_postgres(config, stop):
-                    await run_gateway(config, shards, port, stop, on_ready=ready)
+                    await run_gateway(config, shards, port, stop, on_ready=ready, local_nodes=nodes)
 
             shoal.loop.run(_run_until_stopped(serve))
         finally:

@@ -25,14 +25,13 @@ from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.metadata import AccountNotFound, InvalidName, MetadataError, MetadataStore
-from shoal.metadata.nodes import StorageNode
 from shoal.ports import free_port
+from shoal.readiness import Readiness, answering_nodes
 from shoal.storage import (
     BlockClient,
     BlockStore,
     DataPath,
     Node,
-    NodeError,
     NodeIdentity,
     NodeServer,
 )
@@ -47,43 +46,108 @@ log = logging.getLogger("shoal")
 
 # How long a writer trusts its view of the registry before reading it again.
 REGISTRY_REFRESH_SECONDS = 2.0
+# How often a node marked unreachable is asked whether it answers again (and how long for).
+PROBE_SECONDS = 1.0
 # Below this free space a node is not offered new blocks (it also refuses them itself).
 MIN_FREE_BYTES = 256 * 1024 * 1024
 # How often `shoal serve` makes sure the deleted-table windows ahead of now exist.
 WINDOW_MAINTENANCE_SECONDS = 600.0
 WINDOW_RETRY_SECONDS = 10.0
-# How often `shoal serve` looks for a gateway worker process that died, to restart it.
-WORKER_CHECK_SECONDS = 2.0
+# How often `shoal serve` looks for a gateway worker or local storage node that died, to
+# restart it.
+WORKER_CHECK_SECONDS = 1.0
+# A local storage node that exits sooner than this after its start is restarted after a
+# pause, doubled each time in a row, up to the maximum.
+NODE_STEADY_SECONDS = 30.0
+NODE_RESTART_MAX_PAUSE = 60.0
 ROOT_ACCOUNT = "root"
 # How long `shoal serve` waits for its local storage nodes' first heartbeat.
 NODE_START_SECONDS = 60
 
 
 class RegistryDirectory:
-    """The data path's view of the storage node registry, refreshed every few seconds."""
+    """The data path's view of the storage node registry, refreshed every few seconds.
 
-    def __init__(self, store: MetadataStore, deadline: timedelta) -> None:
+    A node that refused or dropped a connection is marked unreachable at once: it gets no new
+    blocks (and reads ask it last) from then on, not only once its heartbeat is older than
+    the deadline, which takes up to `heartbeat_deadline` of failed requests. A marked node is
+    probed (its /status) about every second in the background and becomes choosable again
+    as soon as it answers.
+    """
+
+    def __init__(self, store: MetadataStore, deadline: timedelta, client: BlockClient) -> None:
         self.store = store
         self.deadline = deadline
+        self.client = client
         self._writable: list[Node] = []
         self._urls: dict[str, str] = {}
         self._read_at = 0.0
+        self._unreachable: set[str] = set()
+        self._probing: asyncio.Task[None] | None = None
+        self._probed_at = 0.0
 
     async def writable_nodes(self) -> list[Node]:
         await self._refresh()
-        if not self._writable:
+        if not self._reachable(self._writable):
             await self._refresh(force=True)  # a node may have joined since the last read
-        return list(self._writable)
+        return self._reachable(self._writable)
 
     async def url_of(self, shark: str) -> str | None:
         await self._refresh()
         if shark not in self._urls:
             await self._refresh(force=True)
+        self._probe_when_due()
         return self._urls.get(shark)
 
     async def registered_count(self) -> int:
         await self._refresh()
         return len(self._urls)
+
+    def mark_unreachable(self, shark: str) -> None:
+        if shark not in self._unreachable:
+            log.warning(
+                "storage node %s did not answer; no new blocks go there until it does", shark
+            )
+            self._unreachable.add(shark)
+
+    def unreachable(self, shark: str) -> bool:
+        return shark in self._unreachable
+
+    def _reachable(self, nodes: list[Node]) -> list[Node]:
+        self._probe_when_due()
+        return [n for n in nodes if n.shark not in self._unreachable]
+
+    def _probe_when_due(self) -> None:
+        """Start probing the marked nodes, unless a probe runs or ran less than a second ago
+        (called by the coroutines above, in the loop the probe runs in)."""
+        if not self._unreachable or self._probing is not None:
+            return
+        if time.monotonic() - self._probed_at < PROBE_SECONDS:
+            return
+        self._probed_at = time.monotonic()
+        self._probing = asyncio.ensure_future(self._probe())
+
+    async def _probe(self) -> None:
+        try:
+            answered = await asyncio.gather(
+                *(self._answers(shark) for shark in list(self._unreachable))
+            )
+            for shark, answers in answered:
+                if answers:
+                    log.warning("storage node %s answers again", shark)
+                    self._unreachable.discard(shark)
+        finally:
+            self._probing = None
+
+    async def _answers(self, shark: str) -> tuple[str, bool]:
+        url = self._urls.get(shark)
+        if url is None:  # gone from the registry: nothing to offer it anyway
+            return shark, True
+        try:
+            async with asyncio.timeout(PROBE_SECONDS):
+                return shark, (await self.client.status(url)).shark == shark
+        except Exception:  # any failure is a node that does not answer yet
+            return shark, False
 
     async def _refresh(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:
@@ -109,7 +173,7 @@ def data_path(config: Config, store: MetadataStore) -> DataPath:
     client = BlockClient(load_or_create_secret(config.secret_file), tls_ca=config.storage.tls_ca)
     return DataPath(
         client,
-        RegistryDirectory(store, config.storage.heartbeat_deadline),
+        RegistryDirectory(store, config.storage.heartbeat_deadline, client),
         block_size=config.storage.block_size,
         replicas=config.storage.replicas or None,
     )
@@ -180,53 +244,107 @@ def _server_tls(config: Config) -> ServerFiles | None:
     return ServerFiles(cert, key) if cert is not None and key is not None else None
 
 
+@dataclass
+class _LocalNode:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    quick_exits: int = 0  # exits in a row, each soon after its start
+    restart_at: float | None = None  # when a node that exited is started again
+
+
+def _restart_pause(quick_exits: int) -> float:
+    """0 s after a node's first exit, then 1, 2, 4, ... up to the maximum while it keeps
+    exiting soon after each start."""
+    if quick_exits <= 1:
+        return 0.0
+    return min(NODE_RESTART_MAX_PAUSE, 2.0 ** (quick_exits - 2))
+
+
 class LocalNodes:
-    """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes."""
+    """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes.
+
+    A node that exits (a crash, `kill -9`, the OOM killer) is reaped and started again on its
+    folder and port by `restart_dead`, which the serve loop calls every second: at once the
+    first time, then after a pause that doubles (1 s, 2 s, ... up to a minute) while it keeps
+    exiting soon after each start, so that a node that cannot start does not spin.
+    """
 
     def __init__(self, config: Config, config_args: list[str]) -> None:
         self.config = config
         self.config_args = config_args
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.nodes: list[_LocalNode] = []
 
     def start(self) -> list[str]:
-        urls = []
+        """Start the nodes (from the main thread: they die with it, see children.py)."""
+        lines = []
         for index in range(self.config.storage.local_nodes):
-            name = f"node{index}"
-            port = free_port()
-            command = [
-                sys.executable,
-                "-m",
-                "shoal.cli",
-                "storage-node",
-                "--dir",
-                str(self.config.data_dir / "nodes" / name),
-                "--port",
-                str(port),
-                "--name",
-                name,
-                "--datacenter",
-                self.config.storage.datacenter,
-                *self.config_args,
-            ]
-            self.children.append(
-                subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
-                )
-            )
+            node = _LocalNode(name=f"node{index}", port=free_port())
+            self._launch(node)
+            self.nodes.append(node)
             scheme = "https" if self.config.storage.tls_cert else "http"
-            urls.append(f"{self.config.storage.datacenter}:{name} {scheme}://127.0.0.1:{port}")
-        return urls
+            lines.append(
+                f"{self.config.storage.datacenter}:{node.name} {scheme}://127.0.0.1:{node.port}"
+            )
+        return lines
+
+    def restart_dead(self) -> None:
+        """Reap any node that exited and start it again, now or after its back-off."""
+        now = time.monotonic()
+        for node in self.nodes:
+            if node.restart_at is None:
+                assert node.process is not None
+                code = node.process.poll()  # reaps it
+                if code is None:
+                    continue
+                lived = now - node.started_at
+                node.quick_exits = node.quick_exits + 1 if lived < NODE_STEADY_SECONDS else 0
+                node.restart_at = now + _restart_pause(node.quick_exits)
+                pause = node.restart_at - now
+                log.error(
+                    "storage node %s exited with %s after %.0f s; restarting it in %.0f s",
+                    node.name,
+                    code,
+                    lived,
+                    pause,
+                )
+            if now >= node.restart_at:
+                self._launch(node)
 
     def stop(self) -> None:
-        for child in self.children:
+        children = [n.process for n in self.nodes if n.process is not None]
+        for child in children:
             if child.poll() is None:
                 child.terminate()
-        for child in self.children:
+        for child in children:
             try:
                 child.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+    def _launch(self, node: _LocalNode) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "storage-node",
+            "--dir",
+            str(self.config.data_dir / "nodes" / node.name),
+            "--port",
+            str(node.port),
+            "--name",
+            node.name,
+            "--datacenter",
+            self.config.storage.datacenter,
+            *self.config_args,
+        ]
+        node.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
+        )
+        node.started_at = time.monotonic()
+        node.restart_at = None
 
 
 async def run_gateway(
@@ -235,11 +353,13 @@ async def run_gateway(
     port: int,
     stop: asyncio.Event,
     on_ready: Callable[[KeyPair], None] | None = None,
+    local_nodes: LocalNodes | None = None,
 ) -> None:
     """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon,
     re-replication and the upkeep of deleted-table windows beside it, in this process and
     `s3.workers - 1` more (the gateway keeps no state of its own between requests, so any
-    process can serve any request; GC, re-replication and upkeep run here only)."""
+    process can serve any request; GC, re-replication and upkeep run here only). Worker
+    processes and `local_nodes` that die are started again."""
     from shoal.gc import Collector
     from shoal.replication import Rereplicator
 
@@ -268,6 +388,8 @@ async def run_gateway(
             upkeep_due = 0.0
             while not stop.is_set():
                 workers.restart_dead()
+                if local_nodes is not None:
+                    local_nodes.restart_dead()
                 if time.monotonic() >= upkeep_due:
                     wait = await keep_windows(store, config.metadata.partitions_ahead)
                     upkeep_due = time.monotonic() + wait
@@ -301,16 +423,22 @@ async def _serving_gateway(
 
     credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
     path = data_path(config, store)
-    gateway = Gateway(store=store, data=path, credentials=credentials, config=config.s3)
-    server = await http.serve(
-        make_handler(gateway), sock, head_seconds=config.s3.request_head_seconds
+    readiness = Readiness(
+        store, path.client, config.storage.heartbeat_deadline, config.storage.replicas or None
     )
-    shoal.loop.settle_heap()
-    try:
-        yield credentials, path
-    finally:
-        await server.close()
-        await path.client.close()
+    gateway = Gateway(
+        store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness
+    )
+    async with readiness.checking():
+        server = await http.serve(
+            make_handler(gateway), sock, head_seconds=config.s3.request_head_seconds
+        )
+        shoal.loop.settle_heap()
+        try:
+            yield credentials, path
+        finally:
+            await server.close()
+            await path.client.close()
 
 
 def _serve_gateway(
@@ -343,20 +471,10 @@ async def wait_for_nodes(
     give_up = time.monotonic() + NODE_START_SECONDS
     while time.monotonic() < give_up:
         alive = [n for n in await store.nodes.list(deadline) if n.alive]
-        if len(alive) >= count and sum(await _answering(client, alive)) >= count:
+        if len(alive) >= count and len(await answering_nodes(client, alive)) >= count:
             return
         await asyncio.sleep(0.1)
     log.warning("only some storage nodes registered within %d s", NODE_START_SECONDS)
-
-
-async def _answering(client: BlockClient, nodes: Sequence[StorageNode]) -> list[bool]:
-    async def answers(node: StorageNode) -> bool:
-        try:
-            return (await client.status(node.url)).shark == node.shark
-        except NodeError:
-            return False
-
-    return list(await asyncio.gather(*(answers(n) for n in nodes)))
 
 
 async def root_keys(credentials: Credentials) -> KeyPair:

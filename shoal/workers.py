@@ -29,6 +29,10 @@ log = logging.getLogger("shoal")
 
 _CONTEXT = multiprocessing.get_context("spawn")
 STOP_SECONDS = 20
+# Connections the kernel queues for a listening socket before anyone accepts them. The
+# default of servers (asyncio's 100) overflows in the second a worker is down under load,
+# and a connection dropped there is retried by its client only after a second or more.
+LISTEN_BACKLOG = 1024
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -42,7 +46,7 @@ def stop_on_signals() -> asyncio.Event:
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A service's one listening socket, shared by its processes."""
-    return socket.create_server((host, port), backlog=1024)
+    return socket.create_server((host, port), backlog=LISTEN_BACKLOG)
 
 
 class WorkerProcesses:

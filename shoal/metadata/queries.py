@@ -830,3 +830,6 @@ GET_LIFECYCLE = "SELECT rules FROM shoal.bucket_lifecycle WHERE bucket_id = %(bu
 DELETE_LIFECYCLE = "DELETE FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucket_id)s"
 
 ALL_LIFECYCLES = "SELECT bucket_id, owner, bucket, rules FROM shoal.bucket_lifecycle"
+
+# Does the shard answer? (a gateway's readiness)
+PING = "SELECT 1"

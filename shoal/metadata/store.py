@@ -10,11 +10,16 @@ await store.close()
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
 
+import psycopg
+from psycopg_pool import PoolTimeout
+
 from shoal.config import ShardConfig
+from shoal.metadata import queries
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
 from shoal.metadata.garbage import Garbage, GarbageBook
@@ -24,7 +29,7 @@ from shoal.metadata.objects import Objects
 from shoal.metadata.partitions import ensure_windows, window_width
 from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
-from shoal.metadata.shards import ShardSet
+from shoal.metadata.shards import Shard, ShardSet
 from shoal.metadata.uploads import Uploads
 
 
@@ -60,6 +65,21 @@ class MetadataStore:
             async with shard.pool.connection() as conn:
                 created += await ensure_windows(conn, shard.vnodes, await window_width(conn), ahead)
         return created
+
+    async def silent_shards(self, timeout: float) -> list[str]:
+        """The shards that do not answer a trivial statement within `timeout` seconds."""
+
+        async def answers(shard: Shard) -> bool:
+            try:
+                async with asyncio.timeout(timeout), shard.statement_connection() as conn:
+                    await conn.execute(queries.PING)
+                return True
+            except (psycopg.Error, PoolTimeout, OSError):  # TimeoutError is an OSError
+                return False
+
+        shards = list(self.shards.shards.values())
+        answered = await asyncio.gather(*(answers(shard) for shard in shards))
+        return [shard.name for shard, yes in zip(shards, answered, strict=True) if not yes]
 
     async def close(self) -> None:
         await self.shards.close()

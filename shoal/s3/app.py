@@ -22,6 +22,7 @@ from shoal import logs
 from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
+from shoal.readiness import Readiness
 from shoal.s3 import http, sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import (
@@ -31,6 +32,7 @@ from shoal.s3.errors import (
     MaxMessageLengthExceeded,
     RequestTimeout,
     S3Error,
+    ServiceUnavailable,
     by_code,
     from_domain,
 )
@@ -63,6 +65,7 @@ class Gateway:
     data: DataPath
     credentials: Credentials
     config: S3Config
+    readiness: Readiness | None = None  # None: always ready (a gateway in a test)
 
 
 @dataclass
@@ -141,6 +144,9 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
     started = time.monotonic()
     call: Call | None = None
     try:
+        readiness = gateway.readiness
+        if readiness is not None and not readiness.ready and not await readiness.confirm():
+            raise ServiceUnavailable()  # starting, or a shard or the nodes are out of reach
         call = await _authenticated_call(gateway, request, request_id)
         try:
             response = await HANDLERS[call.endpoint](call)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shoal import metadata
-from shoal.storage import DataUnavailable, StorageUnavailable
+from shoal.storage import DataUnavailable, ReplicasUnreachable, StorageUnavailable
 
 
 class S3Error(Exception):
@@ -274,6 +274,7 @@ _DOMAIN: dict[type[Exception], type[S3Error]] = {
     metadata.MetadataUnavailable: ServiceUnavailable,
     metadata.CommitUnknown: ServiceUnavailable,
     StorageUnavailable: ServiceUnavailable,
+    ReplicasUnreachable: ServiceUnavailable,  # a DataUnavailable whose replicas may be whole
     DataUnavailable: InternalError,
 }
 

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 import httptools
 
 from shoal import httpdate
+from shoal.workers import LISTEN_BACKLOG
 
 log = logging.getLogger("shoal.http")
 
@@ -668,7 +669,11 @@ class Server:
         self._listeners: list[asyncio.AbstractServer] = []
 
     async def listen(self, sock: socket.socket) -> None:
-        listener = await self.loop.create_server(lambda: _Connection(self), sock=sock)
+        # create_server listens on `sock` again, with its own backlog unless told the
+        # socket's: every worker process does so on the one shared socket.
+        listener = await self.loop.create_server(
+            lambda: _Connection(self), sock=sock, backlog=LISTEN_BACKLOG
+        )
         self._listeners.append(listener)
 
     async def close(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:

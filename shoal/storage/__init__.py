@@ -10,6 +10,7 @@ from shoal.storage.client import (
     NodeRefused,
     NodeStatus,
     NodeUnavailable,
+    NodeUnreachable,
 )
 from shoal.storage.datapath import (
     DEFAULT_BLOCK_SIZE,
@@ -18,6 +19,7 @@ from shoal.storage.datapath import (
     DataUnavailable,
     DeleteOutcome,
     NodeDirectory,
+    ReplicasUnreachable,
     StorageUnavailable,
     WriteResult,
     block_runs,
@@ -45,6 +47,8 @@ __all__ = [
     "NodeServer",
     "NodeStatus",
     "NodeUnavailable",
+    "NodeUnreachable",
+    "ReplicasUnreachable",
     "StorageUnavailable",
     "WriteResult",
     "block_name",

@@ -51,6 +51,11 @@ class NodeUnavailable(NodeError):
     """Connection refused or reset, a timeout, or a 5xx."""
 
 
+class NodeUnreachable(NodeUnavailable):
+    """No whole answer came: the connection was refused, reset or timed out (a node that is
+    down, or stopped in the middle of a request), as opposed to a node that answered 5xx."""
+
+
 class BlockMissing(NodeError):
     pass
 
@@ -457,12 +462,12 @@ class _Response:
             except _BROKEN as exc:
                 raise self._broken(exc) from None
             if not chunk:
-                raise NodeUnavailable(self.node, f"{self.where}: the body ended early")
+                raise NodeUnreachable(self.node, f"{self.where}: the body ended early")
             self.remaining -= len(chunk)
             yield chunk
 
-    def _broken(self, exc: BaseException) -> NodeUnavailable:
-        return NodeUnavailable(self.node, f"{self.where}: reading the body: {exc!r}")
+    def _broken(self, exc: BaseException) -> NodeUnreachable:
+        return NodeUnreachable(self.node, f"{self.where}: reading the body: {exc!r}")
 
     async def json(self) -> Any:
         return json.loads(await self.read())
@@ -558,8 +563,8 @@ class _Call:
             raise NodeUnavailable(self.pool.url, f"{where}: {status} {text}")
         raise NodeRefused(self.pool.url, f"{where}: {status} {text}")
 
-    def _unavailable(self, exc: BaseException) -> NodeUnavailable:
-        return NodeUnavailable(self.pool.url, f"{self._where()}: {exc!r}")
+    def _unavailable(self, exc: BaseException) -> NodeUnreachable:
+        return NodeUnreachable(self.pool.url, f"{self._where()}: {exc!r}")
 
     def _where(self) -> str:
         return f"{self.method} {self.target.split('?')[0]}"

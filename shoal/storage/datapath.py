@@ -4,11 +4,17 @@ write: splits a stream into blocks of `block_size`, writes each to every chosen 
 once, a few blocks in flight at most (memory stays a few blocks whatever the object size),
 and computes the digests on the way. A replica that fails is replaced by another node, which
 then receives every block it missed, copied from a surviving replica; with no healthy node
-left the write fails with StorageUnavailable (retryable). Blocks are durable on every replica
-when write returns; they become visible only when the caller commits the metadata row.
+left the write goes on with the replicas left when the number of copies is the default, and
+fails with StorageUnavailable (retryable) when it was configured. Blocks are durable on every
+replica when write returns; they become visible only when the caller commits the metadata row.
 
 read: the bytes of a range, block by block; a block that is missing, unreadable or fails its
-checksum on one replica is read from the next, and the bad replica is logged.
+checksum on one replica is read from the next, and the bad replica is logged. When no replica
+could be read and some could not be reached at all, the read fails with ReplicasUnreachable
+(retryable); only when every replica answered and none had a good copy is it DataUnavailable.
+
+A node that refuses or drops a connection is told to the directory (mark_unreachable), which
+offers it no new blocks until it answers again; reads ask it last.
 
 delete: every block of a version on every node that holds it (for GC).
 """
@@ -28,7 +34,7 @@ from typing import Any, Protocol
 from shoal.storage import placement
 from shoal.storage.blockfile import block_name, checksum_of, in_thread
 from shoal.storage.checksums import S3_CHECKSUMS, Digests
-from shoal.storage.client import BlockClient, NodeError
+from shoal.storage.client import BlockClient, NodeError, NodeUnreachable
 from shoal.storage.placement import Node
 
 log = logging.getLogger("shoal.storage")
@@ -50,6 +56,11 @@ class DataUnavailable(Exception):
     """No replica of a block could be read."""
 
 
+class ReplicasUnreachable(DataUnavailable):
+    """No replica of a block could be read, and some could not be reached at all (refused,
+    reset, timed out): the block may well be whole there, and retrying later may succeed."""
+
+
 class NodeDirectory(Protocol):
     """Which nodes exist: the node registry, seen from the data path."""
 
@@ -63,6 +74,14 @@ class NodeDirectory(Protocol):
 
     async def registered_count(self) -> int:
         """How many nodes the registry knows, alive or not (placement.target_replicas)."""
+        ...
+
+    def mark_unreachable(self, shark: str) -> None:
+        """A node refused or dropped a connection: offer it no new blocks until it answers."""
+        ...
+
+    def unreachable(self, shark: str) -> bool:
+        """Whether a node is marked unreachable (reads ask it last)."""
         ...
 
 
@@ -282,8 +301,11 @@ class DataPath:
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)
         expected = min(run.block_size, run.size - index * run.block_size)
-        # Start at a different replica per block so reads spread over the nodes.
+        # Start at a different replica per block so reads spread over the nodes; nodes
+        # known to be unreachable last.
         order = run.sharks[index % len(run.sharks) :] + run.sharks[: index % len(run.sharks)]
+        order.sort(key=self.directory.unreachable)
+        unreachable = []
         for shark in order:
             url = await self.directory.url_of(shark)
             if url is None:
@@ -291,6 +313,11 @@ class DataPath:
                 continue
             try:
                 data = await self.client.get_block(url, name)
+            except NodeUnreachable as exc:
+                log.warning("replica %s of block %s unreachable: %s", shark, name, exc)
+                self.directory.mark_unreachable(shark)
+                unreachable.append(shark)
+                continue
             except NodeError as exc:
                 log.warning("bad replica %s of block %s: %s", shark, name, exc)
                 continue
@@ -304,6 +331,10 @@ class DataPath:
                 )
                 continue
             return data
+        if unreachable:
+            raise ReplicasUnreachable(
+                f"no replica of block {name} could be read; {unreachable} did not answer"
+            )
         raise DataUnavailable(f"no replica of block {name} could be read (tried {order})")
 
 
@@ -378,13 +409,15 @@ class _VersionWriter:
             for node, result in zip(targets, results, strict=True):
                 if isinstance(result, NodeError) and result.retryable:
                     log.warning("replica %s failed writing %s: %s", node.shark, name, result)
-                    await self._replace(node)
+                    await self._replace(node, result)
                 elif isinstance(result, BaseException):
                     raise result
                 else:
                     self.holds[node.shark].add(index)
 
-    async def _replace(self, failed: Node) -> None:
+    async def _replace(self, failed: Node, error: NodeError) -> None:
+        if isinstance(error, NodeUnreachable):
+            self.path.directory.mark_unreachable(failed.shark)
         async with self.lock:
             if failed not in self.replicas:
                 return  # another block already replaced it
@@ -392,12 +425,26 @@ class _VersionWriter:
             exclude = self.failed | {n.shark for n in self.replicas}
             spare = placement.choose(self.nodes, 1, self.path.rng, exclude=exclude)
             if not spare:
-                raise StorageUnavailable(
-                    f"replica {failed.shark} failed and no other healthy node is left"
-                )
+                self._go_on_without(failed)
+                return
             self.replicas[self.replicas.index(failed)] = spare[0]
             self.holds.setdefault(spare[0].shark, set())
             self.touched[spare[0].shark] = spare[0]
+
+    def _go_on_without(self, failed: Node) -> None:
+        """No spare node: with the default number of copies (what the nodes left allow) the
+        write goes on with the replicas left; a configured number is a promise, so fail."""
+        if self.path.replicas is not None or len(self.replicas) < 2:
+            raise StorageUnavailable(
+                f"replica {failed.shark} failed and no other healthy node is left"
+            )
+        self.replicas.remove(failed)
+        log.warning(
+            "replica %s failed and no other node is left: version %s goes on with %d replica(s)",
+            failed.shark,
+            self.version_id,
+            len(self.replicas),
+        )
 
     async def _fill_replacements(self) -> None:
         """Give each replacement node the blocks written before it joined."""
@@ -413,7 +460,7 @@ class _VersionWriter:
                     except NodeError as exc:
                         if not exc.retryable:
                             raise
-                        await self._replace(node)
+                        await self._replace(node, exc)
                         return await self._fill_replacements()
 
     def _holder_of(self, index: int) -> Node:

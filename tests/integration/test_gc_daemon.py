@@ -130,7 +130,7 @@ def serve(tmp_path: Path, shard: ShardConfig) -> Iterator[Serve]:
 
 def data_path(serve: Serve, store: MetadataStore) -> DataPath:
     client = BlockClient(load_or_create_secret(serve.data / "cluster.secret"))
-    directory = RegistryDirectory(store, timedelta(seconds=30))
+    directory = RegistryDirectory(store, timedelta(seconds=30), client)
     return DataPath(client, directory, block_size=16 * KiB, replicas=2)
 
 

@@ -172,7 +172,7 @@ def test_inventory_pages_and_status(cluster: StorageCluster, run: Any) -> None:
 
 def test_silent_or_full_nodes_receive_no_new_blocks(make_storage: MakeStorage, run: Any) -> None:
     cluster = make_storage(nodes=3)
-    directory = RegistryDirectory(cluster.store, timedelta(seconds=30))
+    directory = RegistryDirectory(cluster.store, timedelta(seconds=30), cluster.client)
     assert len(run(directory.writable_nodes())) == 3
     silent, full = cluster.nodes[0], cluster.nodes[1]
     silent.kill()
@@ -191,7 +191,7 @@ def test_silent_or_full_nodes_receive_no_new_blocks(make_storage: MakeStorage, r
             )
 
     run(age_and_fill())
-    fresh = RegistryDirectory(cluster.store, timedelta(seconds=30))
+    fresh = RegistryDirectory(cluster.store, timedelta(seconds=30), cluster.client)
     assert [n.name for n in run(fresh.writable_nodes())] == [cluster.nodes[2].name]
     # A silent node is still known for reads of what it holds.
     assert run(fresh.url_of(silent.shark)) == silent.url

@@ -1,0 +1,141 @@
+"""Readiness: whether a gateway process can do its work now.
+
+A gateway is ready when every metadata shard answers and enough storage nodes answer at the
+address they registered to take a write: `[storage] replicas` of them, or one when that is
+unset (a write then stores as many copies as there are nodes, down to one), and never more
+than are registered. Until then, and whenever that stops being true, the gateway answers
+every S3 request with 503 ServiceUnavailable (s3/app.py), rather than a 500 from a shard or
+node it cannot reach, or a hang.
+
+A request to a ready gateway only reads a flag: the state is checked in the background,
+every second, each check bounded in time so that a shard or node that hangs counts as one
+that is down. A request to a gateway that is not ready has the state checked again first, so
+that a gateway serves as soon as it can rather than up to a second later. That check is
+shared by the requests that arrive meanwhile, made at most ten times a second, and waited
+for a fifth of a second at most: when shards and nodes answer it takes milliseconds, and a
+shard or node that hangs must not hold every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+
+from shoal.metadata import MetadataStore
+from shoal.metadata.nodes import StorageNode
+from shoal.storage import BlockClient
+
+log = logging.getLogger("shoal")
+
+READY_CHECK_SECONDS = 1.0
+# While not ready, a request has the state checked again if the last check is older than
+# this, and waits this long at most for that check.
+RECHECK_SECONDS = 0.1
+CONFIRM_SECONDS = 0.2
+# A shard or node that does not answer within this is one that is down, for this check.
+ANSWER_SECONDS = 1.0
+# A check that takes longer than this finds the gateway not ready.
+CHECK_TIMEOUT_SECONDS = 3.0
+
+
+class Readiness:
+    """This process's readiness, kept up to date by `checking()`."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        client: BlockClient,
+        deadline: timedelta,
+        replicas: int | None,
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.deadline = deadline
+        self.replicas = replicas  # None: the default number of copies
+        self.ready = False
+        self.reason = "not checked yet"
+        self._checked_at = 0.0
+        self._rechecking: asyncio.Future[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def checking(self) -> AsyncIterator[Readiness]:
+        """Check now, then every second in the background while the context lasts."""
+        await self.refresh()
+        task = asyncio.create_task(self._keep_checking())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def confirm(self) -> bool:
+        """Whether ready, checked again first if the last check said no."""
+        if self.ready:
+            return True
+        if self._rechecking is None and time.monotonic() - self._checked_at >= RECHECK_SECONDS:
+            self._rechecking = asyncio.ensure_future(self.refresh())
+            self._rechecking.add_done_callback(self._rechecked)
+        if self._rechecking is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._rechecking), CONFIRM_SECONDS)
+        return self.ready
+
+    def _rechecked(self, _: asyncio.Future[None]) -> None:
+        self._rechecking = None
+
+    async def refresh(self) -> None:
+        """Check now, and keep the result."""
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                reason = await self.not_ready_because()
+        except TimeoutError:
+            reason = f"the check took over {CHECK_TIMEOUT_SECONDS:.0f} s"
+        except Exception as exc:  # a shard or the registry failed: not ready, say why
+            reason = f"the check failed: {exc!r}"
+        if reason is None and not self.ready:
+            log.info("gateway ready")
+        elif reason is not None and self.ready:
+            log.warning("gateway not ready: %s", reason)
+        self.ready = reason is None
+        self.reason = reason or "ready"
+        self._checked_at = time.monotonic()
+
+    async def not_ready_because(self) -> str | None:
+        """Why this gateway cannot do its work now, or None if it can."""
+        silent = await self.store.silent_shards(ANSWER_SECONDS)
+        if silent:
+            return f"metadata shard(s) {', '.join(silent)} do not answer"
+        nodes = await self.store.nodes.list(self.deadline)
+        needed = max(1, min(self.replicas or 1, len(nodes)))
+        answering = await answering_nodes(self.client, [n for n in nodes if n.alive])
+        if len(answering) < needed:
+            return f"{len(answering)} storage node(s) answer, {needed} needed"
+        return None
+
+    async def _keep_checking(self) -> None:
+        while True:
+            await asyncio.sleep(READY_CHECK_SECONDS)
+            await self.refresh()
+
+
+async def answering_nodes(client: BlockClient, nodes: Sequence[StorageNode]) -> list[StorageNode]:
+    """The nodes that answer at the address they registered, as themselves.
+
+    A fresh heartbeat is not enough after a restart: the registry still holds the previous
+    run's nodes, alive by the deadline, at ports nobody (or something else) listens on.
+    """
+
+    async def answers(node: StorageNode) -> bool:
+        try:
+            async with asyncio.timeout(ANSWER_SECONDS):
+                return (await client.status(node.url)).shark == node.shark
+        except Exception:  # refused, timed out, an address it cannot use: not answering
+            return False
+
+    answered = await asyncio.gather(*(answers(n) for n in nodes))
+    return [node for node, yes in zip(nodes, answered, strict=True) if yes]

@@ -1,0 +1,143 @@
+"""A `shoal serve` of a fault test's own, whose processes the test may kill.
+
+The session's `served` (tests/fixtures/serve.py) is shared by every test and must stay whole;
+a fault test starts this one in its own folder, on a database of the session's PostgreSQL
+server, and finds the processes of its tree (gateway workers, storage nodes) to kill them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from shoal.children import preexec_die_with_parent
+from shoal.config import ShardConfig
+from shoal.ports import free_port
+from tests.fixtures.serve import SHOAL, Keys, Served, read_banner
+
+
+@dataclass
+class ServeTree:
+    """`shoal serve` with two gateway processes and two storage nodes, restartable."""
+
+    folder: Path
+    shard: ShardConfig
+    port: int = 0
+    process: subprocess.Popen[str] | None = None
+    served: Served | None = None
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.config = self.folder / "shoal.toml"
+        self.config.write_text(
+            'data_dir = "data"\n\n'
+            "[metadata]\npool_max_size = 4\n"
+            f'[[metadata.shards]]\nname = "{self.shard.name}"\ndsn = "{self.shard.dsn}"\n\n'
+            "[s3]\nworkers = 2\n"
+        )
+        self.log = self.folder / "serve.log"
+
+    def start(self) -> Served:
+        """Start serve (again, on the same data and port) and wait for its banner."""
+        with open(self.log, "a") as stderr:
+            self.process = subprocess.Popen(
+                [SHOAL, "serve", "--config", str(self.config), "--port", str(self.port)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                preexec_fn=preexec_die_with_parent(),  # no serve outlives a killed test run
+            )
+        banner = read_banner(self.process)
+        root = Keys(
+            re.search(r"access key id\s+(\S+)", banner)[1],  # type: ignore[index]
+            re.search(r"secret access key\s+(\S+)", banner)[1],  # type: ignore[index]
+        )
+        self.served = Served(
+            endpoint=f"http://127.0.0.1:{self.port}",
+            port=self.port,
+            pid=self.process.pid,
+            data_dir=self.folder / "data",
+            log=self.log,
+            root=root,
+            other=root,
+        )
+        return self.served
+
+    def client(self, **config: Any) -> Any:
+        assert self.served is not None
+        return self.served.raw_client(self.served.root, **config)
+
+    def children(self) -> list[psutil.Process]:
+        assert self.process is not None
+        return psutil.Process(self.process.pid).children()
+
+    def gateway_workers(self) -> list[psutil.Process]:
+        return [p for p in self.children() if _command_has(p, "multiprocessing.spawn")]
+
+    def storage_node(self, name: str) -> psutil.Process:
+        (node,) = [
+            p
+            for p in self.children()
+            if _command_has(p, "storage-node") and _command_has(p, f"{name}\0")
+        ]
+        return node
+
+    def kill_tree(self) -> None:
+        """kill -9 of the serve process; its children die with it (PR_SET_PDEATHSIG)."""
+        assert self.process is not None
+        children = self.children()
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        psutil.wait_procs(children, timeout=30)
+        assert not [c for c in children if c.is_running()], "a child outlived serve"
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _command_has(process: psutil.Process, text: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return text in "\0".join(process.cmdline()) + "\0"
+    return False
+
+
+@contextlib.contextmanager
+def serve_tree(folder: Path, shard: ShardConfig) -> Iterator[ServeTree]:
+    tree = ServeTree(folder, shard)
+    try:
+        tree.start()
+        yield tree
+    finally:
+        tree.stop()
+
+
+def wait_for_new_process(find: Any, old_pid: int, timeout: float = 30) -> tuple[int, float]:
+    """(pid, seconds) of the process `find()` returns once it is not `old_pid`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        with contextlib.suppress(LookupError, ValueError, psutil.Error):  # none yet
+            found = find()
+            if found.pid != old_pid and found.is_running():
+                return found.pid, time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"no new process replaced {old_pid} within {timeout} s")

@@ -1,0 +1,134 @@
+"""A storage node that stops answering, seen from the data path and from readiness: it is
+marked unreachable at its first refused connection (not after the heartbeat deadline), writes
+go on without it, reads that reach no replica are retryable, and it is chosen again once it
+answers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from shoal.cluster import RegistryDirectory
+from shoal.ids import uuid7
+from shoal.readiness import Readiness
+from shoal.storage import (
+    BlockRun,
+    DataPath,
+    DataUnavailable,
+    ReplicasUnreachable,
+    StorageUnavailable,
+)
+from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster
+
+MiB = 1024 * 1024
+
+
+async def one_chunk(data: bytes) -> Any:
+    yield data
+
+
+async def collect(path: DataPath, run: BlockRun) -> bytes:
+    return b"".join([chunk async for chunk in path.read([run])])
+
+
+def wait_for(check: Any, run: Any, timeout: float) -> None:
+    """Until `check()`, the loop running meanwhile (the directory probes in the background)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not true within {timeout} s"
+        run(asyncio.sleep(0.1))
+
+
+@pytest.fixture
+def cluster(make_storage: MakeStorage) -> StorageCluster:
+    return make_storage(nodes=2)
+
+
+def test_a_killed_node_is_marked_at_once_and_chosen_again_when_it_answers(
+    cluster: StorageCluster, run: Any
+) -> None:
+    directory = RegistryDirectory(cluster.store, HEARTBEAT_DEADLINE, cluster.client)
+    path = DataPath(cluster.client, directory, block_size=MiB)  # replicas: the default
+    dead, alive = cluster.nodes
+    dead.kill()
+    data = os.urandom(3 * MiB)
+
+    # The registry still says both are alive: the first write tries both, loses one, and
+    # goes on with one copy (the default number of copies is what the nodes allow).
+    first = run(path.write(uuid7(), one_chunk(data)))
+    assert first.sharks == [alive.shark]
+    assert directory.unreachable(dead.shark)
+    assert [n.shark for n in run(directory.writable_nodes())] == [alive.shark]
+    second = run(path.write(uuid7(), one_chunk(data)))
+    assert second.sharks == [alive.shark]
+
+    cluster.restart(dead, run)
+    wait_for(lambda: len(run(directory.writable_nodes())) == 2, run, 5)
+    assert not directory.unreachable(dead.shark)
+    third = run(path.write(uuid7(), one_chunk(data)))
+    assert sorted(third.sharks) == sorted([dead.shark, alive.shark])
+
+
+def test_a_configured_number_of_copies_is_not_lowered(cluster: StorageCluster, run: Any) -> None:
+    path = cluster.data_path(replicas=2)
+    cluster.nodes[0].kill()
+    with pytest.raises(StorageUnavailable):
+        run(path.write(uuid7(), one_chunk(os.urandom(MiB))))
+
+
+def test_reads_that_reach_no_replica_are_retryable_and_missing_blocks_are_not(
+    cluster: StorageCluster, run: Any
+) -> None:
+    path = cluster.data_path(replicas=1)
+    data = os.urandom(MiB + 10)
+    version = uuid7()
+    written = run(path.write(version, one_chunk(data)))
+    holder = cluster.node(written.sharks[0])
+    other = next(n for n in cluster.nodes if n is not holder)
+    stored = BlockRun(version, written.size, written.block_size, written.sharks)
+    assert run(collect(path, stored)) == data
+
+    # Asked of a node that answers and does not have it: the data is not there.
+    elsewhere = BlockRun(version, written.size, written.block_size, [other.shark])
+    with pytest.raises(DataUnavailable) as missing:
+        run(collect(path, elsewhere))
+    assert not isinstance(missing.value, ReplicasUnreachable)
+
+    # Its only replica does not answer: it may well be whole there (503, not 500).
+    holder.kill()
+    with pytest.raises(ReplicasUnreachable):
+        run(collect(path, stored))
+    # One replica unreachable, the other answering that it lacks the block: the unreachable
+    # one may hold it, so this is retryable too.
+    both = BlockRun(version, written.size, written.block_size, [holder.shark, other.shark])
+    with pytest.raises(ReplicasUnreachable):
+        run(collect(path, both))
+    assert path.directory.unreachable(holder.shark)
+
+
+def test_readiness_needs_the_shards_and_enough_nodes_to_write(
+    cluster: StorageCluster, run: Any
+) -> None:
+    def readiness(replicas: int | None) -> Readiness:
+        return Readiness(cluster.store, cluster.client, timedelta(seconds=30), replicas)
+
+    default, two = readiness(None), readiness(2)
+    for state in (default, two):
+        run(state.refresh())
+        assert state.ready, state.reason
+    cluster.nodes[0].kill()
+    run(default.refresh())
+    run(two.refresh())
+    assert default.ready  # one node takes a write of the default number of copies
+    assert not two.ready and "1 storage node(s) answer, 2 needed" in two.reason
+    assert not run(two.confirm())
+    cluster.nodes[1].kill()
+    run(default.refresh())
+    assert not default.ready
+    cluster.restart(cluster.nodes[0], run)
+    assert run(default.confirm())  # checked again at once, not at the next round
