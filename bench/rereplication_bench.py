@@ -54,8 +54,8 @@ WRITERS = 16
 class WithoutNode(RegistryDirectory):
     """The registry as a writer sees it once a stopped node's heartbeat is past the deadline."""
 
-    def __init__(self, store: MetadataStore, shark: str) -> None:
-        super().__init__(store, HEARTBEAT_DEADLINE)
+    def __init__(self, store: MetadataStore, client: BlockClient, shark: str) -> None:
+        super().__init__(store, HEARTBEAT_DEADLINE, client)
         self.shark = shark
 
     async def writable_nodes(self) -> list[Node]:
@@ -118,7 +118,7 @@ async def stop_and_restore(
             await wait_registered(store, node.name, node.url)
         down = cluster.nodes[1]
         stop_nodes([down])
-        writer = DataPath(client, WithoutNode(store, f"{down.datacenter}:{down.name}"))
+        writer = DataPath(client, WithoutNode(store, client, f"{down.datacenter}:{down.name}"))
         started = time.monotonic()
         await write_versions(store, writer, args.versions, args.size)
         noted = await store.under_replicated.count()
@@ -131,7 +131,7 @@ async def stop_and_restore(
         cluster.nodes[1] = back
         await wait_until_serving(client, [back])
         await wait_registered(store, back.name, back.url)
-        directory = RegistryDirectory(store, HEARTBEAT_DEADLINE)
+        directory = RegistryDirectory(store, HEARTBEAT_DEADLINE, client)
         restorer = Rereplicator(store, DataPath(client, directory))
         started = time.monotonic()
         passes = 0

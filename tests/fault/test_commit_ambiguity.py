@@ -3,8 +3,8 @@ is cut after the server received the write, and before its reply reached the gat
 
 The gateway must answer 503 and keep the blocks it wrote: the row may have committed, and a
 row whose blocks were dropped could never be read again. When the row did commit, the object
-reads back whole; when it did not, its blocks are left for `shoal pipeline orphans` (checked
-here on the nodes' folders and the shard's tables, without starting Spark).
+reads back whole; when it did not, its blocks are left for `shoal pipeline orphans`, which
+finds exactly the blocks that no row names, and reclaims them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
 import pytest
 
+from shoal.config import load_config
+from shoal.pipeline import run_job
 from tests.fault.proxy import CuttingProxy, cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
 from tests.fixtures.postgres import create_databases
@@ -74,6 +78,43 @@ def test_a_write_cut_before_its_commit_answers_503_and_leaves_its_blocks_to_orph
     assert status == 404
     unnamed = block_versions(served.data_dir) - before - named_versions(dsn)
     assert len(unnamed) == 1  # this write's blocks, which no row names: orphans'
+
+
+def test_orphans_finds_exactly_the_blocks_a_cut_write_left_and_reclaims_them(
+    proxied: tuple[Served, CuttingProxy, str], spark: Any, tmp_path: Path
+) -> None:
+    served, proxy, dsn = proxied
+    client = served.raw_client(served.root, retries=NO_RETRIES)
+    kept_key, kept = f"kept-{uuid.uuid4().hex}", os.urandom(SIZE)
+    client.put_object(Bucket=BUCKET, Key=kept_key, Body=kept)
+    before = block_versions(served.data_dir)
+    leaked_key = f"leaked-{uuid.uuid4().hex}"
+    proxy.arm(leaked_key.encode(), forward=False)
+    assert _put(client, leaked_key, os.urandom(SIZE)) == 503
+    leaked = block_versions(served.data_dir) - before
+    assert len(leaked) == 1
+    unnamed = block_versions(served.data_dir) - named_versions(dsn)
+    assert leaked <= unnamed
+
+    config = load_config(served.data_dir.parent / "shoal.toml", None)
+
+    def orphans(**options: Any) -> Any:
+        return run_job(
+            "orphans",
+            config,
+            list(config.metadata.shards),
+            spark=spark,
+            output=tmp_path,
+            options={"leeway": timedelta(0), **options},
+        )
+
+    found = orphans()
+    listed = spark.read.parquet(str(found.output / "orphans")).select("version").collect()
+    assert {uuid.UUID(row.version) for row in listed} == unnamed
+    reclaimed = orphans(delete=True)
+    assert reclaimed.figures["deleted"] == found.figures["orphan blocks"] > 0
+    assert not block_versions(served.data_dir) & unnamed
+    assert client.get_object(Bucket=BUCKET, Key=kept_key)["Body"].read() == kept
 
 
 def test_a_completion_whose_commit_reply_is_lost_answers_the_same_when_retried(

@@ -248,7 +248,7 @@ class Hiding(RegistryDirectory):
     registered, so the target stays two copies)."""
 
     def __init__(self, cluster: StorageCluster, hidden: set[str]) -> None:
-        super().__init__(cluster.store, HEARTBEAT_DEADLINE)
+        super().__init__(cluster.store, HEARTBEAT_DEADLINE, cluster.client)
         self.hidden = hidden
 
     async def writable_nodes(self) -> list[Node]:
