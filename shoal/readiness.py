@@ -3,9 +3,16 @@
 A gateway is ready when every metadata shard answers and enough storage nodes answer at the
 address they registered to take a write: `[storage] replicas` of them, or one when that is
 unset (a write then stores as many copies as there are nodes, down to one), and never more
-than are registered. Until then, and whenever that stops being true, the gateway answers
-every S3 request with 503 ServiceUnavailable (s3/app.py), rather than a 500 from a shard or
-node it cannot reach, or a hang.
+than are registered. `ready` and `reason` say so (what a health check reports).
+
+What the S3 port does with it (`serving`, s3/app.py): it answers every request with 503
+ServiceUnavailable until the gateway has been ready once (after a start, its shards and nodes
+may not be reachable yet), and whenever too few storage nodes answer to take a write. A shard
+that stops answering later costs only the requests that need it: the check marks it down in
+its pool, which then refuses its calls at once (MetadataUnavailable, a 503) until it answers
+a connect again, while the buckets of the other shards are served as before. One shard of
+many must not take every bucket down with it; and a shard that accepts connections but does
+not answer (a hung host) is found here, within a second, where the pool alone would not.
 
 A request to a ready gateway only reads a flag: the state is checked in the background,
 every second, each check bounded in time so that a shard or node that hangs counts as one
@@ -58,6 +65,9 @@ class Readiness:
         self.replicas = replicas  # None: the default number of copies
         self.ready = False
         self.reason = "not checked yet"
+        self.serving = False  # what the S3 port does: see the module's docstring
+        self._been_ready = False
+        self._nodes_ok = False  # as last seen: the registry cannot be read without the catalog
         self._checked_at = 0.0
         self._rechecking: asyncio.Future[None] | None = None
 
@@ -74,8 +84,8 @@ class Readiness:
                 await task
 
     async def confirm(self) -> bool:
-        """Whether ready, checked again first if the last check said no."""
-        if self.ready:
+        """Whether to serve S3 requests, checked again first if the last check said no."""
+        if self.serving:
             return True
         if self._rechecking is None and time.monotonic() - self._checked_at >= RECHECK_SECONDS:
             self._rechecking = asyncio.ensure_future(self.refresh())
@@ -83,16 +93,17 @@ class Readiness:
         if self._rechecking is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._rechecking), CONFIRM_SECONDS)
-        return self.ready
+        return self.serving
 
     def _rechecked(self, _: asyncio.Future[None]) -> None:
         self._rechecking = None
 
     async def refresh(self) -> None:
         """Check now, and keep the result."""
+        shards_answer = False
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
-                reason = await self.not_ready_because()
+                shards_answer, reason = await self._check()
         except TimeoutError:
             reason = f"the check took over {CHECK_TIMEOUT_SECONDS:.0f} s"
         except Exception as exc:  # a shard or the registry failed: not ready, say why
@@ -103,13 +114,26 @@ class Readiness:
             log.warning("gateway not ready: %s", reason)
         self.ready = reason is None
         self.reason = reason or "ready"
+        self._been_ready = self._been_ready or self.ready
+        # Once ready, a silent shard is the pool's business (it refuses that shard's calls).
+        self.serving = self.ready or (self._been_ready and not shards_answer and self._nodes_ok)
         self._checked_at = time.monotonic()
 
-    async def not_ready_because(self) -> str | None:
-        """Why this gateway cannot do its work now, or None if it can."""
+    async def _check(self) -> tuple[bool, str | None]:
+        """Whether every shard answers, and why this gateway cannot do its work now (None if
+        it can). Shards that do not answer are marked down in their pools."""
         silent = await self.store.silent_shards(ANSWER_SECONDS)
+        self.store.shards.mark_unreachable(silent, f"did not answer within {ANSWER_SECONDS:g} s")
+        nodes_short = None
+        if self.store.shards.catalog.name not in silent:  # else the registry cannot be read
+            nodes_short = await self._nodes_short()
+            self._nodes_ok = nodes_short is None
         if silent:
-            return f"metadata shard(s) {', '.join(silent)} do not answer"
+            return False, f"metadata shard(s) {', '.join(silent)} do not answer"
+        return True, nodes_short
+
+    async def _nodes_short(self) -> str | None:
+        """Why too few storage nodes answer to take a write, or None if enough do."""
         nodes = await self.store.nodes.list(self.deadline)
         needed = max(1, min(self.replicas or 1, len(nodes)))
         answering = await answering_nodes(self.client, [n for n in nodes if n.alive])

@@ -13,7 +13,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,15 @@ class ShardSet:
 
     def of_vnode(self, vnode: int) -> Shard:
         return self.shards[self.ring.shard_of(vnode)]
+
+    def mark_unreachable(self, names: Iterable[str], reason: str) -> None:
+        """Refuse calls to these shards at once until each answers a connect again: how a
+        shard that accepts connections but does not answer (a hung host, found by a
+        gateway's readiness check) stops holding up the calls that need it."""
+        for name in names:
+            pool = self.shards[name].pool
+            if isinstance(pool, ShardPool):
+                pool.lost(TimeoutError(reason))
 
     def placed(self) -> list[Shard]:
         """The shards that hold at least one vnode."""

@@ -22,6 +22,7 @@ from shoal.config import ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
+from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.garbage import Garbage, GarbageBook
 from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
@@ -71,9 +72,14 @@ class MetadataStore:
 
         async def answers(shard: Shard) -> bool:
             try:
-                async with asyncio.timeout(timeout), shard.statement_connection() as conn:
-                    await conn.execute(queries.PING)
+                async with shard.statement_connection() as conn:
+                    async with asyncio.timeout(timeout):
+                        await conn.execute(queries.PING)
                 return True
+            except MetadataUnavailable as exc:
+                # Down already, or no connection free within the pool's wait: a shard that
+                # is busy answers (it is not silent).
+                return isinstance(exc.__cause__, PoolTimeout)
             except (psycopg.Error, PoolTimeout, OSError):  # TimeoutError is an OSError
                 return False
 

@@ -145,8 +145,8 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
     call: Call | None = None
     try:
         readiness = gateway.readiness
-        if readiness is not None and not readiness.ready and not await readiness.confirm():
-            raise ServiceUnavailable()  # starting, or a shard or the nodes are out of reach
+        if readiness is not None and not readiness.serving and not await readiness.confirm():
+            raise ServiceUnavailable()  # starting, or too few storage nodes answer
         call = await _authenticated_call(gateway, request, request_id)
         try:
             response = await HANDLERS[call.endpoint](call)

@@ -7,6 +7,8 @@ Bind message of the statement that writes its row).
   moment later: a commit whose reply never arrives.
 - `arm(trigger, forward=False)`: the triggering bytes never reach the server and the
   connection is closed at once: a write cut before its commit.
+- `freeze()` until `thaw()`: connections are accepted and bytes received, but nothing goes
+  through either way: a server that hangs (a stopped process, a host that stops answering).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class CuttingProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._links: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.port = 0
 
     @property
@@ -69,6 +73,12 @@ class CuttingProxy:
         self._thread.join(10)
         self._loop.close()
 
+    def freeze(self) -> None:
+        self._loop.call_soon_threadsafe(self._flowing.clear)
+
+    def thaw(self) -> None:
+        self._loop.call_soon_threadsafe(self._flowing.set)
+
     def arm(self, trigger: bytes, *, forward: bool) -> None:
         self.fired.clear()
         self._trigger = _Trigger(trigger, forward)
@@ -81,6 +91,7 @@ class CuttingProxy:
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
+        await self._flowing.wait()
         try:
             server_in, server_out = await self._open_upstream()
         except OSError:
@@ -97,6 +108,7 @@ class CuttingProxy:
         async def to_server() -> None:
             tail = b""
             while chunk := await client_in.read(65536):
+                await self._flowing.wait()
                 trigger = self._trigger
                 if trigger is not None and trigger.needle in tail + chunk:
                     self._trigger = None
@@ -114,6 +126,7 @@ class CuttingProxy:
 
         async def to_client() -> None:
             while chunk := await server_in.read(65536):
+                await self._flowing.wait()
                 if cut.is_set():
                     continue  # the answer is lost
                 client_out.write(chunk)

@@ -12,13 +12,17 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
+import botocore.exceptions
 import psycopg
 import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
+from tests.fault.proxy import cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
+from tests.fixtures.postgres import create_databases
 from tests.fixtures.serve import Served
 
 pytestmark = pytest.mark.slow
@@ -31,6 +35,9 @@ FAST_503_SECONDS = 2.0
 RESTART_SECONDS = 20.0
 # From PostgreSQL accepting connections again to a request that succeeds.
 RECOVERY_SECONDS = 1.5
+# From a shard that stops answering to the gateway refusing its calls at once: the readiness
+# check runs every second and gives a shard a second to answer (readiness.py).
+HANG_FOUND_SECONDS = 3.0
 
 
 def test_kill_9_of_the_embedded_postgres_costs_fast_503s_and_loses_nothing(
@@ -156,3 +163,50 @@ def _postmaster_pid(data_dir: Path) -> int:
 
 def _embedded_dsn(data_dir: Path) -> str:
     return EmbeddedPostgres(data_dir / "postgres").dsn("shard0")
+
+
+def test_a_shard_that_hangs_costs_only_the_buckets_it_holds(admin_dsn: str, tmp_path: Path) -> None:
+    """Of two shards, the second stops answering (connections accepted, nothing answered):
+    within a few seconds the gateway refuses its buckets' requests at once with 503, serves
+    the first shard's buckets as before, and serves both again once it answers."""
+    catalog, other = create_databases(admin_dsn, 2)
+    with cutting_proxy(other.dsn) as proxy:
+        config = (
+            "[s3]\nworkers = 1\n\n[gc]\nenabled = false\n\n"
+            f'[[metadata.shards]]\nname = "{catalog.name}"\ndsn = "{catalog.dsn}"\n\n'
+            f'[[metadata.shards]]\nname = "{other.name}"\ndsn = "{proxy.dsn}"\n'
+        )
+        with own_serve(tmp_path, config) as served:
+            client = served.raw_client(
+                served.root, retries={"total_max_attempts": 1}, read_timeout=10
+            )
+            body = os.urandom(1024)
+            buckets = [f"spread-{n:02d}" for n in range(16)]
+            for bucket in buckets:
+                client.create_bucket(Bucket=bucket)
+                client.put_object(Bucket=bucket, Key="k", Body=body)
+            proxy.freeze()
+            time.sleep(HANG_FOUND_SECONDS)
+            answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
+            proxy.thaw()
+            served_buckets = [b for b, (status, _) in answers.items() if status == 200]
+            refused = [b for b, (status, _) in answers.items() if status == 503]
+            assert sorted(served_buckets + refused) == buckets, answers
+            assert served_buckets and refused, answers  # 16 buckets over 2 shards: both
+            assert max(seconds for _, seconds in answers.values()) < FAST_503_SECONDS, answers
+            wait_until(
+                lambda: all(_timed_get(client, b, body)[0] == 200 for b in refused),
+                RECOVERY_SECONDS + 2,
+            )
+
+
+def _timed_get(client: Any, bucket: str, body: bytes) -> tuple[int, float]:
+    """A GET's status and how long it took; a 200 must bring back `body`."""
+    started = time.monotonic()
+    try:
+        found = client.get_object(Bucket=bucket, Key="k")["Body"].read()
+        assert found == body
+        status = 200
+    except botocore.exceptions.ClientError as exc:
+        status = int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+    return status, time.monotonic() - started
