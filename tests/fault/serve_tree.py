@@ -8,7 +8,6 @@ server, and finds the processes of its tree (gateway workers, storage nodes) to 
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import subprocess
 import time
@@ -19,10 +18,9 @@ from typing import Any
 
 import psutil
 
-from shoal.children import preexec_die_with_parent
 from shoal.config import ShardConfig
 from shoal.ports import free_port
-from tests.fixtures.serve import SHOAL, Keys, Served, read_banner
+from tests.fixtures.serve import Served, start_serve, stop_serve
 
 
 @dataclass
@@ -48,28 +46,7 @@ class ServeTree:
 
     def start(self) -> Served:
         """Start serve (again, on the same data and port) and wait for its banner."""
-        with open(self.log, "a") as stderr:
-            self.process = subprocess.Popen(
-                [SHOAL, "serve", "--config", str(self.config), "--port", str(self.port)],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                preexec_fn=preexec_die_with_parent(),  # no serve outlives a killed test run
-            )
-        banner = read_banner(self.process)
-        root = Keys(
-            re.search(r"access key id\s+(\S+)", banner)[1],  # type: ignore[index]
-            re.search(r"secret access key\s+(\S+)", banner)[1],  # type: ignore[index]
-        )
-        self.served = Served(
-            endpoint=f"http://127.0.0.1:{self.port}",
-            port=self.port,
-            pid=self.process.pid,
-            data_dir=self.folder / "data",
-            log=self.log,
-            root=root,
-            other=root,
-        )
+        self.process, self.served = start_serve(self.config, self.port, self.log)
         return self.served
 
     def client(self, **config: Any) -> Any:
@@ -103,16 +80,8 @@ class ServeTree:
         assert not [c for c in children if c.is_running()], "a child outlived serve"
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        if self.process is not None:
+            stop_serve(self.process)
 
 
 def _command_has(process: psutil.Process, text: str) -> bool:

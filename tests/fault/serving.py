@@ -4,18 +4,14 @@ what a test reads of it afterwards: the block files on its nodes, the versions i
 from __future__ import annotations
 
 import contextlib
-import re
-import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
-from shoal.children import preexec_die_with_parent
 from shoal.ports import free_port
-from tests.fixtures.serve import SHOAL, Keys, Served, read_banner
+from tests.fixtures.serve import Served, start_serve, stop_serve
 
 # Every version id a shard's rows name: live objects, their parts, open uploads' parts and
 # deletion records (what `shoal pipeline orphans` counts as referenced).
@@ -35,40 +31,11 @@ def own_serve(folder: Path, config: str = "") -> Iterator[Served]:
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / "shoal.toml"
     config_file.write_text(f'data_dir = "data"\n{config}\n')
-    port = free_port()
-    log = folder / "serve.log"
-    with (
-        open(log, "w") as stderr,
-        subprocess.Popen(
-            [SHOAL, "serve", "--config", str(config_file), "--port", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            preexec_fn=preexec_die_with_parent(),
-        ) as process,
-    ):
-        try:
-            banner = read_banner(process)
-            root = Keys(
-                re.search(r"access key id\s+(\S+)", banner)[1],  # type: ignore[index]
-                re.search(r"secret access key\s+(\S+)", banner)[1],  # type: ignore[index]
-            )
-            yield Served(
-                endpoint=f"http://127.0.0.1:{port}",
-                port=port,
-                pid=process.pid,
-                data_dir=folder / "data",
-                log=log,
-                root=root,
-                other=root,
-            )
-        finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    process, served = start_serve(config_file, free_port(), folder / "serve.log")
+    try:
+        yield served
+    finally:
+        stop_serve(process)
 
 
 def block_versions(data_dir: Path) -> set[uuid.UUID]:

@@ -6,8 +6,6 @@ version that nobody noted)."""
 from __future__ import annotations
 
 import hashlib
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -17,12 +15,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
-from botocore.config import Config as BotoConfig
 
-from shoal.children import preexec_die_with_parent
 from shoal.cluster import RegistryDirectory
 from shoal.config import load_config
 from shoal.metadata import MetadataStore, ObjectWrite, PartWrite
@@ -32,7 +27,7 @@ from shoal.ports import free_port
 from shoal.replication import Rereplicator
 from shoal.storage import BlockRun, DataPath, Node, block_runs
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import read_banner
+from tests.fixtures.serve import start_serve, stop_serve
 from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -69,42 +64,13 @@ class ServeOnNodes:
             "heartbeat_interval_seconds = 1\nheartbeat_deadline_seconds = 3\n"
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
         )
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            [SHOAL, "serve", "--config", str(self.config_file), "--port", str(self.port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            preexec_fn=preexec_die_with_parent(),
-        )
-        banner = read_banner(self.process)
-        self.access_key = banner.split("access key id")[1].split()[0]
-        self.secret_key = banner.split("secret access key")[1].split()[0]
+        self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
 
     def client(self) -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{self.port}",
-            region_name="us-east-1",
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            config=BotoConfig(
-                s3={"addressing_style": "path"},
-                retries={"max_attempts": 1},
-                signature_version="s3v4",
-            ),
-        )
+        return self.served.raw_client(self.served.root)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        assert self.process.stdout is not None
-        self.process.stdout.close()
+        stop_serve(self.process)
 
 
 @pytest.fixture

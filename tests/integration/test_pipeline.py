@@ -14,12 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from shoal.config import load_config
-from shoal.metadata.deployment import shard_configs
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
 from shoal.pipeline.jobs.meter import meter
 from tests.fixtures.garbage import block_ids, build_garbage, check_live, dead_tuples, garbage_files
-from tests.fixtures.serve import Served
 from tests.fixtures.storage import MakeStorage, NodeProcess, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -407,26 +405,3 @@ def test_expiry_rounds_up_to_midnight_utc() -> None:
     created = datetime(2024, 3, 1, 15, 30, tzinfo=UTC)
     assert expires_at(created, 1) == datetime(2024, 3, 3, tzinfo=UTC)
     assert expires_at(datetime(2024, 3, 1, tzinfo=UTC), 1) == datetime(2024, 3, 2, tzinfo=UTC)
-
-
-@pytest.mark.slow
-def test_nothing_under_a_served_data_dir_is_readable_by_other_users(
-    served: Served, spark: Any
-) -> None:
-    """Objects, blocks, PostgreSQL's files, secrets and the pipeline's outputs (which name
-    every object) belong to Shoal's user alone: 0700 folders, 0600 files."""
-    s3 = served.client()
-    s3.create_bucket(Bucket="private-files")
-    for index, size in enumerate((10, 8 * KiB, 1536 * KiB)):  # inline, one block, two
-        s3.put_object(Bucket="private-files", Key=f"o{index}", Body=os.urandom(size))
-    config = load_config(served.data_dir.parent / "shoal.toml", None)
-    with shard_configs(config) as shards:
-        summary = run_job("inventory", config, shards, spark=spark)
-    assert summary.output.is_relative_to(served.data_dir / "pipeline")
-    assert any((served.data_dir / "nodes").glob("*/blocks/*/*"))
-    readable = [
-        f"{oct(path.lstat().st_mode & 0o777)} {path.relative_to(served.data_dir)}"
-        for path in [served.data_dir, *served.data_dir.rglob("*")]
-        if not path.is_symlink() and path.lstat().st_mode & 0o077
-    ]
-    assert readable == []
