@@ -178,7 +178,8 @@ async def delete_objects(call: Call) -> http.Response:
     body = await call.read_body(MAX_DELETE_BODY)
     digested = check_body_digests(call, body)
     request = s3xml.parse(body, "Delete")
-    quiet = (s3xml.text_of(request, "Quiet", required=False) or "false").lower() == "true"
+    quiet_text = s3xml.text_of(request, "Quiet", required=False, stripped=True) or "false"
+    quiet = quiet_text.lower() == "true"
     targets = request.findall("Object")
     if not targets or len(targets) > MAX_DELETE_KEYS:
         raise MalformedXML(f"Delete names 1 to {MAX_DELETE_KEYS} objects")
