@@ -3,7 +3,7 @@ CopyObject."""
 
 from __future__ import annotations
 
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from shoal.metadata import (
     BucketNotFound,
@@ -283,7 +283,8 @@ async def copy_source(call: Call) -> ObjectVersion:
     path, _, query = raw.partition("?")
     if query and query not in ("versionId=null",):
         raise InvalidArgument("Invalid version id specified")
-    bucket, _, key = unquote(path, errors="surrogateescape").lstrip("/").partition("/")
+    # Decoded as S3 does: `+` is a space (s5cmd sends keys so), `%2B` a plus.
+    bucket, _, key = unquote_plus(path, errors="surrogateescape").lstrip("/").partition("/")
     if not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: bucket/key")
     check_key(key)
