@@ -115,7 +115,7 @@ async def list_objects(call: Call) -> http.Response:
             "Prefix": encode(call.query.get("prefix", "")),
             "Marker": encode(marker),
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "NextMarker": encode(page.next_marker) if page.is_truncated else None,
             "EncodingType": call.query.get("encoding-type"),
@@ -140,7 +140,7 @@ async def list_objects_v2(call: Call) -> http.Response:
             "Prefix": encode(call.query.get("prefix", "")),
             "KeyCount": len(page.entries),
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "ContinuationToken": token,
             "NextContinuationToken": encode_token(page.next_marker) if page.is_truncated else None,
@@ -182,7 +182,7 @@ async def list_object_versions(call: Call) -> http.Response:
             "NextKeyMarker": encode(page.next_marker) if page.is_truncated else None,
             "NextVersionIdMarker": "null" if page.is_truncated else None,
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "EncodingType": call.query.get("encoding-type"),
             "Version": versions,
