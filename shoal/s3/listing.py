@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from typing import Any
 from urllib.parse import quote
@@ -12,7 +10,7 @@ from shoal.metadata import ListingPage
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
-from shoal.s3.bucket import owner_tree
+from shoal.s3.bucket import decode_token, encode_token, owner_tree
 from shoal.s3.errors import InvalidArgument
 from shoal.s3.router import Endpoint
 
@@ -190,16 +188,3 @@ async def list_object_versions(call: Call) -> http.Response:
         },
     )
     return http.Response(body=body, content_type=XML)
-
-
-def encode_token(marker: str | None) -> str | None:
-    if marker is None:
-        return None
-    return base64.urlsafe_b64encode(marker.encode("utf-8", "surrogateescape")).decode()
-
-
-def decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgument("The continuation token provided is incorrect") from None
