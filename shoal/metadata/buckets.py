@@ -27,7 +27,8 @@ from shoal.metadata.models import Bucket
 from shoal.metadata.names import check_bucket_name, check_listing_text
 from shoal.metadata.shards import render_arms
 
-MAX_BUCKETS_PER_PAGE = 10000
+# S3's largest ListBuckets page and one more, for the gateway to tell whether another follows.
+MAX_BUCKETS_PER_PAGE = 10_001
 
 
 class Buckets(Component):

@@ -3,15 +3,19 @@ GetBucketVersioning."""
 
 from __future__ import annotations
 
-from shoal.metadata import BucketAlreadyOwnedByYou, InvalidName
+import base64
+import binascii
+
+from shoal.metadata import Bucket, BucketAlreadyOwnedByYou, InvalidName
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
-from shoal.s3.errors import InvalidBucketName, InvalidLocationConstraint
+from shoal.s3.errors import InvalidArgument, InvalidBucketName, InvalidLocationConstraint
 from shoal.s3.router import Endpoint
 
 XML = "application/xml"
 MAX_CREATE_BUCKET_BODY = 64 * 1024
+MAX_BUCKETS = 10_000  # S3's largest ListBuckets page, and its page when paging is asked
 
 
 def owner_tree(call: Call) -> dict[str, str]:
@@ -20,17 +24,66 @@ def owner_tree(call: Call) -> dict[str, str]:
 
 @handles(Endpoint.ListBuckets)
 async def list_buckets(call: Call) -> http.Response:
-    prefix = call.query.get("prefix", "")
-    buckets = await call.store.buckets.list(call.account, prefix=prefix, limit=10000)
+    """All of the caller's buckets, or, as S3 since 2024, a page of them: `max-buckets`,
+    `continuation-token` (the last name of the page before, encoded), `prefix`,
+    `bucket-region` (every bucket is in the gateway's region)."""
+    query = call.query
+    prefix = query.get("prefix", "")
+    token = query.get("continuation-token")
+    after = decode_token(token) if token else ""
+    limit = max_buckets(query.get("max-buckets"))
+    region = call.gateway.config.region
+    wanted_region = query.get("bucket-region")
+    found: list[Bucket] = []
+    if wanted_region in (None, region):
+        # One past the page, to know whether another follows.
+        found = await call.store.buckets.list(
+            call.account, prefix=prefix, after=after, limit=limit + 1
+        )
+    page = found[:limit]
     body = s3xml.document(
         "ListAllMyBucketsResult",
         {
             "Owner": owner_tree(call),
-            "Buckets": {"Bucket": [{"Name": b.name, "CreationDate": b.created} for b in buckets]},
+            "Buckets": {
+                "Bucket": [
+                    {"Name": b.name, "CreationDate": b.created, "BucketRegion": region}
+                    for b in page
+                ]
+            },
+            "ContinuationToken": encode_token(page[-1].name) if len(found) > limit else None,
             "Prefix": prefix or None,
         },
     )
     return http.Response(body=body, content_type=XML)
+
+
+def max_buckets(text: str | None) -> int:
+    """`max-buckets`: 1 to 10,000 (InvalidArgument otherwise), 10,000 when not given."""
+    if text is None:
+        return MAX_BUCKETS
+    digits = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_BUCKETS))
+    if not digits or not 1 <= int(text) <= MAX_BUCKETS:
+        raise InvalidArgument(
+            f"max-buckets must be an integer between 1 and {MAX_BUCKETS}",
+            ArgumentName="max-buckets",
+            ArgumentValue=text,
+        )
+    return int(text)
+
+
+def encode_token(marker: str | None) -> str | None:
+    """A continuation token: where a listing (of keys or buckets) goes on, opaque."""
+    if marker is None:
+        return None
+    return base64.urlsafe_b64encode(marker.encode("utf-8", "surrogateescape")).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidArgument("The continuation token provided is incorrect") from None
 
 
 @handles(Endpoint.CreateBucket)
@@ -38,7 +91,7 @@ async def create_bucket(call: Call) -> http.Response:
     body = await call.read_body(MAX_CREATE_BUCKET_BODY)
     if body.strip():
         config = s3xml.parse(body, "CreateBucketConfiguration")
-        wanted = s3xml.text_of(config, "LocationConstraint", required=False)
+        wanted = s3xml.text_of(config, "LocationConstraint", required=False, stripped=True)
         if wanted and wanted != call.gateway.config.region:
             raise InvalidLocationConstraint(
                 f"The specified location-constraint is not valid: this endpoint serves "

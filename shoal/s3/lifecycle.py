@@ -66,10 +66,10 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     for action in UNSUPPORTED_ACTIONS:
         if rule.find(action) is not None:
             raise NotImplementedByShoal(f"{action} is not supported: Shoal has one storage class")
-    status = s3xml.text_of(rule, "Status")
+    status = s3xml.text_of(rule, "Status", stripped=True)
     if status not in ("Enabled", "Disabled"):
         raise MalformedXML("Status must be Enabled or Disabled")
-    rule_id = s3xml.text_of(rule, "ID", required=False) or ""
+    rule_id = s3xml.text_of(rule, "ID", required=False, stripped=True) or ""
     if len(rule_id) > MAX_ID_CHARS:
         raise InvalidArgument(f"ID length should not exceed allowed limit of {MAX_ID_CHARS}")
     parsed: dict[str, Any] = {
@@ -82,8 +82,8 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     }
     expiration = rule.find("Expiration")
     if expiration is not None:
-        days = s3xml.text_of(expiration, "Days", required=False)
-        date = s3xml.text_of(expiration, "Date", required=False)
+        days = s3xml.text_of(expiration, "Days", required=False, stripped=True)
+        date = s3xml.text_of(expiration, "Date", required=False, stripped=True)
         delete_marker = expiration.find("ExpiredObjectDeleteMarker") is not None
         if delete_marker and (days is not None or date is not None):
             raise InvalidArgument(
@@ -105,7 +105,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     abort = rule.find("AbortIncompleteMultipartUpload")
     if abort is not None:
         parsed["abort_days"] = _days(
-            s3xml.text_of(abort, "DaysAfterInitiation") or "",
+            s3xml.text_of(abort, "DaysAfterInitiation", stripped=True) or "",
             "'DaysAfterInitiation' for AbortIncompleteMultipartUpload action",
         )
     if (

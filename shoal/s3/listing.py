@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from typing import Any
 from urllib.parse import quote
@@ -12,7 +10,7 @@ from shoal.metadata import ListingPage
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
-from shoal.s3.bucket import owner_tree
+from shoal.s3.bucket import decode_token, encode_token, owner_tree
 from shoal.s3.errors import InvalidArgument
 from shoal.s3.router import Endpoint
 
@@ -115,7 +113,7 @@ async def list_objects(call: Call) -> http.Response:
             "Prefix": encode(call.query.get("prefix", "")),
             "Marker": encode(marker),
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "NextMarker": encode(page.next_marker) if page.is_truncated else None,
             "EncodingType": call.query.get("encoding-type"),
@@ -140,7 +138,7 @@ async def list_objects_v2(call: Call) -> http.Response:
             "Prefix": encode(call.query.get("prefix", "")),
             "KeyCount": len(page.entries),
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "ContinuationToken": token,
             "NextContinuationToken": encode_token(page.next_marker) if page.is_truncated else None,
@@ -182,7 +180,7 @@ async def list_object_versions(call: Call) -> http.Response:
             "NextKeyMarker": encode(page.next_marker) if page.is_truncated else None,
             "NextVersionIdMarker": "null" if page.is_truncated else None,
             "MaxKeys": max_keys(call),
-            "Delimiter": encode(call.query.get("delimiter")),
+            "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
             "EncodingType": call.query.get("encoding-type"),
             "Version": versions,
@@ -190,16 +188,3 @@ async def list_object_versions(call: Call) -> http.Response:
         },
     )
     return http.Response(body=body, content_type=XML)
-
-
-def encode_token(marker: str | None) -> str | None:
-    if marker is None:
-        return None
-    return base64.urlsafe_b64encode(marker.encode("utf-8", "surrogateescape")).decode()
-
-
-def decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgument("The continuation token provided is incorrect") from None

@@ -3,7 +3,7 @@ CopyObject."""
 
 from __future__ import annotations
 
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from shoal.metadata import (
     BucketNotFound,
@@ -178,7 +178,8 @@ async def delete_objects(call: Call) -> http.Response:
     body = await call.read_body(MAX_DELETE_BODY)
     digested = check_body_digests(call, body)
     request = s3xml.parse(body, "Delete")
-    quiet = (s3xml.text_of(request, "Quiet", required=False) or "false").lower() == "true"
+    quiet_text = s3xml.text_of(request, "Quiet", required=False, stripped=True) or "false"
+    quiet = quiet_text.lower() == "true"
     targets = request.findall("Object")
     if not targets or len(targets) > MAX_DELETE_KEYS:
         raise MalformedXML(f"Delete names 1 to {MAX_DELETE_KEYS} objects")
@@ -282,7 +283,8 @@ async def copy_source(call: Call) -> ObjectVersion:
     path, _, query = raw.partition("?")
     if query and query not in ("versionId=null",):
         raise InvalidArgument("Invalid version id specified")
-    bucket, _, key = unquote(path, errors="surrogateescape").lstrip("/").partition("/")
+    # Decoded as S3 does: `+` is a space (s5cmd sends keys so), `%2B` a plus.
+    bucket, _, key = unquote_plus(path, errors="surrogateescape").lstrip("/").partition("/")
     if not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: bucket/key")
     check_key(key)

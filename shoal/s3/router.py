@@ -88,10 +88,9 @@ def address(host: str, raw_path: str, domains: Sequence[str]) -> Address:
     """
     hostname = host.rsplit(":", 1)[0].lower() if host and not host.startswith("[") else ""
     path = raw_path[1:] if raw_path.startswith("/") else raw_path
-    for domain in domains:
-        if hostname.endswith("." + domain):
-            bucket = hostname[: -len(domain) - 1]
-            return Address(bucket, _decoded(path) or None, virtual=True)
+    bucket = _virtual_bucket(hostname, domains)
+    if bucket is not None:
+        return Address(bucket, _decoded(path) or None, virtual=True)
     bucket, _, key = path.partition("/")
     return Address(_decoded(bucket) or None, _decoded(key) or None)
 
@@ -159,6 +158,18 @@ def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -
     if method == "DELETE":
         return Endpoint.AbortMultipartUpload if upload else Endpoint.DeleteObject
     raise MethodNotAllowed()
+
+
+def _virtual_bucket(hostname: str, domains: Sequence[str]) -> str | None:
+    """The bucket a host name carries before the longest domain it ends with (with
+    `localhost` and `s3.localhost`, `b.s3.localhost` is bucket `b`, not `b.s3`); None for
+    a domain itself or a host outside them (path style)."""
+    for domain in sorted(domains, key=len, reverse=True):
+        if hostname == domain:
+            return None
+        if hostname.endswith("." + domain):
+            return hostname[: -len(domain) - 1]
+    return None
 
 
 def _decoded(text: str) -> str:

@@ -106,13 +106,18 @@ def parse(body: bytes, root: str) -> ElementTree.Element:
     return element
 
 
-def text_of(element: ElementTree.Element, tag: str, required: bool = True) -> str | None:
+def text_of(
+    element: ElementTree.Element, tag: str, required: bool = True, stripped: bool = False
+) -> str | None:
+    """A child's text exactly as sent: keys, prefixes, markers and upload ids are byte strings
+    in which every space counts. `stripped` is for numbers and fixed words (Quiet, Status,
+    Days), where the whitespace of a pretty-printed body means nothing."""
     child = element.find(tag)
     if child is None or child.text is None:
         if required:
             raise MalformedXML(f"<{element.tag}> needs <{tag}>")
         return None
-    return child.text.strip()
+    return child.text.strip() if stripped else child.text
 
 
 def _render(parts: list[str], body: Tree) -> None:

@@ -59,3 +59,10 @@ def test_a_text_body_and_an_error_document() -> None:
         ("Resource", "/b/k"),
         ("RequestId", "req-1"),
     ]
+
+
+def test_text_of_keeps_names_exact_and_strips_only_when_asked() -> None:
+    parsed = xml.parse(b"<Object><Key> b </Key><Quiet>\n  true\n</Quiet></Object>", "Object")
+    assert xml.text_of(parsed, "Key") == " b "
+    assert xml.text_of(parsed, "Quiet", stripped=True) == "true"
+    assert xml.text_of(parsed, "VersionId", required=False) is None

@@ -1,0 +1,28 @@
+"""Addressing: which bucket and key a Host header and path name."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.s3.router import Address, address
+
+DOMAINS = ("localhost", "s3.localhost")
+
+
+@pytest.mark.parametrize(
+    ("host", "path", "expected"),
+    [
+        ("b.s3.localhost:9000", "/k", Address("b", "k", virtual=True)),
+        ("b.localhost:9000", "/k", Address("b", "k", virtual=True)),
+        ("a.b.s3.localhost", "/", Address("a.b", None, virtual=True)),
+        ("s3.localhost:9000", "/b/k", Address("b", "k")),
+        ("localhost:9000", "/b/k", Address("b", "k")),
+        ("127.0.0.1:9000", "/b/%20k%20", Address("b", " k ")),
+        ("B.S3.LOCALHOST", "/k", Address("b", "k", virtual=True)),
+    ],
+)
+def test_the_longest_domain_wins_and_a_domain_alone_is_path_style(
+    host: str, path: str, expected: Address
+) -> None:
+    assert address(host, path, DOMAINS) == expected
+    assert address(host, path, tuple(reversed(DOMAINS))) == expected
