@@ -156,7 +156,7 @@ async def upload_part_copy(call: Call) -> http.Response:
         {
             "LastModified": source.modified,
             "ETag": f'"{stored.result.md5.hex()}"',
-            **_checksum_elements(stored.checksums),
+            **checksum_elements(stored.checksums),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -246,7 +246,7 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             "Bucket": call.bucket,
             "Key": call.key,
             "ETag": f'"{version.etag}"',
-            **_checksum_elements(version.properties.get("checksums", {})),
+            **checksum_elements(version.properties.get("checksums", {})),
             "ChecksumType": version.properties.get("checksum_type"),
         },
     )
@@ -323,7 +323,7 @@ def _check_whole_object(call: Call, algorithm: str, kind: str, whole: str, size:
         )
 
 
-def _checksum_elements(checksums: Mapping[str, str]) -> dict[str, str]:
+def checksum_elements(checksums: Mapping[str, str]) -> dict[str, str]:
     """Checksums in S3 form as the XML elements ChecksumCRC32, ChecksumSHA256, ..."""
     return {_CHECKSUM_TAGS[name]: value for name, value in sorted(checksums.items())}
 
@@ -375,7 +375,7 @@ async def list_parts(call: Call) -> http.Response:
                     "LastModified": p.created,
                     "ETag": f'"{p.etag}"',
                     "Size": p.content_length,
-                    **_checksum_elements(p.properties.get("checksums", {})),
+                    **checksum_elements(p.properties.get("checksums", {})),
                 }
                 for p in parts
             ],

@@ -235,3 +235,36 @@ def test_aws_cli_cp_with_sha256_checksum(
     back = tmp_path / "back"
     aws(served, "s3", "cp", target, str(back))
     assert back.read_bytes() == data
+
+
+def test_get_object_attributes(s3: Any, bucket: str) -> None:
+    parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), b"end"]
+    composite = upload_in_parts(s3, bucket, "mp", parts, ChecksumAlgorithm="SHA256")
+    everything = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"]
+    got = s3.get_object_attributes(Bucket=bucket, Key="mp", ObjectAttributes=everything, MaxParts=2)
+    assert got["ETag"] == s3.head_object(Bucket=bucket, Key="mp")["ETag"].strip('"')
+    assert got["Checksum"] == {"ChecksumSHA256": composite, "ChecksumType": "COMPOSITE"}
+    assert got["StorageClass"] == "STANDARD" and got["ObjectSize"] == 10 * MIB + 3
+    page = got["ObjectParts"]
+    assert page["TotalPartsCount"] == 3 and page["IsTruncated"]
+    assert [(p["PartNumber"], p["Size"]) for p in page["Parts"]] == [(1, 5 * MIB), (2, 5 * MIB)]
+    assert page["Parts"][0]["ChecksumSHA256"] == sha256(parts[0])
+    rest = s3.get_object_attributes(
+        Bucket=bucket,
+        Key="mp",
+        ObjectAttributes=["ObjectParts"],
+        PartNumberMarker=page["NextPartNumberMarker"],
+    )
+    assert [p["PartNumber"] for p in rest["ObjectParts"]["Parts"]] == [3]
+    assert not rest["ObjectParts"]["IsTruncated"] and "ETag" not in rest
+
+    s3.put_object(Bucket=bucket, Key="one", Body=b"single", ChecksumAlgorithm="CRC32")
+    single = s3.get_object_attributes(Bucket=bucket, Key="one", ObjectAttributes=everything)
+    assert single["Checksum"] == {"ChecksumCRC32": crc32(b"single"), "ChecksumType": "FULL_OBJECT"}
+    assert "ObjectParts" not in single and single["ObjectSize"] == 6
+    assert error_of(
+        s3.get_object_attributes, Bucket=bucket, Key="one", ObjectAttributes=["Colour"]
+    ) == (400, "InvalidArgument")
+    assert error_of(
+        s3.get_object_attributes, Bucket=bucket, Key="none", ObjectAttributes=["ETag"]
+    ) == (404, "NoSuchKey")
