@@ -268,7 +268,8 @@ async def _completed_checksums(
     algorithm = found.properties.get("checksum_algorithm")
     if not algorithm:
         return {}
-    kind = found.properties["checksum_type"]
+    # An upload created before checksum types were kept has the default, COMPOSITE.
+    kind = found.properties.get("checksum_type", "COMPOSITE")
     stored = await call.store.uploads.list_parts(
         call.account, call.bucket, call.key, upload, after=0, limit=MAX_PART_NUMBER + 1
     )
@@ -298,7 +299,7 @@ async def _completed_checksums(
     else:
         whole = full_object_crc(algorithm, values)
     _check_whole_object(call, algorithm, kind, whole, sum(size for _, size in values))
-    return {"checksums": {algorithm: whole}}
+    return {"checksums": {algorithm: whole}, "checksum_type": kind}
 
 
 def _check_whole_object(call: Call, algorithm: str, kind: str, whole: str, size: int) -> None:
