@@ -261,9 +261,8 @@ async def _completed_checksums(
 ) -> dict[str, object]:
     """The object checksum of an upload created with one, from its parts' stored checksums,
     checked against those the request names (BadDigest if one differs); {} for no checksum.
-
-    A part the request names that is missing or has another ETag is left to the metadata
-    tier's InvalidPart."""
+    The metadata tier checks the parts' ETags again when it completes, against a part
+    uploaded again meanwhile."""
     found = await call.store.uploads.get(call.account, call.bucket, call.key, upload)
     algorithm = found.properties.get("checksum_algorithm")
     if not algorithm:
@@ -278,7 +277,7 @@ async def _completed_checksums(
     for number, md5 in chosen:
         part = by_number.get(number)
         if part is None or part.content_md5 != md5:
-            return {}
+            raise InvalidPart()
         value = part.properties.get("checksums", {}).get(algorithm)
         sent = claimed[number].get(algorithm)
         if value is None:

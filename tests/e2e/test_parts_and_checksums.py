@@ -135,7 +135,20 @@ def test_list_parts_and_wrong_checksums_at_complete(s3: Any, bucket: str) -> Non
 
     assert error_of(complete) == (400, "InvalidRequest")  # composite: each part's is needed
     assert error_of(complete, ChecksumCRC32=crc32(b"other")) == (400, "BadDigest")
+    assert error_of(complete, ETag='"' + "0" * 32 + '"') == (400, "InvalidPart")
     assert complete(ChecksumCRC32=crc32(body))["ChecksumCRC32"] == crc32(crc32_raw(body)) + "-1"
+
+
+def test_upload_part_copy_stores_the_uploads_checksum(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="source", Body=b"copied bytes")
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="k", ChecksumAlgorithm="SHA1")["UploadId"]
+    copied = s3.upload_part_copy(
+        Bucket=bucket, Key="k", UploadId=uid, PartNumber=1, CopySource=f"{bucket}/source"
+    )
+    sha1 = b64(hashlib.sha1(b"copied bytes").digest())
+    assert copied["CopyPartResult"]["ChecksumSHA1"] == sha1
+    listed = s3.list_parts(Bucket=bucket, Key="k", UploadId=uid)
+    assert listed["Parts"][0]["ChecksumSHA1"] == sha1 and listed["ChecksumType"] == "COMPOSITE"
 
 
 def crc32_raw(data: bytes) -> bytes:
