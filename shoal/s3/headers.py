@@ -115,10 +115,6 @@ def object_part(version: ObjectVersion, number: int) -> tuple[int, int, dict[str
     return start, start + int(part["size"]), checksums
 
 
-def parts_count(version: ObjectVersion) -> int:
-    return len(version.properties.get("parts") or [None])
-
-
 def http_date(moment: datetime) -> str:
     return format_datetime(moment.astimezone(UTC), usegmt=True)
 
