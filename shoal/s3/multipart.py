@@ -323,6 +323,17 @@ def _check_whole_object(call: Call, algorithm: str, kind: str, whole: str, size:
         )
 
 
+def _upload_checksum_elements(properties: Mapping[str, str]) -> dict[str, str]:
+    """ChecksumAlgorithm and ChecksumType of an upload created with a checksum."""
+    algorithm = properties.get("checksum_algorithm")
+    if not algorithm:
+        return {}
+    return {
+        "ChecksumAlgorithm": algorithm.upper(),
+        "ChecksumType": properties.get("checksum_type", "COMPOSITE"),
+    }
+
+
 def checksum_elements(checksums: Mapping[str, str]) -> dict[str, str]:
     """Checksums in S3 form as the XML elements ChecksumCRC32, ChecksumSHA256, ..."""
     return {_CHECKSUM_TAGS[name]: value for name, value in sorted(checksums.items())}
@@ -379,9 +390,7 @@ async def list_parts(call: Call) -> http.Response:
                 }
                 for p in parts
             ],
-            "ChecksumAlgorithm": (upload.properties.get("checksum_algorithm") or "").upper()
-            or None,
-            "ChecksumType": upload.properties.get("checksum_type"),
+            **_upload_checksum_elements(upload.properties),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -425,6 +434,7 @@ async def list_multipart_uploads(call: Call) -> http.Response:
                     "Owner": owner_tree(call),
                     "StorageClass": "STANDARD",
                     "Initiated": u.created,
+                    **_upload_checksum_elements(u.properties),
                 }
                 for u in uploads
             ],

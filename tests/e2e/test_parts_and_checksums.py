@@ -149,6 +149,8 @@ def test_upload_part_copy_stores_the_uploads_checksum(s3: Any, bucket: str) -> N
     assert copied["CopyPartResult"]["ChecksumSHA1"] == sha1
     listed = s3.list_parts(Bucket=bucket, Key="k", UploadId=uid)
     assert listed["Parts"][0]["ChecksumSHA1"] == sha1 and listed["ChecksumType"] == "COMPOSITE"
+    (upload,) = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    assert (upload["ChecksumAlgorithm"], upload["ChecksumType"]) == ("SHA1", "COMPOSITE")
 
 
 def crc32_raw(data: bytes) -> bytes:
