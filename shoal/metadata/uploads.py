@@ -193,8 +193,11 @@ class Uploads(Component):
         min_part_size: int = MIN_PART_SIZE_BYTES,
         if_match: bytes | None = None,
         if_none_match: bool = False,
+        properties: dict[str, Any] | None = None,
     ) -> PutResult:
         """Make the chosen parts, (part number, MD5) in ascending order, the object's data.
+
+        `properties` are kept with the object besides those of the upload (its checksums).
 
         Atomic: on any error (InvalidPart, InvalidPartOrder, EntityTooSmall, a failed
         precondition) nothing changes and the upload stays open.
@@ -214,7 +217,7 @@ class Uploads(Component):
                 await cur.execute(render(queries.LOCK_PARTS, vnode), key)
                 stored = {row["part_number"]: _part(row) for row in await cur.fetchall()}
                 parts = _chosen_parts(chosen, stored, min_part_size)
-                write = _assembled(upload, parts)
+                write = _assembled(upload, parts, properties or {})
                 params = write_params(owner, found.id, name, write)
                 if if_none_match:
                     statement = queries.CREATE_OBJECT
@@ -276,7 +279,7 @@ def _chosen_parts(
     return parts
 
 
-def _assembled(upload: Upload, parts: list[Part]) -> ObjectWrite:
+def _assembled(upload: Upload, parts: list[Part], properties: dict[str, Any]) -> ObjectWrite:
     """The object a completed upload becomes: its properties name every part and its blocks."""
     digest = hashlib.md5(b"".join(p.content_md5 for p in parts), usedforsecurity=False)
     sharks = sorted({shark for p in parts for shark in p.sharks})
@@ -288,6 +291,7 @@ def _assembled(upload: Upload, parts: list[Part]) -> ObjectWrite:
         headers={k: v for k, v in upload.headers.items() if v is not None},
         properties={
             **upload.properties,
+            **properties,
             "upload_id": str(upload.id),
             "parts": [
                 {

@@ -139,6 +139,10 @@ class InvalidPart(
     pass
 
 
+class InvalidPartNumber(S3Error, status=416, message="The requested partnumber is not satisfiable"):
+    pass
+
+
 class InvalidPartOrder(
     S3Error,
     message=("The list of parts was not in ascending order. Parts must be ordered by part number."),

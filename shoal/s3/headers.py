@@ -10,7 +10,13 @@ from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
 
 from shoal.metadata import ObjectVersion
-from shoal.s3.errors import InvalidArgument, InvalidDigest, InvalidRange, PreconditionFailed
+from shoal.s3.errors import (
+    InvalidArgument,
+    InvalidDigest,
+    InvalidPartNumber,
+    InvalidRange,
+    PreconditionFailed,
+)
 
 # Standard headers S3 stores with an object and returns on GET and HEAD.
 STORED_HEADERS = (
@@ -79,17 +85,34 @@ def response_headers(version: ObjectVersion) -> dict[str, str]:
     for name, value in version.headers.items():
         if value is not None:
             headers[name] = value
-    parts = version.properties.get("parts")
-    if parts is not None:
-        headers["x-amz-mp-parts-count"] = str(len(parts))
     return headers
 
 
 def checksum_headers(version: ObjectVersion) -> dict[str, str]:
-    return {
-        f"x-amz-checksum-{name}": value
-        for name, value in version.properties.get("checksums", {}).items()
-    }
+    """x-amz-checksum-* of the whole object, and whether it is a multipart object's
+    COMPOSITE checksum (checksum of the part checksums) or of all its bytes (FULL_OBJECT)."""
+    checksums = version.properties.get("checksums", {})
+    if not checksums:
+        return {}
+    headers = {f"x-amz-checksum-{name}": value for name, value in checksums.items()}
+    headers["x-amz-checksum-type"] = version.properties.get("checksum_type", "FULL_OBJECT")
+    return headers
+
+
+def object_part(version: ObjectVersion, number: int) -> tuple[int, int, dict[str, str]]:
+    """[start, end) of part `number` of a version and the part's checksums (GET and HEAD
+    ?partNumber=). An object not uploaded in parts is one part, with the object's checksums."""
+    parts = version.properties.get("parts")
+    if parts is None:
+        if number != 1:
+            raise InvalidPartNumber()
+        return 0, version.content_length, checksum_headers(version)
+    if number > len(parts):
+        raise InvalidPartNumber()
+    start = sum(int(p["size"]) for p in parts[: number - 1])
+    part = parts[number - 1]
+    checksums = {f"x-amz-checksum-{k}": v for k, v in part.get("checksums", {}).items()}
+    return start, start + int(part["size"]), checksums
 
 
 def http_date(moment: datetime) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 
 from shoal.metadata import (
     CommitUnknown,
@@ -19,14 +20,35 @@ from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.bucket import owner_tree
-from shoal.s3.errors import InvalidArgument, InvalidPart, InvalidRange, MalformedXML, NoSuchUpload
+from shoal.s3.errors import (
+    BadDigest,
+    InvalidArgument,
+    InvalidPart,
+    InvalidRange,
+    InvalidRequest,
+    MalformedXML,
+    NoSuchUpload,
+)
 from shoal.s3.listing import max_keys
-from shoal.s3.objects import check_key, conditional_write, copy_source
+from shoal.s3.objects import (
+    MAX_PART_NUMBER,
+    check_key,
+    conditional_write,
+    copy_source,
+    part_number,
+)
 from shoal.s3.router import Endpoint
+from shoal.storage.checksums import (
+    FULL_OBJECT_CHECKSUMS,
+    S3_CHECKSUMS,
+    composite_checksum,
+    full_object_crc,
+)
 
 XML = "application/xml"
 MAX_COMPLETE_BODY = 4 * 1024 * 1024
-MAX_PART_NUMBER = 10000
+CHECKSUM_TYPES = ("COMPOSITE", "FULL_OBJECT")
+_CHECKSUM_TAGS = {name: f"Checksum{name.upper()}" for name in S3_CHECKSUMS}
 
 
 def upload_id(call: Call) -> uuid.UUID:
@@ -36,27 +58,17 @@ def upload_id(call: Call) -> uuid.UUID:
         raise NoSuchUpload() from None
 
 
-def part_number(call: Call) -> int:
-    try:
-        number = int(call.query.get("partNumber", ""))
-    except ValueError:
-        number = 0
-    if not 1 <= number <= MAX_PART_NUMBER:
-        raise InvalidArgument(f"Part number must be an integer between 1 and {MAX_PART_NUMBER}")
-    return number
-
-
 @handles(Endpoint.CreateMultipartUpload)
 async def create_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
-    algorithm = call.request.headers.get("x-amz-checksum-algorithm")
+    checksum = _upload_checksum(call.request.headers)
     upload = await call.store.uploads.create(
         call.account,
         call.bucket,
         call.key,
         content_type=call.request.headers.get("Content-Type") or None,
         headers=h.object_headers(call.request.headers),
-        properties={"checksum_algorithm": algorithm.lower()} if algorithm else {},
+        properties=checksum,
     )
     body = s3xml.document(
         "InitiateMultipartUploadResult",
@@ -66,8 +78,38 @@ async def create_multipart_upload(call: Call) -> http.Response:
             "UploadId": str(upload.id),
         },
     )
-    headers = {"x-amz-checksum-algorithm": algorithm} if algorithm else {}
+    headers = {}
+    if checksum:
+        headers["x-amz-checksum-algorithm"] = checksum["checksum_algorithm"].upper()
+        headers["x-amz-checksum-type"] = checksum["checksum_type"]
     return http.Response(body=body, content_type=XML, headers=headers)
+
+
+def _upload_checksum(headers: Mapping[str, str]) -> dict[str, str]:
+    """The checksum an upload is created with: x-amz-checksum-algorithm and -type, checked.
+
+    COMPOSITE (a checksum of the parts' checksums) is the default, but CRC64NVME exists only
+    as FULL_OBJECT (the CRC of all the bytes), which the SHA algorithms cannot be."""
+    algorithm = (headers.get("x-amz-checksum-algorithm") or "").lower()
+    kind = (headers.get("x-amz-checksum-type") or "").upper()
+    if not algorithm:
+        if kind:
+            raise InvalidRequest(
+                "The x-amz-checksum-type header can only be used with the "
+                "x-amz-checksum-algorithm header."
+            )
+        return {}
+    if algorithm not in S3_CHECKSUMS:
+        raise InvalidRequest(f"Checksum algorithm {algorithm.upper()} is not supported")
+    kind = kind or ("FULL_OBJECT" if algorithm == "crc64nvme" else "COMPOSITE")
+    if kind not in CHECKSUM_TYPES:
+        raise InvalidRequest("The x-amz-checksum-type header must be COMPOSITE or FULL_OBJECT")
+    usable = FULL_OBJECT_CHECKSUMS if kind == "FULL_OBJECT" else set(S3_CHECKSUMS) - {"crc64nvme"}
+    if algorithm not in usable:
+        raise InvalidRequest(
+            f"The {kind} checksum type cannot be used with the {algorithm} checksum algorithm."
+        )
+    return {"checksum_algorithm": algorithm, "checksum_type": kind}
 
 
 @handles(Endpoint.UploadPart)
@@ -77,6 +119,9 @@ async def upload_part(call: Call) -> http.Response:
     number = part_number(call)
     length = payload.declared_length(call.request.headers)
     checksums = payload.requested_checksums(call.request.headers)
+    algorithm = upload.properties.get("checksum_algorithm")
+    if algorithm and algorithm not in checksums:
+        checksums.append(algorithm)  # the upload's checksum needs every part's
     stored = await payload.store_body(
         call.data, call.body(), call.request.headers, call.verified.trailers, length, checksums
     )
@@ -95,8 +140,15 @@ async def upload_part_copy(call: Call) -> http.Response:
     start, end = _copy_range(
         call.request.headers.get("x-amz-copy-source-range"), source.content_length
     )
+    algorithm = upload.properties.get("checksum_algorithm")
+    checksums = [algorithm] if algorithm else []
     stored = await payload.store_body(
-        call.data, payload.read_version(call.data, source, start, end), {}, {}, end - start, []
+        call.data,
+        payload.read_version(call.data, source, start, end),
+        {},
+        {},
+        end - start,
+        checksums,
     )
     await _record_part(call, upload.id, number, stored)
     body = s3xml.document(
@@ -104,6 +156,7 @@ async def upload_part_copy(call: Call) -> http.Response:
         {
             "LastModified": source.modified,
             "ETag": f'"{stored.result.md5.hex()}"',
+            **checksum_elements(stored.checksums),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -148,6 +201,7 @@ async def complete_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     request = s3xml.parse(await call.read_body(MAX_COMPLETE_BODY), "CompleteMultipartUpload")
     chosen = []
+    claimed_checksums: dict[int, dict[str, str]] = {}
     for part in request.findall("Part"):
         try:
             number = int(s3xml.text_of(part, "PartNumber") or "")
@@ -159,10 +213,16 @@ async def complete_multipart_upload(call: Call) -> http.Response:
         except ValueError:
             raise InvalidPart() from None
         chosen.append((number, md5))
+        claimed_checksums[number] = {
+            name: value.strip()
+            for name in S3_CHECKSUMS
+            if (value := s3xml.text_of(part, _CHECKSUM_TAGS[name], required=False))
+        }
     if not chosen:
         raise MalformedXML("CompleteMultipartUpload names no parts")
     completing = upload_id(call)
     try:
+        checksums = await _completed_checksums(call, completing, chosen, claimed_checksums)
         await call.store.uploads.complete(
             call.account,
             call.bucket,
@@ -170,6 +230,7 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             completing,
             chosen,
             **conditional_write(call),  # type: ignore[arg-type]
+            properties=checksums,
         )
     except UploadNotFound:
         # A retry of a completion that committed but whose answer was lost (CommitUnknown, a
@@ -185,9 +246,97 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             "Bucket": call.bucket,
             "Key": call.key,
             "ETag": f'"{version.etag}"',
+            **checksum_elements(version.properties.get("checksums", {})),
+            "ChecksumType": version.properties.get("checksum_type"),
         },
     )
     return http.Response(body=body, content_type=XML)
+
+
+async def _completed_checksums(
+    call: Call,
+    upload: uuid.UUID,
+    chosen: list[tuple[int, bytes]],
+    claimed: dict[int, dict[str, str]],
+) -> dict[str, object]:
+    """The object checksum of an upload created with one, from its parts' stored checksums,
+    checked against those the request names (BadDigest if one differs); {} for no checksum.
+    The metadata tier checks the parts' ETags again when it completes, against a part
+    uploaded again meanwhile."""
+    found = await call.store.uploads.get(call.account, call.bucket, call.key, upload)
+    algorithm = found.properties.get("checksum_algorithm")
+    if not algorithm:
+        return {}
+    # An upload created before checksum types were kept has the default, COMPOSITE.
+    kind = found.properties.get("checksum_type", "COMPOSITE")
+    stored = await call.store.uploads.list_parts(
+        call.account, call.bucket, call.key, upload, after=0, limit=MAX_PART_NUMBER + 1
+    )
+    by_number = {p.part_number: p for p in stored}
+    values: list[tuple[str, int]] = []
+    for number, md5 in chosen:
+        part = by_number.get(number)
+        if part is None or part.content_md5 != md5:
+            raise InvalidPart()
+        value = part.properties.get("checksums", {}).get(algorithm)
+        sent = claimed[number].get(algorithm)
+        if value is None:
+            raise InvalidRequest(f"Part {number} was uploaded without a {algorithm} checksum.")
+        if sent is None and kind == "COMPOSITE":
+            raise InvalidRequest(
+                f"The upload was created using a {algorithm} checksum. The complete request "
+                f"must include the checksum for each part. It was missing for part {number} "
+                "in the request."
+            )
+        if sent is not None and sent != value:
+            raise BadDigest(
+                f"The {algorithm.upper()} you specified for part {number} did not match."
+            )
+        values.append((value, part.content_length))
+    if kind == "COMPOSITE":
+        whole = composite_checksum(algorithm, [value for value, _ in values])
+    else:
+        whole = full_object_crc(algorithm, values)
+    _check_whole_object(call, algorithm, kind, whole, sum(size for _, size in values))
+    return {"checksums": {algorithm: whole}, "checksum_type": kind}
+
+
+def _check_whole_object(call: Call, algorithm: str, kind: str, whole: str, size: int) -> None:
+    """The object checksum, type and size a Complete request may state must be the object's."""
+    headers = call.request.headers
+    sent_kind = headers.get("x-amz-checksum-type")
+    if sent_kind is not None and sent_kind.upper() != kind:
+        raise InvalidRequest(
+            f"The upload was created using the {kind} checksum mode. The complete request "
+            f"must use the same checksum mode."
+        )
+    sent = headers.get(f"x-amz-checksum-{algorithm}")
+    # A composite value may be stated with or without its "-N".
+    if sent is not None and sent.strip() not in (whole, whole.split("-")[0]):
+        raise BadDigest(
+            f"The {algorithm.upper()} you specified did not match the calculated checksum."
+        )
+    sent_size = headers.get("x-amz-mp-object-size")
+    if sent_size is not None and sent_size.strip() != str(size):
+        raise InvalidRequest(
+            f"The provided x-amz-mp-object-size {sent_size} does not match the object size {size}"
+        )
+
+
+def _upload_checksum_elements(properties: Mapping[str, str]) -> dict[str, str]:
+    """ChecksumAlgorithm and ChecksumType of an upload created with a checksum."""
+    algorithm = properties.get("checksum_algorithm")
+    if not algorithm:
+        return {}
+    return {
+        "ChecksumAlgorithm": algorithm.upper(),
+        "ChecksumType": properties.get("checksum_type", "COMPOSITE"),
+    }
+
+
+def checksum_elements(checksums: Mapping[str, str]) -> dict[str, str]:
+    """Checksums in S3 form as the XML elements ChecksumCRC32, ChecksumSHA256, ..."""
+    return {_CHECKSUM_TAGS[name]: value for name, value in sorted(checksums.items())}
 
 
 async def _live_version(call: Call) -> ObjectVersion | None:
@@ -212,6 +361,7 @@ async def list_parts(call: Call) -> http.Response:
     except ValueError:
         raise InvalidArgument("part-number-marker must be an integer") from None
     limit = max_keys(call, "max-parts")
+    upload = await call.store.uploads.get(call.account, call.bucket, call.key, upload_id(call))
     parts = await call.store.uploads.list_parts(
         call.account, call.bucket, call.key, upload_id(call), after=after, limit=limit + 1
     )
@@ -236,9 +386,11 @@ async def list_parts(call: Call) -> http.Response:
                     "LastModified": p.created,
                     "ETag": f'"{p.etag}"',
                     "Size": p.content_length,
+                    **checksum_elements(p.properties.get("checksums", {})),
                 }
                 for p in parts
             ],
+            **_upload_checksum_elements(upload.properties),
         },
     )
     return http.Response(body=body, content_type=XML)
@@ -282,6 +434,7 @@ async def list_multipart_uploads(call: Call) -> http.Response:
                     "Owner": owner_tree(call),
                     "StorageClass": "STANDARD",
                     "Initiated": u.created,
+                    **_upload_checksum_elements(u.properties),
                 }
                 for u in uploads
             ],

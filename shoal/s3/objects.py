@@ -34,6 +34,18 @@ from shoal.storage.checksums import Digests
 XML = "application/xml"
 MAX_DELETE_KEYS = 1000
 MAX_DELETE_BODY = 2 * 1024 * 1024
+MAX_PART_NUMBER = 10000
+
+
+def part_number(call: Call) -> int:
+    """The partNumber of a request (UploadPart, or GET and HEAD of one part)."""
+    try:
+        number = int(call.query.get("partNumber", ""))
+    except ValueError:
+        number = 0
+    if not 1 <= number <= MAX_PART_NUMBER:
+        raise InvalidArgument(f"Part number must be an integer between 1 and {MAX_PART_NUMBER}")
+    return number
 
 
 def check_key(key: str) -> None:
@@ -146,11 +158,21 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
         if parameter in call.query:
             headers[header] = call.query[parameter]
     size = version.content_length
-    wanted = h.byte_range(call.request.headers.get("Range"), size)
-    start, end = wanted or (0, size)
     checksum_mode = call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
-    if checksum_mode and wanted is None:
-        headers |= h.checksum_headers(version)  # whole-object checksums fit only whole reads
+    if "partNumber" in call.query:
+        if "Range" in call.request.headers:
+            raise InvalidRequest("Cannot specify both Range header and partNumber query parameter")
+        start, end, part_checksums = h.object_part(version, part_number(call))
+        wanted: tuple[int, int] | None = (start, end) if size else None
+        if "parts" in version.properties:  # only a multipart object has a parts count
+            headers["x-amz-mp-parts-count"] = str(len(version.properties["parts"]))
+        if checksum_mode:
+            headers |= part_checksums
+    else:
+        wanted = h.byte_range(call.request.headers.get("Range"), size)
+        start, end = wanted or (0, size)
+        if checksum_mode and wanted is None:
+            headers |= h.checksum_headers(version)  # whole-object checksums fit only whole reads
     response = http.StreamResponse(status=206 if wanted else 200, headers=headers)
     response.content_length = end - start
     if wanted:

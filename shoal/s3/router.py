@@ -36,6 +36,7 @@ class Endpoint(enum.Enum):
     CompleteMultipartUpload = enum.auto()
     AbortMultipartUpload = enum.auto()
     ListParts = enum.auto()
+    GetObjectAttributes = enum.auto()
     PutBucketLifecycleConfiguration = enum.auto()
     GetBucketLifecycleConfiguration = enum.auto()
     DeleteBucketLifecycle = enum.auto()
@@ -97,6 +98,8 @@ def address(host: str, raw_path: str, domains: Sequence[str]) -> Address:
 
 def route(method: str, where: Address, query: Mapping[str, str], copy_source: bool) -> Endpoint:
     unsupported = UNSUPPORTED.intersection(query)
+    if method == "GET" and where.key is not None:
+        unsupported -= {"attributes"}  # GetObjectAttributes; S3 has no other ?attributes
     if unsupported:
         raise NotImplementedByShoal(f"?{sorted(unsupported)[0]} is not implemented by Shoal")
     if where.bucket is None:
@@ -143,6 +146,8 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
 def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -> Endpoint:
     upload = "uploadId" in query
     if method == "GET":
+        if "attributes" in query:
+            return Endpoint.GetObjectAttributes
         return Endpoint.ListParts if upload else Endpoint.GetObject
     if method == "HEAD":
         return Endpoint.HeadObject

@@ -45,3 +45,30 @@ class Digests:
         values = {name: d.digest() for name, d in self._hashes.items()}
         values |= {name: crc.to_bytes(_CRC_BYTES[name], "big") for name, crc in self._crcs.items()}
         return {name: base64.b64encode(raw).decode() for name, raw in sorted(values.items())}
+
+
+# CRCs of two adjacent pieces combine into the CRC of both without rereading the bytes.
+_COMBINE = {
+    "crc32": crt.combine_crc32,
+    "crc32c": crt.combine_crc32c,
+    "crc64nvme": crt.combine_crc64nvme,
+}
+FULL_OBJECT_CHECKSUMS = tuple(_COMBINE)
+
+
+def composite_checksum(name: str, part_values: list[str]) -> str:
+    """S3's composite checksum of a multipart object: the checksum of the parts' binary
+    checksums one after another, then `-N` for N parts (values in S3 form, base64)."""
+    digests = Digests([name])
+    for value in part_values:
+        digests.update(base64.b64decode(value))
+    return f"{digests.s3_values()[name]}-{len(part_values)}"
+
+
+def full_object_crc(name: str, parts: list[tuple[str, int]]) -> str:
+    """The CRC of a whole object from its parts' (CRC in S3 form, size), in order."""
+    combine = _COMBINE[name]
+    crc = 0  # the CRC of no bytes
+    for value, size in parts:
+        crc = combine(crc, int.from_bytes(base64.b64decode(value), "big"), size)
+    return base64.b64encode(crc.to_bytes(_CRC_BYTES[name], "big")).decode()

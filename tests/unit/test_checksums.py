@@ -5,7 +5,13 @@ import hashlib
 
 import pytest
 
-from shoal.storage.checksums import S3_CHECKSUMS, Digests
+from shoal.storage.checksums import (
+    FULL_OBJECT_CHECKSUMS,
+    S3_CHECKSUMS,
+    Digests,
+    composite_checksum,
+    full_object_crc,
+)
 
 CHECK = b"123456789"  # the CRC catalogue's check input
 
@@ -32,3 +38,24 @@ def test_unknown_algorithms_are_refused() -> None:
     with pytest.raises(ValueError, match="crc16"):
         Digests(["crc16"])
     assert set(Digests(S3_CHECKSUMS).s3_values()) == set(S3_CHECKSUMS)
+
+
+def _value(name: str, data: bytes) -> str:
+    digests = Digests([name])
+    digests.update(data)
+    return digests.s3_values()[name]
+
+
+@pytest.mark.parametrize("name", FULL_OBJECT_CHECKSUMS)
+def test_part_crcs_combine_into_the_crc_of_all_the_bytes(name: str) -> None:
+    pieces = [b"", b"first piece", bytes(range(256)) * 40, b"x"]
+    parts = [(_value(name, piece), len(piece)) for piece in pieces]
+    assert full_object_crc(name, parts) == _value(name, b"".join(pieces))
+
+
+@pytest.mark.parametrize("name", S3_CHECKSUMS)
+def test_composite_is_the_checksum_of_the_part_checksums(name: str) -> None:
+    pieces = [b"one", b"two", b"three"]
+    binary = b"".join(base64.b64decode(_value(name, p)) for p in pieces)
+    expected = f"{_value(name, binary)}-3"
+    assert composite_checksum(name, [_value(name, p) for p in pieces]) == expected
