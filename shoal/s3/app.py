@@ -132,6 +132,16 @@ def make_handler(gateway: Gateway) -> http.Handler:
     return dispatch
 
 
+def make_unanswered(gateway: Gateway) -> Callable[[http.Request], None]:
+    """What http.serve calls for a request it never handed to the handler (its client left
+    before its turn): its access line, with no status."""
+
+    def unanswered(request: http.Request) -> None:
+        _log_access(gateway, request, next_request_id(), None, None, time.monotonic())
+
+    return unanswered
+
+
 # Request ids: this process's random tag, then a counter (unique per process, as S3's are
 # per request; a fresh random id cost a getrandom call per request).
 _PROCESS_TAG = secrets.token_hex(4).upper()

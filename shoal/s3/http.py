@@ -493,6 +493,8 @@ class _Connection(asyncio.Protocol):
                 self._start_idle_timer()
         finally:
             self._responder = None
+            while self._waiting:  # never to be answered: the connection closed before them
+                self._server.tell_unanswered(self._waiting.popleft())
 
     async def _respond(self, request: Request) -> bool | None:
         """Answer one request; whether the connection can carry another (None: the answer
@@ -629,6 +631,7 @@ class _Connection(asyncio.Protocol):
         current.keep_alive = False
         if current in self._waiting:
             self._waiting.remove(current)
+            self._server.tell_unanswered(current)
             return False
         return True
 
@@ -705,11 +708,19 @@ async def _drained(body: Body) -> bool:
 
 
 class Server:
-    """Serves `handler` on listening sockets until `close`."""
+    """Serves `handler` on listening sockets until `close`. `unanswered` is told of each
+    request that was received (its head whole) and never handed to `handler`: its
+    connection was lost or cut off before its turn."""
 
-    def __init__(self, handler: Handler, head_seconds: float = HEAD_SECONDS) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        head_seconds: float = HEAD_SECONDS,
+        unanswered: Callable[[Request], None] | None = None,
+    ) -> None:
         self.handler = handler
         self.head_seconds = head_seconds
+        self.unanswered = unanswered
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self._listeners: list[asyncio.AbstractServer] = []
@@ -721,6 +732,13 @@ class Server:
             lambda: _Connection(self), sock=sock, backlog=LISTEN_BACKLOG
         )
         self._listeners.append(listener)
+
+    def tell_unanswered(self, request: Request) -> None:
+        if self.unanswered is not None:
+            try:
+                self.unanswered(request)
+            except Exception:
+                log.exception("%s %s: unanswered", request.method, request.raw_path)
 
     async def close(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stop accepting, let requests in progress finish (up to `grace`), close the rest."""
@@ -737,8 +755,11 @@ class Server:
 
 
 async def serve(
-    handler: Handler, sock: socket.socket, head_seconds: float = HEAD_SECONDS
+    handler: Handler,
+    sock: socket.socket,
+    head_seconds: float = HEAD_SECONDS,
+    unanswered: Callable[[Request], None] | None = None,
 ) -> Server:
-    server = Server(handler, head_seconds)
+    server = Server(handler, head_seconds, unanswered)
     await server.listen(sock)
     return server
