@@ -302,9 +302,9 @@ def _operation_of(gateway: Gateway, request: http.Request) -> str:
 # A copy from a source of at least this many bytes answers at once (S3 does so for every
 # copy): 200 OK, its head and the XML declaration, a space every WHITESPACE_SECONDS while it
 # copies, then the XML result or an Error document (the declaration must come first: XML
-# parsers, botocore's among them, refuse whitespace before it). Below it, a copy (~1 GB per
-# 10 s) ends well within clients' read timeouts, and keeps a plain answer with its error's own
-# status.
+# parsers, botocore's among them, refuse whitespace before it). Below it, a copy ends well
+# within clients' read timeouts (60 s for boto3), and keeps a plain answer with its error's
+# own status.
 EARLY_ANSWER_BYTES = 32 * 1024 * 1024
 WHITESPACE_SECONDS = 2.0
 
