@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 
 from shoal.s3.app import EARLY_ANSWER_BYTES
 from shoal.s3.xml import DECLARATION
+from tests.fixtures.postgres import unique
 from tests.fixtures.serve import Served, signed_headers
 
 SOURCE_BYTES = 2 * EARLY_ANSWER_BYTES
@@ -28,8 +29,9 @@ def block_files(served: Served) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def large_source(served: Served, s3: Any) -> tuple[str, set[Path]]:
-    """A bucket holding `source` (SOURCE_BYTES), and the files its blocks were stored in."""
-    bucket = "large-copies"
+    """A bucket holding `source` (SOURCE_BYTES), and the files its blocks were stored in
+    (which the last test of the module removes)."""
+    bucket = unique("large-copies")
     s3.create_bucket(Bucket=bucket)
     before = block_files(served)
     s3.put_object(Bucket=bucket, Key="source", Body=os.urandom(SOURCE_BYTES))
@@ -74,6 +76,7 @@ def test_large_copy_answers_before_it_is_done(
     )
     assert part["CopyPartResult"]["ETag"]
     s3.abort_multipart_upload(Bucket=bucket, Key="parts", UploadId=upload)
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "copy"}, {"Key": "copy2"}]})
 
 
 @pytest.mark.slow
@@ -102,6 +105,7 @@ def test_an_error_after_the_head_is_an_error_document_in_the_200(
             Bucket=bucket, Key="parts", UploadId=upload, PartNumber=1, CopySource=f"{bucket}/source"
         )
     s3.abort_multipart_upload(Bucket=bucket, Key="parts", UploadId=upload)
+    s3.delete_object(Bucket=bucket, Key="source")  # no object left without its blocks
 
 
 def test_a_small_copy_keeps_a_plain_answer(served: Served, s3: Any, bucket: str) -> None:
