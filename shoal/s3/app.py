@@ -4,8 +4,8 @@ Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), 
 operation's handler. Errors become S3's XML error body here and only here; an unexpected error
 is logged with the request id and answered InternalError. Once a response body has started,
 an error can only abort the connection, except in an answer that started early on purpose
-(`answer_while_working`), whose error goes in its body. Every request that reaches the
-handler gets one access line, written once its answer is out.
+(`answer_while_working`), whose error goes in its body. Every request gets one access line,
+written once its answer is out (`make_unanswered`'s for one that never had its turn).
 """
 
 from __future__ import annotations
