@@ -419,7 +419,7 @@ async def _serving_gateway(
 ) -> AsyncIterator[tuple[Credentials, DataPath]]:
     """The S3 API served on `sock` by this process while the context lasts."""
     from shoal.s3 import http
-    from shoal.s3.app import Gateway, make_handler
+    from shoal.s3.app import Gateway, make_handler, make_unanswered
 
     credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
     path = data_path(config, store)
@@ -431,7 +431,10 @@ async def _serving_gateway(
     )
     async with readiness.checking():
         server = await http.serve(
-            make_handler(gateway), sock, head_seconds=config.s3.request_head_seconds
+            make_handler(gateway),
+            sock,
+            head_seconds=config.s3.request_head_seconds,
+            unanswered=make_unanswered(gateway),
         )
         shoal.loop.settle_heap()
         try:

@@ -3,11 +3,14 @@
 Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), then the
 operation's handler. Errors become S3's XML error body here and only here; an unexpected error
 is logged with the request id and answered InternalError. Once a response body has started,
-an error can only abort the connection.
+an error can only abort the connection, except in an answer that started early on purpose
+(`answer_while_working`), whose error goes in its body. Every request gets one access line,
+written once its answer is out (`make_unanswered`'s for one that never had its turn).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -36,7 +39,8 @@ from shoal.s3.errors import (
     by_code,
     from_domain,
 )
-from shoal.s3.router import Address, Endpoint, address, route
+from shoal.s3.refusals import refuse_what_cannot_be_stored
+from shoal.s3.router import Address, Endpoint, address, operation_name, route
 from shoal.storage import DataPath, DataUnavailable, StorageUnavailable
 
 log = logging.getLogger("shoal.s3")
@@ -128,6 +132,16 @@ def make_handler(gateway: Gateway) -> http.Handler:
     return dispatch
 
 
+def make_unanswered(gateway: Gateway) -> Callable[[http.Request], None]:
+    """What http.serve calls for a request it never handed to the handler (its client left
+    before its turn): its access line, with no status."""
+
+    def unanswered(request: http.Request) -> None:
+        _log_access(gateway, request, next_request_id(), None, None, time.monotonic())
+
+    return unanswered
+
+
 # Request ids: this process's random tag, then a counter (unique per process, as S3's are
 # per request; a fresh random id cost a getrandom call per request).
 _PROCESS_TAG = secrets.token_hex(4).upper()
@@ -143,11 +157,17 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
     request.response_headers["x-amz-request-id"] = request_id
     started = time.monotonic()
     call: Call | None = None
+
+    def log_access(response: http.Response | None) -> None:
+        _log_access(gateway, request, request_id, call, response, started)
+
+    request.answered = log_access
     try:
         readiness = gateway.readiness
         if readiness is not None and not readiness.serving and not await readiness.confirm():
             raise ServiceUnavailable()  # starting, or too few storage nodes answer
         call = await _authenticated_call(gateway, request, request_id)
+        refuse_what_cannot_be_stored(call.endpoint, request.headers)
         try:
             response = await HANDLERS[call.endpoint](call)
         except BucketNotFound:
@@ -158,7 +178,6 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
             log.error("request %s failed after its response started: %r", request_id, exc)
             raise
         response = _error_response(request, request_id, _as_s3_error(exc, request_id))
-    _log_access(request, request_id, call, response, started)
     return response
 
 
@@ -170,11 +189,16 @@ async def refuse_foreign_bucket(call: Call, bucket: str) -> None:
         raise AccessDenied() from None
 
 
-async def _authenticated_call(gateway: Gateway, request: http.Request, request_id: str) -> Call:
+def _target(gateway: Gateway, request: http.Request) -> tuple[str, list[tuple[str, str]], Address]:
+    """The request's raw path, its query's parameters and the bucket and key it names."""
     raw_path, _, raw_query = request.raw_path.partition("?")
     query_pairs = parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape")
+    return raw_path, query_pairs, address(request.host, raw_path, gateway.config.domains)
+
+
+async def _authenticated_call(gateway: Gateway, request: http.Request, request_id: str) -> Call:
+    raw_path, query_pairs, where = _target(gateway, request)
     query = dict(query_pairs)
-    where = address(request.host, raw_path, gateway.config.domains)
     endpoint = route(request.method, where, query, "x-amz-copy-source" in request.headers)
     signed = sigv4.SignedRequest(
         method=request.method,
@@ -240,17 +264,82 @@ def _error_response(request: http.Request, request_id: str, error: S3Error) -> h
 
 
 def _log_access(
+    gateway: Gateway,
     request: http.Request,
     request_id: str,
     call: Call | None,
-    response: http.Response,
+    response: http.Response | None,
     started: float,
 ) -> None:
-    # Body bytes (not the head), as S3's access logs count them: what was written of a
-    # streamed body, however far it got.
-    account, operation = (call.account, call.endpoint.name) if call else ("-", "-")
+    # Body bytes (not the head), as S3's access logs count them: what arrived of the request
+    # body (read or drained; aws-chunked framing included, HTTP chunked framing not), and
+    # what was written of the response body, however far it got. `cut`: the answer was cut
+    # short (the client left, or an error after the head).
+    account = call.account if call else "-"
+    operation = call.endpoint.name if call else _operation_of(gateway, request)
+    status = response.status if response is not None else "-"
+    sent = response.body_bytes_sent if response is not None else 0
+    cut = isinstance(response, http.StreamResponse) and response.prepared and not response.finished
     access_log.line(
-        f"{request_id} account={account} op={operation} status={response.status} "
-        f"bytes_in={request.content_length or 0} bytes_out={response.body_bytes_sent} "
-        f"ms={(time.monotonic() - started) * 1000:.1f}"
+        f"{request_id} account={account} op={operation} status={status} "
+        f"bytes_in={request.body.received} bytes_out={sent} "
+        f"ms={(time.monotonic() - started) * 1000:.1f}{' cut' if cut else ''}"
     )
+
+
+def _operation_of(gateway: Gateway, request: http.Request) -> str:
+    """The operation a request that never became a Call asked for (refused before or at
+    routing, or by authentication), named as S3 names it, also when Shoal does not
+    implement it."""
+    try:
+        _, query_pairs, where = _target(gateway, request)
+        copy = "x-amz-copy-source" in request.headers
+        return operation_name(request.method, where, dict(query_pairs), copy)
+    except Exception:  # a target too broken to name
+        return "-"
+
+
+# A copy from a source of at least this many bytes answers at once (S3 does so for every
+# copy): 200 OK, its head and the XML declaration, a space every WHITESPACE_SECONDS while it
+# copies, then the XML result or an Error document (the declaration must come first: XML
+# parsers, botocore's among them, refuse whitespace before it). Below it, a copy ends well
+# within clients' read timeouts (60 s for boto3), and keeps a plain answer with its error's
+# own status.
+EARLY_ANSWER_BYTES = 32 * 1024 * 1024
+WHITESPACE_SECONDS = 2.0
+
+
+async def answer_while_working(
+    call: Call, size: int, work: Callable[[], Awaitable[bytes]]
+) -> http.Response:
+    """The XML answer that `work` makes, for an operation on `size` bytes of data: whole
+    when small; when large, a 200 sent at once and kept alive with whitespace until `work`
+    ends, its result or its error (as S3's Error document) in the body."""
+    if size < EARLY_ANSWER_BYTES:
+        return http.Response(body=await work(), content_type="application/xml")
+    response = http.StreamResponse(headers={"Content-Type": "application/xml"}, chunked=True)
+    await response.prepare(call.request)
+    working = asyncio.ensure_future(work())
+    declaration = s3xml.DECLARATION.encode()
+    try:
+        await response.write(declaration)
+        while not working.done():
+            await response.write(b" ")
+            await asyncio.wait({working}, timeout=WHITESPACE_SECONDS)
+    except BaseException:
+        # The client left: the work goes on to its end all the same (its commit is not cut
+        # in half), then the answer is dropped.
+        await asyncio.wait({working})
+        if not working.cancelled() and working.exception() is not None:
+            log.info("request %s: %r after its client left", call.request_id, working.exception())
+        raise
+    try:
+        body = working.result()
+    except Exception as exc:
+        error = _as_s3_error(exc, call.request_id)
+        body = s3xml.error_document(
+            error.code, error.message, call.request.path, call.request_id, error.fields
+        )
+    await response.write(body.removeprefix(declaration))
+    await response.write_eof()
+    return response

@@ -31,6 +31,10 @@ class S3Error(Exception):
         self.fields = fields  # extra elements of the <Error> body (BucketName, Key, ...)
 
 
+class AccessControlListNotSupported(S3Error, message="The bucket does not allow ACLs"):
+    pass
+
+
 class AccessDenied(S3Error, status=403, message="Access Denied"):
     pass
 

@@ -99,6 +99,7 @@ class Body:
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False
         self._error: BaseException | None = None
+        self.received = 0  # bytes of the body that arrived (after any HTTP chunked framing)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -127,6 +128,7 @@ class Body:
     def _feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._buffered += len(chunk)
+        self.received += len(chunk)
         if self._buffered > BODY_HIGH_WATER:
             self._connection.pause_reading()
         self._wake()
@@ -161,6 +163,7 @@ class Request:
 
     __slots__ = (
         "_connection",
+        "answered",
         "body",
         "headers",
         "keep_alive",
@@ -168,6 +171,7 @@ class Request:
         "raw_path",
         "response_headers",
         "response_started",
+        "stream",
     )
 
     def __init__(
@@ -187,6 +191,10 @@ class Request:
         # Headers every response to this request carries (a request id, say).
         self.response_headers: dict[str, str] = {}
         self.response_started = False
+        # Called once the answer is out (or cut short) and the unread body drained: the
+        # handler's account of the request (the access log), with every byte counted.
+        self.answered: Callable[[Response | None], None] | None = None
+        self.stream: StreamResponse | None = None  # the streamed answer, once prepared
 
     @property
     def host(self) -> str:
@@ -229,11 +237,19 @@ class StreamResponse(Response):
     """A response whose body is written in parts: set `content_length`, `prepare`, `write`
     each part, then `write_eof`. The head goes out with the first part, so a handler that
     fails before it has written anything can still answer with an error. A handler may also
-    return it unprepared (a HEAD's answer): it is then sent as a head alone."""
+    return it unprepared (a HEAD's answer): it is then sent as a head alone.
 
-    def __init__(self, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+    `chunked`: a body of a length not known when it starts, sent with Transfer-Encoding:
+    chunked (`content_length` stays None); `flush` sends the head at once."""
+
+    def __init__(
+        self, status: int = 200, headers: Mapping[str, str] | None = None, chunked: bool = False
+    ) -> None:
         super().__init__(status, headers)
         self.content_length = None
+        self.chunked = chunked
+        if chunked:
+            self.headers["Transfer-Encoding"] = "chunked"
         self._request: Request | None = None
         self._head: bytes | None = None  # prepared, not yet sent
         self._written = 0
@@ -245,20 +261,34 @@ class StreamResponse(Response):
 
     async def prepare(self, request: Request) -> None:
         """Commit to this status and these headers (checked here, sent with the body)."""
-        if self.content_length is None:
+        if self.content_length is None and not self.chunked:
             raise ValueError("a streamed response declares its length before it starts")
         self._head = request._connection.head(request, self)
         self._request = request
+        request.stream = self
 
     async def write(self, chunk: bytes) -> None:
-        assert self._request is not None and self.content_length is not None, "prepare() first"
+        assert self._request is not None, "prepare() first"
+        if self.chunked:
+            if chunk:
+                self._written += len(chunk)
+                await self._send(_joined(self._head, b"%x\r\n%b\r\n" % (len(chunk), chunk)))
+            return
+        assert self.content_length is not None
         if self._written + len(chunk) > self.content_length:
             raise ValueError("a response body longer than its Content-Length")
         self._written += len(chunk)
         await self._send(_joined(self._head, chunk))
 
-    async def write_eof(self) -> None:
+    async def flush(self) -> None:
+        """Send the head now, before any of the body."""
         if self._head is not None:
+            await self._send(self._head)
+
+    async def write_eof(self) -> None:
+        if self.chunked:
+            await self._send(_joined(self._head, b"0\r\n\r\n"))
+        elif self._head is not None:
             await self._send(self._head)
         self.finished = True
 
@@ -463,6 +493,8 @@ class _Connection(asyncio.Protocol):
                 self._start_idle_timer()
         finally:
             self._responder = None
+            while self._waiting:  # never to be answered: the connection closed before them
+                self._server.tell_unanswered(self._waiting.popleft())
 
     async def _respond(self, request: Request) -> bool | None:
         """Answer one request; whether the connection can carry another (None: the answer
@@ -473,13 +505,18 @@ class _Connection(asyncio.Protocol):
             response = await self._server.handler(request)
         except Exception:
             if request.response_started:
-                return None  # the handler logged it; a half-sent body can only be cut off
+                # The handler logged it; a half-sent body can only be cut off.
+                _tell_answered(request, request.stream)
+                return None
             log.exception("%s %s failed", request.method, request.raw_path)
             response = Response(500)
             request.keep_alive = False
         if isinstance(response, StreamResponse) and response.prepared:
-            whole = response.finished and response.body_bytes_sent == response.content_length
+            whole = response.finished and (
+                response.chunked or response.body_bytes_sent == response.content_length
+            )
             if not whole:
+                _tell_answered(request, response)
                 return None  # only closing the connection tells the client
         else:
             await self._send_whole(request, response)
@@ -487,6 +524,7 @@ class _Connection(asyncio.Protocol):
         # before a close: closing on unread bytes makes the kernel reset the connection,
         # which can destroy the answer on its way.
         drained = await _drained(request.body)
+        _tell_answered(request, response)
         return drained and request.keep_alive and not self._done_reading and not self._closed
 
     async def _send_whole(self, request: Request, response: Response) -> None:
@@ -520,7 +558,8 @@ class _Connection(asyncio.Protocol):
             if "\n" in value or "\r" in value:
                 raise ValueError(f"header {name} has a line break")
             lines.append(f"{name}: {value}\r\n")
-        if status not in _NO_BODY_STATUSES and status >= 200:
+        chunked = isinstance(response, StreamResponse) and response.chunked
+        if status not in _NO_BODY_STATUSES and status >= 200 and not chunked:
             length = response.content_length
             lines.append(f"Content-Length: {length if length is not None else 0}\r\n")
         lines.append("\r\n")
@@ -592,6 +631,7 @@ class _Connection(asyncio.Protocol):
         current.keep_alive = False
         if current in self._waiting:
             self._waiting.remove(current)
+            self._server.tell_unanswered(current)
             return False
         return True
 
@@ -645,6 +685,15 @@ class _Connection(asyncio.Protocol):
         return self._responder is not None
 
 
+def _tell_answered(request: Request, response: Response | None) -> None:
+    """Run the request's `answered` callback (None: no answer was sent)."""
+    if request.answered is not None:
+        try:
+            request.answered(response)
+        except Exception:
+            log.exception("%s %s: after its answer", request.method, request.raw_path)
+
+
 async def _drained(body: Body) -> bool:
     """Read what is left of a body nobody consumed; whether it ended in time."""
     if body.complete and not body._chunks:
@@ -659,11 +708,19 @@ async def _drained(body: Body) -> bool:
 
 
 class Server:
-    """Serves `handler` on listening sockets until `close`."""
+    """Serves `handler` on listening sockets until `close`. `unanswered` is told of each
+    request that was received (its head whole) and never handed to `handler`: its
+    connection was lost or cut off before its turn."""
 
-    def __init__(self, handler: Handler, head_seconds: float = HEAD_SECONDS) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        head_seconds: float = HEAD_SECONDS,
+        unanswered: Callable[[Request], None] | None = None,
+    ) -> None:
         self.handler = handler
         self.head_seconds = head_seconds
+        self.unanswered = unanswered
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self._listeners: list[asyncio.AbstractServer] = []
@@ -675,6 +732,13 @@ class Server:
             lambda: _Connection(self), sock=sock, backlog=LISTEN_BACKLOG
         )
         self._listeners.append(listener)
+
+    def tell_unanswered(self, request: Request) -> None:
+        if self.unanswered is not None:
+            try:
+                self.unanswered(request)
+            except Exception:
+                log.exception("%s %s: unanswered", request.method, request.raw_path)
 
     async def close(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stop accepting, let requests in progress finish (up to `grace`), close the rest."""
@@ -691,8 +755,11 @@ class Server:
 
 
 async def serve(
-    handler: Handler, sock: socket.socket, head_seconds: float = HEAD_SECONDS
+    handler: Handler,
+    sock: socket.socket,
+    head_seconds: float = HEAD_SECONDS,
+    unanswered: Callable[[Request], None] | None = None,
 ) -> Server:
-    server = Server(handler, head_seconds)
+    server = Server(handler, head_seconds, unanswered)
     await server.listen(sock)
     return server

@@ -18,7 +18,7 @@ from shoal.metadata import (
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
-from shoal.s3.app import Call, handles
+from shoal.s3.app import Call, answer_while_working, handles
 from shoal.s3.bucket import owner_tree
 from shoal.s3.errors import (
     BadDigest,
@@ -142,24 +142,28 @@ async def upload_part_copy(call: Call) -> http.Response:
     )
     algorithm = upload.properties.get("checksum_algorithm")
     checksums = [algorithm] if algorithm else []
-    stored = await payload.store_body(
-        call.data,
-        payload.read_version(call.data, source, start, end),
-        {},
-        {},
-        end - start,
-        checksums,
-    )
-    await _record_part(call, upload.id, number, stored)
-    body = s3xml.document(
-        "CopyPartResult",
-        {
-            "LastModified": source.modified,
-            "ETag": f'"{stored.result.md5.hex()}"',
-            **checksum_elements(stored.checksums),
-        },
-    )
-    return http.Response(body=body, content_type=XML)
+
+    async def copy() -> bytes:
+        stored = await payload.store_body(
+            call.data,
+            payload.read_version(call.data, source, start, end),
+            {},
+            {},
+            end - start,
+            checksums,
+        )
+        await _record_part(call, upload.id, number, stored)
+        return s3xml.document(
+            "CopyPartResult",
+            {
+                "LastModified": source.modified,
+                "ETag": f'"{stored.result.md5.hex()}"',
+                **checksum_elements(stored.checksums),
+            },
+        )
+
+    # A large part answers 200 at once and keeps the connection alive while it copies.
+    return await answer_while_working(call, end - start, copy)
 
 
 async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: payload.Stored) -> None:

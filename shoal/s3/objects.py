@@ -17,7 +17,7 @@ from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
-from shoal.s3.app import Call, handles, refuse_foreign_bucket
+from shoal.s3.app import Call, answer_while_working, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
     BadDigest,
     InvalidArgument,
@@ -277,26 +277,30 @@ async def copy_object(call: Call) -> http.Response:
     else:
         content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
     checksums = sorted(source.properties.get("checksums", {}))
-    stored = await payload.store_body(
-        call.data,
-        payload.read_version(call.data, source),
-        {},
-        {},
-        source.content_length,
-        checksums,
-        call.gateway.config.inline_max_bytes,
-    )
-    await _commit(call, _object_write(stored, content_type, kept), stored)
-    copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
-    body = s3xml.document(
-        "CopyObjectResult",
-        {
-            "LastModified": copied.modified,
-            "ETag": f'"{copied.etag}"',
-            **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
-        },
-    )
-    return http.Response(body=body, content_type=XML)
+
+    async def copy() -> bytes:
+        stored = await payload.store_body(
+            call.data,
+            payload.read_version(call.data, source),
+            {},
+            {},
+            source.content_length,
+            checksums,
+            call.gateway.config.inline_max_bytes,
+        )
+        await _commit(call, _object_write(stored, content_type, kept), stored)
+        copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
+        return s3xml.document(
+            "CopyObjectResult",
+            {
+                "LastModified": copied.modified,
+                "ETag": f'"{copied.etag}"',
+                **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
+            },
+        )
+
+    # A large copy answers 200 at once and keeps the connection alive while it copies.
+    return await answer_while_working(call, source.content_length, copy)
 
 
 async def copy_source(call: Call) -> ObjectVersion:

@@ -111,6 +111,44 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
     return _object_endpoint(method, query, copy_source)
 
 
+# How S3 names the operation of a sub-resource, where it is not Verb + Bucket|Object + the
+# sub-resource's own name (PutObjectTagging, GetBucketAcl, ...).
+_OPERATION_NOUNS = {
+    "cors": "Cors",
+    "object-lock": "ObjectLockConfiguration",
+    "legal-hold": "LegalHold",
+    "notification": "NotificationConfiguration",
+    "publicAccessBlock": "PublicAccessBlock",
+    "requestPayment": "RequestPayment",
+    "ownershipControls": "OwnershipControls",
+    "intelligent-tiering": "IntelligentTieringConfiguration",
+    "analytics": "AnalyticsConfiguration",
+    "inventory": "InventoryConfiguration",
+    "metrics": "MetricsConfiguration",
+    "accelerate": "AccelerateConfiguration",
+}
+_OPERATION_NAMES = {"restore": "RestoreObject", "select": "SelectObjectContent"}
+_VERBS = {"GET": "Get", "PUT": "Put", "DELETE": "Delete", "HEAD": "Head", "POST": "Post"}
+
+
+def operation_name(method: str, where: Address, query: Mapping[str, str], copy_source: bool) -> str:
+    """The operation's name (for the access log), also for one Shoal does not implement;
+    "-" for a request that names none."""
+    try:
+        return route(method, where, query, copy_source).name
+    except MethodNotAllowed:
+        return "-"
+    except NotImplementedByShoal:
+        pass
+    unsupported = sorted(UNSUPPORTED.intersection(query)) or ["versioning"]
+    resource = unsupported[0]
+    if resource in _OPERATION_NAMES:
+        return _OPERATION_NAMES[resource]
+    noun = _OPERATION_NOUNS.get(resource, resource[:1].upper() + resource[1:])
+    scope = "Object" if where.key is not None else "Bucket"
+    return f"{_VERBS.get(method, method.title())}{scope}{noun}"
+
+
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
     if "lifecycle" in query:
         lifecycle = {
