@@ -14,11 +14,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row, write_params
-from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
+from shoal.metadata.errors import (
+    InvalidName,
+    MetadataError,
+    ObjectNotFound,
+    PreconditionFailed,
+)
 from shoal.metadata.listing import (
     first_arm_limit,
     first_keys,
@@ -41,6 +46,9 @@ from shoal.metadata.prepared import RowMaker
 from shoal.metadata.shards import Shard, render_arms
 
 MAX_KEYS = 1000
+# How many of a DeleteObjects' per-vnode statements run at once: enough to overlap their round
+# trips and commits, few enough to leave the shard's pool to other requests.
+DELETE_BATCHES_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -58,30 +66,25 @@ class Objects(Component):
         name: str,
         write: ObjectWrite,
         *,
-        if_match: bytes | None = None,
-        if_none_match: bool = False,
+        if_match: WriteCondition = None,
+        if_none_match: WriteCondition | bool = None,
     ) -> PutResult:
         """Make `write` the live version of `name`; the replaced version becomes a record.
 
-        if_match: replace only a live version with these ETag bytes (else PreconditionFailed,
-        or ObjectNotFound when there is none). if_none_match: create only (If-None-Match: *).
+        if_match: replace only a live version with these ETag bytes, or any live version
+        (`ANY_VERSION`, If-Match: *); else PreconditionFailed, or ObjectNotFound when there is
+        none. if_none_match: write unless the live version has these ETag bytes; with
+        `ANY_VERSION` (or True), create only (If-None-Match: *). Each condition is checked by
+        the statement that writes the row.
         """
         check_object_name(name)
         check_version_id(write.id)
-        if if_match is not None and if_none_match:
-            raise InvalidName("If-Match and If-None-Match: * cannot be combined")
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
         params = write_params(owner, found.id, name, write)
+        statement = conditional_statement(params, if_match, if_none_match)
         if write.under_replicated:  # noted first: a crash before the row leaves a stale note
             await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
-        if if_none_match:
-            statement = queries.CREATE_OBJECT
-        elif if_match is not None:
-            statement = queries.REPLACE_OBJECT_IF_MATCH
-            params["if_match"] = if_match
-        else:
-            statement = queries.PUT_OBJECT
         rows = await self.write_row(vnode, statement, params)
         if not rows:
             if if_match is not None and not await self._exists(vnode, owner, found.id, name):
@@ -143,6 +146,44 @@ class Objects(Component):
         if if_match is not None and await self._exists(vnode, owner, found.id, name):
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return None
+
+    async def delete_many(
+        self, owner: uuid.UUID, bucket: str, names: Sequence[str]
+    ) -> dict[str, MetadataError | None]:
+        """Delete the live versions of `names` (DeleteObjects): one statement per vnode,
+        DELETE_BATCHES_AT_ONCE at a time. Returns, for each name, None (deleted, or there was
+        none: not an error in S3) or what kept it (a bad name, a shard that failed)."""
+        found = await self.bucket(owner, bucket)
+        outcome: dict[str, MetadataError | None] = {}
+        by_vnode: dict[int, list[str]] = {}
+        for name in dict.fromkeys(names):
+            try:
+                check_object_name(name)
+            except InvalidName as exc:
+                outcome[name] = exc
+                continue
+            vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+            by_vnode.setdefault(vnode, []).append(name)
+        at_once = asyncio.Semaphore(DELETE_BATCHES_AT_ONCE)
+
+        async def delete_batch(vnode: int, batch: list[str]) -> MetadataError | None:
+            params = {"owner": owner, "bucket_id": found.id, "names": batch}
+            async with at_once:
+                try:
+                    await self.rows(vnode, queries.DELETE_OBJECTS, params)
+                except MetadataError as exc:
+                    return exc
+            return None
+
+        batches = [
+            (vnode, batch[first : first + MAX_KEYS])
+            for vnode, batch in sorted(by_vnode.items())
+            for first in range(0, len(batch), MAX_KEYS)
+        ]
+        failures = await asyncio.gather(*(delete_batch(v, b) for v, b in batches))
+        for (_, batch), failure in zip(batches, failures, strict=True):
+            outcome.update(dict.fromkeys(batch, failure))
+        return outcome
 
     async def list(
         self,
@@ -314,6 +355,31 @@ def listing_statement(vnodes: tuple[int, ...], reading: Reading) -> str:
         arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM
         return render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, bounded)
     return render_arms(queries.LIST_PREFIXES_MERGE, queries.LIST_PREFIXES_ARM, vnodes, bounded)
+
+
+# A write's condition: ETag bytes, or ANY_VERSION (`*`), or None (no condition).
+ANY_VERSION = "*"
+WriteCondition = bytes | Literal["*"] | None
+
+
+def conditional_statement(
+    params: dict[str, Any], if_match: WriteCondition, if_none_match: WriteCondition | bool
+) -> str:
+    """The statement that writes an object's row under these conditions (If-Match,
+    If-None-Match), with what it compares added to `params`."""
+    if if_none_match is True:
+        if_none_match = ANY_VERSION
+    if if_match is not None and if_none_match not in (None, False):
+        raise InvalidName("If-Match and If-None-Match cannot be combined on a write")
+    if if_none_match == ANY_VERSION:
+        return queries.CREATE_OBJECT
+    if isinstance(if_none_match, bytes):
+        params["if_none_match"] = if_none_match
+        return queries.PUT_OBJECT_IF_NONE_MATCH
+    if if_match is not None:
+        params["if_match"] = None if if_match == ANY_VERSION else if_match
+        return queries.REPLACE_OBJECT_IF_MATCH
+    return queries.PUT_OBJECT
 
 
 def check_version_id(version_id: uuid.UUID) -> None:
