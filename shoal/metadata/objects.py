@@ -43,12 +43,9 @@ from shoal.metadata.models import (
 )
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.prepared import RowMaker
-from shoal.metadata.shards import Shard, render_arms
+from shoal.metadata.shards import Shard, render, render_arms
 
 MAX_KEYS = 1000
-# How many of a DeleteObjects' per-vnode statements run at once: enough to overlap their round
-# trips and commits, few enough to leave the shard's pool to other requests.
-DELETE_BATCHES_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -150,12 +147,13 @@ class Objects(Component):
     async def delete_many(
         self, owner: uuid.UUID, bucket: str, names: Sequence[str]
     ) -> dict[str, MetadataError | None]:
-        """Delete the live versions of `names` (DeleteObjects): one statement per vnode,
-        DELETE_BATCHES_AT_ONCE at a time. Returns, for each name, None (deleted, or there was
-        none: not an error in S3) or what kept it (a bad name, a shard that failed)."""
+        """Delete the live versions of `names` (DeleteObjects): one statement per vnode, the
+        statements of a shard in one pipeline and one transaction, the shards at once.
+        Returns, for each name, None (deleted, or there was none: not an error in S3) or what
+        kept it (a bad name, a shard that failed)."""
         found = await self.bucket(owner, bucket)
         outcome: dict[str, MetadataError | None] = {}
-        by_vnode: dict[int, list[str]] = {}
+        by_shard: dict[str, dict[int, list[str]]] = {}
         for name in dict.fromkeys(names):
             try:
                 check_object_name(name)
@@ -163,27 +161,38 @@ class Objects(Component):
                 outcome[name] = exc
                 continue
             vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-            by_vnode.setdefault(vnode, []).append(name)
-        at_once = asyncio.Semaphore(DELETE_BATCHES_AT_ONCE)
-
-        async def delete_batch(vnode: int, batch: list[str]) -> MetadataError | None:
-            params = {"owner": owner, "bucket_id": found.id, "names": batch}
-            async with at_once:
-                try:
-                    await self.rows(vnode, queries.DELETE_OBJECTS, params)
-                except MetadataError as exc:
-                    return exc
-            return None
-
-        batches = [
-            (vnode, batch[first : first + MAX_KEYS])
-            for vnode, batch in sorted(by_vnode.items())
-            for first in range(0, len(batch), MAX_KEYS)
-        ]
-        failures = await asyncio.gather(*(delete_batch(v, b) for v, b in batches))
-        for (_, batch), failure in zip(batches, failures, strict=True):
-            outcome.update(dict.fromkeys(batch, failure))
+            shard = self.shards.ring.shard_of(vnode)
+            by_shard.setdefault(shard, {}).setdefault(vnode, []).append(name)
+        shards = list(by_shard)
+        failures = await asyncio.gather(
+            *(self._delete_on_shard(owner, found.id, by_shard[shard]) for shard in shards)
+        )
+        for shard, failure in zip(shards, failures, strict=True):
+            for batch in by_shard[shard].values():
+                outcome.update(dict.fromkeys(batch, failure))
         return outcome
+
+    async def _delete_on_shard(
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, by_vnode: dict[int, list[str]]
+    ) -> MetadataError | None:
+        """DELETE_OBJECTS on each vnode of one shard, in one transaction: one commit for all.
+        The vnodes go in ascending order and each statement locks its rows in name order, the
+        order of a group-committed batch (batched.py), so the two never deadlock."""
+        vnodes = sorted(by_vnode)
+        pool = self.shards.of_vnode(vnodes[0]).pool
+
+        async def attempt() -> None:
+            async with pool.transaction() as conn, conn.pipeline():
+                for vnode in vnodes:
+                    params = {"owner": owner, "bucket_id": bucket_id, "names": by_vnode[vnode]}
+                    statement = render(queries.DELETE_OBJECTS, vnode)
+                    await conn.execute(statement, params, prepare=True)  # kept per connection
+
+        try:
+            await self.retrying_window(vnodes[0], attempt, *vnodes[1:])
+        except MetadataError as exc:
+            return exc
+        return None
 
     async def list(
         self,
