@@ -89,7 +89,7 @@ def main() -> int:
             seconds.append(timed_delete(s3, bucket, keys))
             print(f"round {round_number}: {seconds[-1]:.3f} s")
         median, fastest = statistics.median(seconds), min(seconds)
-        print(f"median {median:.3f} s, fastest {fastest:.3f} s per DeleteObjects of {args.keys} keys")
+        print(f"median {median:.3f} s, fastest {fastest:.3f} s per DeleteObjects of {args.keys}")
     return 0
 
 
