@@ -24,6 +24,7 @@ from shoal.metadata.errors import (
     InvalidName,
     InvalidPart,
     InvalidPartOrder,
+    ObjectNotFound,
     PreconditionFailed,
     UploadNotFound,
 )
@@ -225,6 +226,10 @@ class Uploads(Component):
                 await cur.execute(render(statement, vnode), params)
                 put = await cur.fetchall()
                 if not put:
+                    if if_match is not None:  # If-Match on no object at all: as objects.put
+                        await cur.execute(render(queries.SELECT_OBJECT, vnode), params)
+                        if not await cur.fetchall():
+                            raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
                     raise PreconditionFailed(f"precondition failed for {name!r}")
                 keep = [p.part_number for p in parts]
                 await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": keep})
