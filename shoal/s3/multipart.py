@@ -191,6 +191,13 @@ async def complete_multipart_upload(call: Call) -> http.Response:
     return http.Response(body=body, content_type=XML)
 
 
+async def _live_version(call: Call) -> ObjectVersion | None:
+    try:
+        return await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
+    except ObjectNotFound:
+        return None
+
+
 def _completed_as(
     version: ObjectVersion, upload: uuid.UUID, chosen: list[tuple[int, bytes]]
 ) -> bool:
@@ -200,13 +207,6 @@ def _completed_as(
         return False
     made = [(p["part_number"], bytes.fromhex(p["md5"])) for p in version.properties["parts"]]
     return made == chosen
-
-
-async def _live_version(call: Call) -> ObjectVersion | None:
-    try:
-        return await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
-    except ObjectNotFound:
-        return None
 
 
 @handles(Endpoint.AbortMultipartUpload)
