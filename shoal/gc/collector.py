@@ -149,6 +149,7 @@ class Collector:
         while True:
             contents = await self.store.garbage.bucket_contents(owner, bucket_id, self.batch_size)
             if not contents:
+                await self.store.garbage.remove_bucket_uploads(owner, bucket_id)
                 return True
             gone = await self._reclaim(contents, tally)
             await self.store.garbage.remove_bucket_contents(owner, bucket_id, gone)

@@ -92,15 +92,19 @@ class Component:
                     raise
                 raise failure from exc
 
-    async def retrying_window(self, vnode: int, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Run `attempt`; if a deletion record found no window for now, create it and rerun."""
+    async def retrying_window(
+        self, vnode: int, attempt: Callable[[], Awaitable[T]], *more_vnodes: int
+    ) -> T:
+        """Run `attempt`, which writes deletion records on `vnode` (and `more_vnodes` of the
+        same shard); if one found no window for now, create the windows and rerun."""
         try:
             return await attempt()
         except psycopg.errors.CheckViolation as exc:
             if "no partition of relation" not in str(exc):
                 raise
         async with self.shards.of_vnode(vnode).pool.connection() as conn:
-            await ensure_window_for_now(conn, vnode, self.window)
+            for written in (vnode, *more_vnodes):
+                await ensure_window_for_now(conn, written, self.window)
         return await attempt()
 
     async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:

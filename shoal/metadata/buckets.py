@@ -83,12 +83,15 @@ class Buckets(Component):
     async def delete(self, owner: uuid.UUID, name: str, force: bool = False) -> Bucket:
         """Move the bucket to the deleted-bucket table and free its name.
 
-        Refused while the bucket holds objects or open uploads, unless forced: a forced delete
-        touches two rows whatever the bucket holds, and leaves its contents to GC.
+        Refused while the bucket holds objects, unless forced. Open multipart uploads do not
+        hold it (S3 deletes such a bucket): the statement that moves the bucket row makes
+        them garbage of the dead incarnation, as a forced delete does with everything, so
+        they are aborted in that same step: GC reclaims their parts, and a bucket created
+        under the name later is a new incarnation that never sees them.
         """
         self.forget_bucket(owner, name)
         bucket = await self.bucket(owner, name)
-        if not force and await self.has_content(owner, bucket.id):
+        if not force and await self.has_objects(owner, bucket.id):
             raise BucketNotEmpty(f"bucket {name!r} is not empty")
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         gone = await self.rows(
@@ -136,16 +139,21 @@ class Buckets(Component):
         return row[0] if row else None
 
     async def has_content(self, owner: uuid.UUID, bucket_id: uuid.UUID) -> bool:
+        """Does any vnode hold an object, open upload or part of the incarnation?"""
+        return await self._holds(owner, bucket_id, queries.BUCKET_HAS_CONTENT_ARM)
+
+    async def has_objects(self, owner: uuid.UUID, bucket_id: uuid.UUID) -> bool:
+        """Does any vnode hold an object of the incarnation? (what keeps a bucket from a
+        delete)"""
+        return await self._holds(owner, bucket_id, queries.BUCKET_HAS_OBJECTS_ARM)
+
+    async def _holds(self, owner: uuid.UUID, bucket_id: uuid.UUID, arm: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id}
         answers = await asyncio.gather(
             *(
                 self.shard_rows(
                     shard,
-                    render_arms(
-                        queries.BUCKET_HAS_CONTENT,
-                        queries.BUCKET_HAS_CONTENT_ARM,
-                        tuple(shard.vnodes),
-                    ),
+                    render_arms(queries.BUCKET_HAS_CONTENT, arm, tuple(shard.vnodes)),
                     params,
                 )
                 for shard in self.shards.placed()

@@ -126,6 +126,14 @@ class Garbage(Component):
                 ):
                     await conn.execute(render(statement, vnode), params)
 
+    async def remove_bucket_uploads(self, owner: uuid.UUID, bucket_id: uuid.UUID) -> None:
+        """Drop the upload rows of a deleted incarnation that have no part left, on every
+        vnode: an upload opened with no part uploaded names no block, so no record of
+        `bucket_contents` leads to its row."""
+        params = {"owner": owner, "bucket_id": bucket_id}
+        for vnode in range(self.shards.ring.vnodes):
+            await self.rows(vnode, queries.REMOVE_BUCKET_UPLOADS, params)
+
 
 @dataclass(frozen=True)
 class Backlog:

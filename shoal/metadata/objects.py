@@ -14,11 +14,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row, write_params
-from shoal.metadata.errors import InvalidName, ObjectNotFound, PreconditionFailed
+from shoal.metadata.errors import (
+    InvalidName,
+    MetadataError,
+    ObjectNotFound,
+    PreconditionFailed,
+)
 from shoal.metadata.listing import (
     first_arm_limit,
     first_keys,
@@ -38,7 +43,7 @@ from shoal.metadata.models import (
 )
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.prepared import RowMaker
-from shoal.metadata.shards import Shard, render_arms
+from shoal.metadata.shards import Shard, render, render_arms
 
 MAX_KEYS = 1000
 
@@ -58,30 +63,25 @@ class Objects(Component):
         name: str,
         write: ObjectWrite,
         *,
-        if_match: bytes | None = None,
-        if_none_match: bool = False,
+        if_match: WriteCondition = None,
+        if_none_match: WriteCondition | bool = None,
     ) -> PutResult:
         """Make `write` the live version of `name`; the replaced version becomes a record.
 
-        if_match: replace only a live version with these ETag bytes (else PreconditionFailed,
-        or ObjectNotFound when there is none). if_none_match: create only (If-None-Match: *).
+        if_match: replace only a live version with these ETag bytes, or any live version
+        (`ANY_VERSION`, If-Match: *); else PreconditionFailed, or ObjectNotFound when there is
+        none. if_none_match: write unless the live version has these ETag bytes; with
+        `ANY_VERSION` (or True), create only (If-None-Match: *). Each condition is checked by
+        the statement that writes the row.
         """
         check_object_name(name)
         check_version_id(write.id)
-        if if_match is not None and if_none_match:
-            raise InvalidName("If-Match and If-None-Match: * cannot be combined")
         found = await self.bucket(owner, bucket)
         vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
         params = write_params(owner, found.id, name, write)
+        statement = conditional_statement(params, if_match, if_none_match)
         if write.under_replicated:  # noted first: a crash before the row leaves a stale note
             await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
-        if if_none_match:
-            statement = queries.CREATE_OBJECT
-        elif if_match is not None:
-            statement = queries.REPLACE_OBJECT_IF_MATCH
-            params["if_match"] = if_match
-        else:
-            statement = queries.PUT_OBJECT
         rows = await self.write_row(vnode, statement, params)
         if not rows:
             if if_match is not None and not await self._exists(vnode, owner, found.id, name):
@@ -142,6 +142,56 @@ class Objects(Component):
             return object_from_row(rows[0])
         if if_match is not None and await self._exists(vnode, owner, found.id, name):
             raise PreconditionFailed(f"precondition failed for {name!r}")
+        return None
+
+    async def delete_many(
+        self, owner: uuid.UUID, bucket: str, names: Sequence[str]
+    ) -> dict[str, MetadataError | None]:
+        """Delete the live versions of `names` (DeleteObjects): one statement per vnode, the
+        statements of a shard in one pipeline and one transaction, the shards at once.
+        Returns, for each name, None (deleted, or there was none: not an error in S3) or what
+        kept it (a bad name, a shard that failed)."""
+        found = await self.bucket(owner, bucket)
+        outcome: dict[str, MetadataError | None] = {}
+        by_shard: dict[str, dict[int, list[str]]] = {}
+        for name in dict.fromkeys(names):
+            try:
+                check_object_name(name)
+            except InvalidName as exc:
+                outcome[name] = exc
+                continue
+            vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+            shard = self.shards.ring.shard_of(vnode)
+            by_shard.setdefault(shard, {}).setdefault(vnode, []).append(name)
+        shards = list(by_shard)
+        failures = await asyncio.gather(
+            *(self._delete_on_shard(owner, found.id, by_shard[shard]) for shard in shards)
+        )
+        for shard, failure in zip(shards, failures, strict=True):
+            for batch in by_shard[shard].values():
+                outcome.update(dict.fromkeys(batch, failure))
+        return outcome
+
+    async def _delete_on_shard(
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, by_vnode: dict[int, list[str]]
+    ) -> MetadataError | None:
+        """DELETE_OBJECTS on each vnode of one shard, in one transaction: one commit for all.
+        The vnodes go in ascending order and each statement locks its rows in name order, the
+        order of a group-committed batch (batched.py), so the two never deadlock."""
+        vnodes = sorted(by_vnode)
+        pool = self.shards.of_vnode(vnodes[0]).pool
+
+        async def attempt() -> None:
+            async with pool.transaction() as conn, conn.pipeline():
+                for vnode in vnodes:
+                    params = {"owner": owner, "bucket_id": bucket_id, "names": by_vnode[vnode]}
+                    statement = render(queries.DELETE_OBJECTS, vnode)
+                    await conn.execute(statement, params, prepare=True)  # kept per connection
+
+        try:
+            await self.retrying_window(vnodes[0], attempt, *vnodes[1:])
+        except MetadataError as exc:
+            return exc
         return None
 
     async def list(
@@ -314,6 +364,31 @@ def listing_statement(vnodes: tuple[int, ...], reading: Reading) -> str:
         arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM
         return render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, bounded)
     return render_arms(queries.LIST_PREFIXES_MERGE, queries.LIST_PREFIXES_ARM, vnodes, bounded)
+
+
+# A write's condition: ETag bytes, or ANY_VERSION (`*`), or None (no condition).
+ANY_VERSION = "*"
+WriteCondition = bytes | Literal["*"] | None
+
+
+def conditional_statement(
+    params: dict[str, Any], if_match: WriteCondition, if_none_match: WriteCondition | bool
+) -> str:
+    """The statement that writes an object's row under these conditions (If-Match,
+    If-None-Match), with what it compares added to `params`."""
+    if if_none_match is True:
+        if_none_match = ANY_VERSION
+    if if_match is not None and if_none_match not in (None, False):
+        raise InvalidName("If-Match and If-None-Match cannot be combined on a write")
+    if if_none_match == ANY_VERSION:
+        return queries.CREATE_OBJECT
+    if isinstance(if_none_match, bytes):
+        params["if_none_match"] = if_none_match
+        return queries.PUT_OBJECT_IF_NONE_MATCH
+    if if_match is not None:
+        params["if_match"] = None if if_match == ANY_VERSION else if_match
+        return queries.REPLACE_OBJECT_IF_MATCH
+    return queries.PUT_OBJECT
 
 
 def check_version_id(version_id: uuid.UUID) -> None:

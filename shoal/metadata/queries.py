@@ -113,6 +113,12 @@ UNION ALL
 SELECT 1 FROM {schema}.manta_bucket_upload WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
 """
 
+# True if any vnode of the shard holds an object of the incarnation (open uploads do not keep
+# a bucket from a delete).
+BUCKET_HAS_OBJECTS_ARM = """
+SELECT 1 FROM {schema}.manta_bucket_object WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+"""
+
 # -- objects (on the object's vnode) ------------------------------------------------------
 
 SELECT_OBJECT = """
@@ -165,8 +171,9 @@ WITH upsert AS (
 SELECT created, modified, old_id FROM upsert
 """
 
-# If-Match: replaces the live version only if its ETag bytes match, re-checked on the
-# latest row version under a row lock, so the check and the write are one atomic step.
+# If-Match: replaces the live version only if its ETag bytes match (`if_match` NULL, for
+# If-Match: *: any live version), re-checked on the latest row version under a row lock, so
+# the check and the write are one atomic step. No live version: no row.
 REPLACE_OBJECT_IF_MATCH = """
 WITH replaced AS (
     UPDATE {schema}.manta_bucket_object SET
@@ -183,7 +190,7 @@ WITH replaced AS (
         properties = %(properties)s,
         data = %(data)s
     WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
-      AND content_md5 = %(if_match)s
+      AND (%(if_match)s::bytea IS NULL OR content_md5 = %(if_match)s::bytea)
     RETURNING new.created, new.modified,
         old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
         old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
@@ -199,6 +206,48 @@ WITH replaced AS (
     FROM replaced WHERE old_properties -> 'inline' IS NULL
 )
 SELECT created, modified, old_id FROM replaced
+"""
+
+# If-None-Match: "<etag>": PUT_OBJECT, except that a live version with these ETag bytes stays
+# (no row returned). The upsert's WHERE is checked on the conflicting row under its lock, so
+# a version committed meanwhile is the one compared: the check and the write are one step.
+PUT_OBJECT_IF_NONE_MATCH = """
+WITH upsert AS (
+    INSERT INTO {schema}.manta_bucket_object AS live (
+        id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
+        content_type, headers, roles, sharks, properties, data)
+    VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, statement_timestamp(),
+            statement_timestamp(), %(creator)s, %(content_length)s, %(content_md5)s,
+            %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s, %(data)s)
+    ON CONFLICT (owner, bucket_id, name) DO UPDATE SET
+        id = EXCLUDED.id,
+        created = EXCLUDED.created,
+        modified = EXCLUDED.modified,
+        creator = EXCLUDED.creator,
+        content_length = EXCLUDED.content_length,
+        content_md5 = EXCLUDED.content_md5,
+        content_type = EXCLUDED.content_type,
+        headers = EXCLUDED.headers,
+        roles = EXCLUDED.roles,
+        sharks = EXCLUDED.sharks,
+        properties = EXCLUDED.properties,
+        data = EXCLUDED.data
+    WHERE live.content_md5 IS DISTINCT FROM %(if_none_match)s::bytea
+    RETURNING new.created, new.modified,
+        old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
+        old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
+        old.creator AS old_creator, old.content_length AS old_content_length,
+        old.content_md5 AS old_content_md5, old.content_type AS old_content_type,
+        old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
+        old.properties AS old_properties
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
+    SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
+           old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
+           old_sharks, old_properties, statement_timestamp()
+    FROM upsert WHERE old_id IS NOT NULL AND old_properties -> 'inline' IS NULL
+)
+SELECT created, modified, old_id FROM upsert
 """
 
 # If-None-Match: * (create only): exactly one of many concurrent creators inserts.
@@ -236,6 +285,29 @@ WITH gone AS (
     WHERE properties -> 'inline' IS NULL
 )
 SELECT {object_columns} FROM gone
+"""
+
+# DeleteObjects: the live versions of several names of one bucket on one vnode, in one
+# statement. The rows are locked in name order first, the order in which a group-committed
+# batch of writes (batched.py) takes them, so this statement and such a batch never wait for
+# each other in a cycle. As in DELETE_OBJECT, only the deleter that removed a row records it.
+DELETE_OBJECTS = """
+WITH doomed AS (
+    SELECT name AS doomed_name FROM {schema}.manta_bucket_object
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = ANY(%(names)s::text[])
+    ORDER BY name
+    FOR UPDATE
+), gone AS (
+    DELETE FROM {schema}.manta_bucket_object
+    USING doomed
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = doomed_name
+    RETURNING {object_columns}
+), record AS (
+    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
+    SELECT {object_columns}, statement_timestamp() FROM gone
+    WHERE properties -> 'inline' IS NULL
+)
+SELECT name FROM gone
 """
 
 # -- listing ------------------------------------------------------------------------------

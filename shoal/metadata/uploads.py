@@ -24,13 +24,19 @@ from shoal.metadata.errors import (
     InvalidName,
     InvalidPart,
     InvalidPartOrder,
+    ObjectNotFound,
     PreconditionFailed,
     UploadNotFound,
 )
 from shoal.metadata.listing import successor
 from shoal.metadata.models import ObjectWrite, Part, PartWrite, Upload
 from shoal.metadata.names import check_listing_text, check_object_name
-from shoal.metadata.objects import PutResult, check_version_id
+from shoal.metadata.objects import (
+    PutResult,
+    WriteCondition,
+    check_version_id,
+    conditional_statement,
+)
 from shoal.metadata.shards import render, render_arms
 
 MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
@@ -191,8 +197,8 @@ class Uploads(Component):
         chosen: list[tuple[int, bytes]],
         *,
         min_part_size: int = MIN_PART_SIZE_BYTES,
-        if_match: bytes | None = None,
-        if_none_match: bool = False,
+        if_match: WriteCondition = None,
+        if_none_match: WriteCondition | bool = None,
         properties: dict[str, Any] | None = None,
     ) -> PutResult:
         """Make the chosen parts, (part number, MD5) in ascending order, the object's data.
@@ -219,16 +225,14 @@ class Uploads(Component):
                 parts = _chosen_parts(chosen, stored, min_part_size)
                 write = _assembled(upload, parts, properties or {})
                 params = write_params(owner, found.id, name, write)
-                if if_none_match:
-                    statement = queries.CREATE_OBJECT
-                elif if_match is not None:
-                    statement = queries.REPLACE_OBJECT_IF_MATCH
-                    params["if_match"] = if_match
-                else:
-                    statement = queries.PUT_OBJECT
+                statement = conditional_statement(params, if_match, if_none_match)
                 await cur.execute(render(statement, vnode), params)
                 put = await cur.fetchall()
                 if not put:
+                    if if_match is not None:  # If-Match on no object at all: as objects.put
+                        await cur.execute(render(queries.SELECT_OBJECT, vnode), params)
+                        if not await cur.fetchall():
+                            raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
                     raise PreconditionFailed(f"precondition failed for {name!r}")
                 keep = [p.part_number for p in parts]
                 await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": keep})

@@ -237,10 +237,11 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             properties=checksums,
         )
     except UploadNotFound:
-        # A retry of a completion that committed but whose answer was lost (CommitUnknown, a
-        # 503): the upload is gone and the live object is what it made. Same answer again.
+        # A second Complete with the same parts (S3 answers it as the first, for a while), or
+        # the retry of a completion whose answer was lost (CommitUnknown, a 503): the upload
+        # is gone and the live object is what it made. Same answer again.
         version = await _live_version(call)
-        if version is None or version.properties.get("upload_id") != str(completing):
+        if version is None or not _completed_as(version, completing, chosen):
             raise
     version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
     body = s3xml.document(
@@ -348,6 +349,17 @@ async def _live_version(call: Call) -> ObjectVersion | None:
         return await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
     except ObjectNotFound:
         return None
+
+
+def _completed_as(
+    version: ObjectVersion, upload: uuid.UUID, chosen: list[tuple[int, bytes]]
+) -> bool:
+    """Did completing `upload` with the `chosen` parts (number, MD5) make `version`? A
+    Complete of a completed upload with other parts is NoSuchUpload, as in S3."""
+    if version.properties.get("upload_id") != str(upload):
+        return False
+    made = [(p["part_number"], bytes.fromhex(p["md5"])) for p in version.properties["parts"]]
+    return made == chosen
 
 
 @handles(Endpoint.AbortMultipartUpload)

@@ -14,6 +14,7 @@ from shoal.metadata import (
     ObjectWrite,
 )
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
+from shoal.metadata.objects import ANY_VERSION
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
@@ -25,6 +26,7 @@ from shoal.s3.errors import (
     KeyTooLongError,
     MalformedXML,
     NoSuchKey,
+    PreconditionFailed,
     S3Error,
     from_domain,
 )
@@ -66,15 +68,26 @@ def check_null_version(call: Call) -> None:
 
 
 def conditional_write(call: Call) -> dict[str, object]:
-    """If-None-Match: * and If-Match on a write, as put/complete arguments."""
+    """If-Match and If-None-Match on a write (each `*` or an ETag), as put/complete
+    arguments: the metadata tier checks them in the statement that writes the row."""
     if_none_match = call.request.headers.get("If-None-Match")
-    if_match = call.request.headers.get("If-Match")
-    if if_none_match is not None and if_none_match.strip() != "*":
-        raise InvalidArgument("If-None-Match on a write must be *")
+    try:
+        unless = _write_condition(if_none_match)
+    except PreconditionFailed:
+        unless = None  # not an ETag Shoal makes: no version matches it, so the write goes on
     return {
-        "if_none_match": if_none_match is not None,
-        "if_match": h.etag_bytes(if_match) if if_match is not None else None,
+        "if_match": _write_condition(call.request.headers.get("If-Match")),
+        "if_none_match": unless,
     }
+
+
+def _write_condition(header: str | None) -> bytes | str | None:
+    """`*`, or the MD5 bytes of one ETag (PreconditionFailed if it is none Shoal makes)."""
+    if header is None:
+        return None
+    if header.strip() == "*":
+        return ANY_VERSION
+    return h.etag_bytes(header)
 
 
 @handles(Endpoint.PutObject)
@@ -213,20 +226,35 @@ async def delete_objects(call: Call) -> http.Response:
     if not digested:
         raise InvalidRequest("Missing required header for this request: Content-MD5")
     deleted, errors = [], []
+
+    def refused(key: str, version: str | None, exc: Exception) -> None:
+        error = exc if isinstance(exc, S3Error) else from_domain(exc)
+        if error is None:
+            raise exc
+        errors.append(
+            {"Key": key, "VersionId": version, "Code": error.code, "Message": error.message}
+        )
+
+    wanted = []
     for key, version in named:
         try:
             if version not in (None, "null"):
                 raise NoSuchKey("The specified version does not exist.")
             check_key(key)
-            await call.store.objects.delete(call.account, call.bucket, key)
+        except S3Error as exc:
+            refused(key, version, exc)
+            continue
+        wanted.append((key, version))
+    # One statement per vnode for all the keys it holds, not one delete per key.
+    outcomes = await call.store.objects.delete_many(
+        call.account, call.bucket, [key for key, _ in wanted]
+    )
+    for key, version in wanted:
+        failure = outcomes[key]
+        if failure is None:
             deleted.append({"Key": key, "VersionId": version})
-        except Exception as exc:
-            error = exc if isinstance(exc, S3Error) else from_domain(exc)
-            if error is None:
-                raise
-            errors.append(
-                {"Key": key, "VersionId": version, "Code": error.code, "Message": error.message}
-            )
+        else:
+            refused(key, version, failure)
     body = s3xml.document(
         "DeleteResult",
         {

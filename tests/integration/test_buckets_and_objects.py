@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -18,8 +19,11 @@ from shoal.metadata import (
     MetadataStore,
     ObjectNotFound,
     ObjectWrite,
+    PartWrite,
     PreconditionFailed,
+    UploadNotFound,
 )
+from shoal.metadata.objects import ANY_VERSION
 from shoal.storage import block_runs
 from tests.fixtures.postgres import MakeStore, unique
 
@@ -91,18 +95,37 @@ def test_recreated_bucket_is_a_new_incarnation_without_old_objects(
     assert [r.name for r in left] == ["old"]
 
 
-def test_delete_refuses_a_bucket_with_objects_or_uploads(
+def test_delete_refuses_a_bucket_with_objects_not_one_with_only_uploads(
     store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
 ) -> None:
+    found = run(store.buckets.get(owner, bucket))
     run(store.objects.put(owner, bucket, "k", blob(b"x")))
+    upload = run(store.uploads.create(owner, bucket, "big"))
+    part = PartWrite(part_number=1, content_length=3, content_md5=b"\1" * 16, sharks=["dc:n1"])
+    run(store.uploads.put_part(owner, bucket, "big", upload.id, part))
+    run(store.uploads.create(owner, bucket, "empty"))  # an upload with no part
     with pytest.raises(BucketNotEmpty):
         run(store.buckets.delete(owner, bucket))
     run(store.objects.delete(owner, bucket, "k"))
-    upload = run(store.uploads.create(owner, bucket, "big"))
-    with pytest.raises(BucketNotEmpty):
-        run(store.buckets.delete(owner, bucket))
-    run(store.uploads.abort(owner, bucket, "big", upload.id))
     run(store.buckets.delete(owner, bucket))
+    # The uploads went with the incarnation: a new bucket of the name never sees them ...
+    run(store.buckets.create(owner, bucket))
+    assert run(store.uploads.list(owner, bucket)) == []
+    with pytest.raises(UploadNotFound):
+        run(store.uploads.get(owner, bucket, "big", upload.id))
+    # ... and their parts are garbage of the dead incarnation, with its record.
+    vnode = store.ring.vnode_for_bucket(owner, bucket)
+
+    async def claimed() -> list[Any]:
+        async with store.garbage.claim_deleted_buckets(vnode, timedelta(0)) as claim:
+            return claim.buckets
+
+    assert found.id in [b.id for b in run(claimed())]
+    left = run(store.garbage.bucket_contents(owner, found.id))
+    assert [(r.id, r.properties["part_number"]) for r in left] == [(part.id, 1)]
+    run(store.garbage.remove_bucket_contents(owner, found.id, left))
+    run(store.garbage.remove_bucket_uploads(owner, found.id))
+    assert not run(store.buckets.has_content(owner, found.id))
 
 
 def test_forced_delete_records_the_incarnation_and_leaves_objects_to_gc(
@@ -221,6 +244,54 @@ def test_conditional_writes(store: MetadataStore, run: Any, owner: uuid.UUID, bu
     with pytest.raises(PreconditionFailed):
         run(store.objects.delete(owner, bucket, "c", if_match=v1.content_md5))
     assert run(store.objects.delete(owner, bucket, "c", if_match=v2.content_md5)).id == v2.id
+
+
+def test_if_match_any_and_if_none_match_an_etag(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    with pytest.raises(ObjectNotFound):
+        run(store.objects.put(owner, bucket, "c", blob(b"one"), if_match=ANY_VERSION))
+    v1 = blob(b"one")
+    run(store.objects.put(owner, bucket, "c", v1, if_none_match=blob(b"other").content_md5))
+    v2 = blob(b"two")
+    replaced = run(store.objects.put(owner, bucket, "c", v2, if_match=ANY_VERSION))
+    assert replaced.replaced == v1.id
+    with pytest.raises(PreconditionFailed):
+        run(store.objects.put(owner, bucket, "c", blob(b"x"), if_none_match=v2.content_md5))
+    v3 = blob(b"three")
+    replaced = run(store.objects.put(owner, bucket, "c", v3, if_none_match=v1.content_md5))
+    assert replaced.replaced == v2.id
+    assert run(store.objects.get(owner, bucket, "c")).id == v3.id
+    assert {v1.id, v2.id} <= run(deletion_records(store, owner, bucket, "c"))
+
+
+def test_delete_many_deletes_per_vnode_and_records_each_version_once(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    writes = {f"k{i:03d}": blob(b"x", sharks=["dc:n1"]) for i in range(60)}
+    for name, write in writes.items():
+        run(store.objects.put(owner, bucket, name, write))
+    small = blob(b"small", properties={"inline": True}, data=b"small")
+    run(store.objects.put(owner, bucket, "small", small))
+    names = [*writes, "small", "absent", "k000", ""]
+    outcome = run(store.objects.delete_many(owner, bucket, names))
+    assert set(outcome) == set(names)
+    assert isinstance(outcome[""], InvalidName)
+    assert all(outcome[name] is None for name in names if name)
+    assert run(store.objects.list(owner, bucket)).entries == []
+    recorded = Counter()
+    for vnode in range(store.ring.vnodes):
+        recorded.update(run(records_of_bucket(store, vnode, owner, bucket)))
+    assert recorded == Counter({write.id: 1 for write in writes.values()})  # none for "small"
+
+
+async def records_of_bucket(
+    store: MetadataStore, vnode: int, owner: uuid.UUID, bucket: str
+) -> list[uuid.UUID]:
+    """Ids of a vnode's deletion records of the bucket, as often as each is recorded."""
+    found = await store.objects.bucket(owner, bucket)
+    async with store.garbage.claim_deleted_objects(vnode, timedelta(0), limit=10_000) as claim:
+        return [r.id for r in claim.records if r.bucket_id == found.id]
 
 
 @pytest.mark.parametrize(

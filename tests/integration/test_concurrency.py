@@ -131,3 +131,42 @@ def test_if_match_lets_exactly_one_of_racing_replacers_win(
     assert all(isinstance(r, PreconditionFailed) for r in results if r not in winners)
     expected = Counter({first.id: 1, winners[0].id: 1})
     assert run(versions_named(store, owner, name, "cas")) == expected
+
+
+def test_if_none_match_an_etag_lets_exactly_one_of_racing_writers_win(
+    store: MetadataStore, run: Any, bucket: tuple[uuid.UUID, str]
+) -> None:
+    owner, name = bucket
+    first = write(2000)
+    run(store.objects.put(owner, name, "unless", first))
+    # Every writer writes the same ETag, unless it is already there: only the first may.
+    same = [
+        ObjectWrite(content_length=1, content_md5=b"\7" * 16, sharks=["dc:n"])
+        for _ in range(WRITERS)
+    ]
+    results = run(
+        start_together(
+            [store.objects.put(owner, name, "unless", w, if_none_match=w.content_md5) for w in same]
+        )
+    )
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1 and winners[0].replaced == first.id
+    assert all(isinstance(r, PreconditionFailed) for r in results if r not in winners)
+    expected = Counter({first.id: 1, winners[0].id: 1})
+    assert run(versions_named(store, owner, name, "unless")) == expected
+
+
+def test_delete_many_racing_writers_records_every_version_once(
+    store: MetadataStore, run: Any, bucket: tuple[uuid.UUID, str]
+) -> None:
+    owner, name = bucket
+    keys = [f"many{i:02d}" for i in range(10)]
+    writes = {key: [write(n) for n in range(4)] for key in keys}
+    operations = [store.objects.put(owner, name, key, w) for key in keys for w in writes[key]]
+    operations += [store.objects.delete_many(owner, name, keys) for _ in range(WRITERS // 2)]
+    results = run(start_together(operations))
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert all(not any(r.values()) for r in results if isinstance(r, dict))
+    for key in keys:
+        expected = Counter({w.id: 1 for w in writes[key]})
+        assert run(versions_named(store, owner, name, key)) == expected

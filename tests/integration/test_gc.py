@@ -20,6 +20,8 @@ import pytest
 
 from shoal.config import load_config
 from shoal.gc import Collector, blocks_of
+from shoal.ids import uuid7
+from shoal.metadata import PartWrite
 from shoal.metadata.garbage import clear_window, vacuum_windows
 from shoal.metadata.partitions import (
     ensure_window_holding,
@@ -37,6 +39,7 @@ from tests.fixtures.garbage import (
     dead_tuples,
     garbage_files,
     node_holding_most,
+    once,
     put,
 )
 from tests.fixtures.postgres import unique
@@ -352,3 +355,43 @@ def test_a_record_written_into_the_window_meanwhile_survives(
     with psycopg.connect(dsn, autocommit=True) as conn:
         vacuum_windows(conn, [(vnode, window)])
     assert dead_tuples(dsn) == 0
+
+
+def test_a_bucket_deleted_with_open_uploads_leaves_them_to_gc(
+    cluster: StorageCluster, run: Any
+) -> None:
+    store, path = cluster.store, cluster.data_path(replicas=2, block_size=16 * KiB)
+    owner = run(store.accounts.create(unique("uploads"))).id
+    bucket = unique("uploads")
+    found = run(store.buckets.create(owner, bucket))
+
+    async def open_uploads() -> uuid.UUID:
+        upload = await store.uploads.create(owner, bucket, "big")
+        part_id = uuid7()
+        written = await path.write(part_id, once(os.urandom(20 * KiB)))
+        part = PartWrite(
+            id=part_id,
+            part_number=1,
+            content_length=written.size,
+            content_md5=written.md5,
+            sharks=written.sharks,
+            properties={"block_size": written.block_size},
+        )
+        await store.uploads.put_part(owner, bucket, "big", upload.id, part)
+        await store.uploads.create(owner, bucket, "never-a-part")
+        return part_id
+
+    part_id = run(open_uploads())
+    run(store.buckets.delete(owner, bucket))  # no objects: the open uploads do not hold it
+    assert part_id in block_ids(cluster)
+    done = run(Collector(store, path, timedelta(0)).run_once())
+    assert done.records_failed == 0
+    assert part_id not in block_ids(cluster)
+    assert not run(store.buckets.has_content(owner, found.id))  # no upload row left either
+    vnode = store.ring.vnode_for_bucket(owner, bucket)
+
+    async def deleted_buckets() -> list[uuid.UUID]:
+        async with store.garbage.claim_deleted_buckets(vnode, timedelta(0)) as claim:
+            return [b.id for b in claim.buckets]
+
+    assert found.id not in run(deleted_buckets())

@@ -15,9 +15,12 @@ from shoal.metadata import (
     InvalidPart,
     InvalidPartOrder,
     MetadataStore,
+    ObjectNotFound,
     PartWrite,
+    PreconditionFailed,
     UploadNotFound,
 )
+from shoal.metadata.objects import ANY_VERSION
 from tests.fixtures.postgres import MakeStore, unique
 
 MiB = 1024 * 1024
@@ -191,3 +194,24 @@ def test_uploads_list_by_key_then_upload_id(
     first_b = min(u.id for u in made if u.name == "b")
     after_first_b = run(store.uploads.list(owner, bucket, key_marker="b", upload_id_marker=first_b))
     assert [u.name for u in after_first_b] == ["b", "c/d"]
+
+
+def test_complete_checks_if_match_any_and_if_none_match_an_etag(
+    store: MetadataStore, run: Any, where: tuple[uuid.UUID, str]
+) -> None:
+    owner, bucket = where
+    upload = run(store.uploads.create(owner, bucket, "cond"))
+    only = part(1, size=10)
+    run(store.uploads.put_part(owner, bucket, "cond", upload.id, only))
+    chosen = [(1, only.content_md5)]
+    complete = store.uploads.complete
+    with pytest.raises(ObjectNotFound):  # If-Match: * and no object: the upload stays open
+        run(complete(owner, bucket, "cond", upload.id, chosen, if_match=ANY_VERSION))
+    first = run(complete(owner, bucket, "cond", upload.id, chosen, if_none_match=b"\0" * 16))
+    again = run(store.uploads.create(owner, bucket, "cond"))
+    run(store.uploads.put_part(owner, bucket, "cond", again.id, only))
+    etag = run(store.objects.get(owner, bucket, "cond")).content_md5
+    with pytest.raises(PreconditionFailed):
+        run(complete(owner, bucket, "cond", again.id, chosen, if_none_match=etag))
+    done = run(complete(owner, bucket, "cond", again.id, chosen, if_match=ANY_VERSION))
+    assert done.replaced == first.id

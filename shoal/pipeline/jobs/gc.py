@@ -194,6 +194,7 @@ async def _finish(store: Any, dead: list[tuple[str, str, str]]) -> tuple[int, in
     vnodes_with_removals = set()
     for bucket_id, owner, name in dead:
         owner_id, incarnation = uuid.UUID(owner), uuid.UUID(bucket_id)
+        await store.garbage.remove_bucket_uploads(owner_id, incarnation)
         if await store.buckets.has_content(owner_id, incarnation):
             continue
         vnode = store.ring.vnode_for_bucket(owner_id, name)

@@ -1,0 +1,111 @@
+"""S3's answers where tools rely on them: deleting a bucket with open uploads, conditional
+writes with `*` and ETags, a second CompleteMultipartUpload, DeleteObjects of many keys;
+boto3 and the aws cli against `shoal serve`."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from tests.e2e.test_awscli_and_pyarrow import aws
+from tests.e2e.test_boto3 import error_code
+from tests.fixtures.postgres import unique
+from tests.fixtures.serve import Served
+
+
+def test_delete_bucket_whose_only_contents_are_open_uploads(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="kept", Body=b"x")
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="big")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="big", UploadId=upload, PartNumber=1, Body=b"part")
+    s3.create_multipart_upload(Bucket=bucket, Key="no-parts")
+    assert error_code(s3.delete_bucket, Bucket=bucket) == "BucketNotEmpty"
+    s3.delete_object(Bucket=bucket, Key="kept")
+    s3.delete_bucket(Bucket=bucket)
+    assert error_code(s3.head_bucket, Bucket=bucket) == "404"
+    # A new bucket of the same name never sees the old uploads.
+    s3.create_bucket(Bucket=bucket)
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert (
+        error_code(
+            s3.upload_part, Bucket=bucket, Key="big", UploadId=upload, PartNumber=2, Body=b"p"
+        )
+        == "NoSuchUpload"
+    )
+
+
+def test_aws_s3_rb_force_removes_a_bucket_with_an_open_upload(served: Served) -> None:
+    s3 = served.client()
+    bucket = unique("rb")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="a/b", Body=b"x")
+    s3.create_multipart_upload(Bucket=bucket, Key="pending")
+    aws(served, "s3", "rb", "--force", f"s3://{bucket}")
+    assert bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+
+
+def test_if_match_any_needs_the_key_and_if_none_match_an_etag_refuses_only_it(
+    s3: Any, bucket: str
+) -> None:
+    assert error_code(s3.put_object, Bucket=bucket, Key="k", Body=b"0", IfMatch="*") == "NoSuchKey"
+    first = s3.put_object(Bucket=bucket, Key="k", Body=b"1", IfNoneMatch='"' + "a" * 32 + '"')
+    second = s3.put_object(Bucket=bucket, Key="k", Body=b"2", IfMatch="*")
+    assert (
+        error_code(s3.put_object, Bucket=bucket, Key="k", Body=b"3", IfNoneMatch=second["ETag"])
+        == "PreconditionFailed"
+    )
+    s3.put_object(Bucket=bucket, Key="k", Body=b"4", IfNoneMatch=first["ETag"])
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"4"
+    # A value that is no ETag at all matches nothing: the write goes on.
+    s3.put_object(Bucket=bucket, Key="k", Body=b"5", IfNoneMatch='"not-an-etag"')
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"5"
+
+
+def test_racing_conditional_puts_let_exactly_one_win(served: Served, bucket: str) -> None:
+    body = b"the same body"
+    etag = f'"{hashlib.md5(body).hexdigest()}"'
+    clients = [served.client() for _ in range(2)]
+    clients[0].put_object(Bucket=bucket, Key="race", Body=b"before")
+
+    def put(client: Any) -> str:
+        try:
+            client.put_object(Bucket=bucket, Key="race", Body=body, IfNoneMatch=etag)
+        except ClientError as exc:
+            return str(exc.response["Error"]["Code"])
+        return "ok"
+
+    for _ in range(5):
+        clients[0].put_object(Bucket=bucket, Key="race", Body=b"before")
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = sorted(pool.map(put, clients))
+        assert outcomes == ["PreconditionFailed", "ok"]
+
+
+def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
+    part = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=1, Body=b"data")
+    parts = {"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]}
+    complete = {"Bucket": bucket, "Key": "mp", "UploadId": upload, "MultipartUpload": parts}
+    first = s3.complete_multipart_upload(**complete)
+    again = s3.complete_multipart_upload(**complete)
+    assert again["ETag"] == first["ETag"]
+    other = {"Parts": [{"PartNumber": 1, "ETag": '"' + "0" * 32 + '"'}]}
+    assert (
+        error_code(s3.complete_multipart_upload, **{**complete, "MultipartUpload": other})
+        == "NoSuchUpload"
+    )
+    assert s3.get_object(Bucket=bucket, Key="mp")["Body"].read() == b"data"
+
+
+def test_delete_objects_of_many_keys(s3: Any, bucket: str) -> None:
+    keys = [f"d/{i:04d}" for i in range(300)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=k, Body=k.encode()), keys))
+    objects = [{"Key": k} for k in [*keys, "never-there"]]
+    objects.append({"Key": "d/0000", "VersionId": "not-null"})
+    answer = s3.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+    assert sorted(d["Key"] for d in answer["Deleted"]) == sorted([*keys, "never-there"])
+    assert [(e["Key"], e["Code"]) for e in answer["Errors"]] == [("d/0000", "NoSuchKey")]
+    assert s3.list_objects_v2(Bucket=bucket).get("Contents", []) == []
