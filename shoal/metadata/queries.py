@@ -903,5 +903,17 @@ DELETE_LIFECYCLE = "DELETE FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucke
 
 ALL_LIFECYCLES = "SELECT bucket_id, owner, bucket, rules FROM shoal.bucket_lifecycle"
 
+# -- bucket CORS (catalog shard) --------------------------------------------------------------
+
+PUT_CORS = """
+INSERT INTO shoal.bucket_cors (bucket_id, owner, bucket, rules)
+VALUES (%(bucket_id)s, %(owner)s, %(bucket)s, %(rules)s)
+ON CONFLICT (bucket_id) DO UPDATE SET rules = EXCLUDED.rules, updated = current_timestamp
+"""
+
+GET_CORS = "SELECT rules FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
+
+DELETE_CORS = "DELETE FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
+
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"
