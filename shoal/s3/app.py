@@ -304,6 +304,8 @@ def _operation_of(gateway: Gateway, request: http.Request) -> str:
     """The operation a request that never became a Call asked for (refused before or at
     routing, or by authentication), named as S3 names it, also when Shoal does not
     implement it."""
+    if request.method == "OPTIONS":
+        return "PreflightRequest"  # a browser's CORS preflight (cors.py); S3 names no operation
     try:
         _, query_pairs, where = _target(gateway, request)
         copy = "x-amz-copy-source" in request.headers
