@@ -154,7 +154,12 @@ class Buckets(Component):
             await conn.execute(queries.DELETE_CORS, {"bucket_id": bucket.id})
 
     async def owner_of(self, name: str) -> uuid.UUID | None:
-        """Who holds a bucket name across the ring (S3 names are global), if anyone."""
+        """Who holds a bucket name across the ring (S3 names are global), if anyone (no one
+        holds a name S3 does not allow)."""
+        try:
+            check_bucket_name(name)
+        except InvalidName:
+            return None
         async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.SELECT_BUCKET_NAME, {"name": name})
             row = await cur.fetchone()

@@ -128,7 +128,8 @@ def test_preflight_answers_from_the_first_matching_rule(
 
 
 def test_preflight_without_rules_or_bucket_or_origin(served: Served, bucket: str) -> None:
-    for path in (f"/{bucket}/k", f"/{bucket}-none/k"):
+    # A name no bucket can have (not UTF-8, not S3's rules) is one more bucket without rules.
+    for path in (f"/{bucket}/k", f"/{bucket}-none/k", "/%ff/k", "/A_B/k", "/"):
         refused = preflight(served, path, PAGE, "GET")
         assert refused.status == 403
         assert b"<Code>AccessForbidden</Code>" in refused.body
