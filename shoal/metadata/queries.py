@@ -65,10 +65,13 @@ WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 """
 
 # Also tells every process that caches bucket incarnations to drop this one (bucket_cache.py);
-# PostgreSQL delivers the notice when this commits, after the bucket's row is gone.
+# PostgreSQL delivers the notice when this commits, after the bucket's row is gone. The
+# incarnation's CORS rules go with it (no later incarnation would ever read them).
 RELEASE_BUCKET_NAME = """
 WITH released AS (
     DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+), cors_dropped AS (
+    DELETE FROM shoal.bucket_cors WHERE bucket_id = %(id)s
 )
 SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
