@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -84,10 +86,21 @@ def dom_after_scripts(url: str, profile: Path) -> str:
         "--dump-dom",
         url,
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=BROWSER_SECONDS, check=False
+    # Its own process group, so that a browser that hangs goes with all its helper processes.
+    browser = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
-    return done.stdout
+    try:
+        dom, _ = browser.communicate(timeout=BROWSER_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(browser.pid, signal.SIGKILL)
+        browser.communicate()
+        pytest.fail(f"chromium did not finish within {BROWSER_SECONDS} s")
+    return dom
 
 
 @pytest.mark.slow
