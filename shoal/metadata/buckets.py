@@ -131,8 +131,35 @@ class Buckets(Component):
             rows = await (await conn.execute(queries.ALL_LIFECYCLES)).fetchall()
         return [(r[0], r[1], r[2], list(r[3])) for r in rows]
 
+    async def put_cors(self, owner: uuid.UUID, name: str, rules: list[dict[str, Any]]) -> None:
+        """Store a bucket's CORS rules (already validated by the caller)."""
+        bucket = await self.bucket(owner, name)
+        params = {"bucket_id": bucket.id, "owner": owner, "bucket": name, "rules": Jsonb(rules)}
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.PUT_CORS, params)
+
+    async def get_cors(self, owner: uuid.UUID, name: str) -> list[dict[str, Any]] | None:
+        """The bucket's CORS rules, None without a configuration."""
+        return await self.cors_of(await self.bucket(owner, name))
+
+    async def cors_of(self, bucket: Bucket) -> list[dict[str, Any]] | None:
+        async with self.shards.catalog.pool.reading() as conn:
+            cur = await conn.execute(queries.GET_CORS, {"bucket_id": bucket.id})
+            row = await cur.fetchone()
+        return None if row is None else list(row[0])
+
+    async def delete_cors(self, owner: uuid.UUID, name: str) -> None:
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.DELETE_CORS, {"bucket_id": bucket.id})
+
     async def owner_of(self, name: str) -> uuid.UUID | None:
-        """Who holds a bucket name across the ring (S3 names are global), if anyone."""
+        """Who holds a bucket name across the ring (S3 names are global), if anyone (no one
+        holds a name S3 does not allow)."""
+        try:
+            check_bucket_name(name)
+        except InvalidName:
+            return None
         async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.SELECT_BUCKET_NAME, {"name": name})
             row = await cur.fetchone()

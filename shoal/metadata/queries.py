@@ -65,10 +65,13 @@ WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 """
 
 # Also tells every process that caches bucket incarnations to drop this one (bucket_cache.py);
-# PostgreSQL delivers the notice when this commits, after the bucket's row is gone.
+# PostgreSQL delivers the notice when this commits, after the bucket's row is gone. The
+# incarnation's CORS rules go with it (no later incarnation would ever read them).
 RELEASE_BUCKET_NAME = """
 WITH released AS (
     DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+), cors_dropped AS (
+    DELETE FROM shoal.bucket_cors WHERE bucket_id = %(id)s
 )
 SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
@@ -902,6 +905,18 @@ GET_LIFECYCLE = "SELECT rules FROM shoal.bucket_lifecycle WHERE bucket_id = %(bu
 DELETE_LIFECYCLE = "DELETE FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucket_id)s"
 
 ALL_LIFECYCLES = "SELECT bucket_id, owner, bucket, rules FROM shoal.bucket_lifecycle"
+
+# -- bucket CORS (catalog shard) --------------------------------------------------------------
+
+PUT_CORS = """
+INSERT INTO shoal.bucket_cors (bucket_id, owner, bucket, rules)
+VALUES (%(bucket_id)s, %(owner)s, %(bucket)s, %(rules)s)
+ON CONFLICT (bucket_id) DO UPDATE SET rules = EXCLUDED.rules, updated = current_timestamp
+"""
+
+GET_CORS = "SELECT rules FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
+
+DELETE_CORS = "DELETE FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"

@@ -155,6 +155,20 @@ CREATE TABLE shoal.bucket_lifecycle (
 );
 """,
     ),
+    Migration(
+        4,
+        "bucket CORS configurations",
+        """
+-- S3 CORS rules of a bucket incarnation, as JSON (the gateway answers preflights from them).
+CREATE TABLE shoal.bucket_cors (
+    bucket_id uuid PRIMARY KEY,
+    owner uuid NOT NULL,
+    bucket text COLLATE "C" NOT NULL,
+    rules jsonb NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

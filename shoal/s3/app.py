@@ -124,7 +124,7 @@ class Call:
 def make_handler(gateway: Gateway) -> http.Handler:
     """What http.serve calls for each request."""
     # Import the handler modules so that they register themselves.
-    from shoal.s3 import attributes, bucket, lifecycle, listing, multipart, objects  # noqa: F401
+    from shoal.s3 import attributes, bucket, cors, lifecycle, listing, multipart, objects  # noqa: F401
 
     async def dispatch(request: http.Request) -> http.Response:
         return await handle(gateway, request)
@@ -166,7 +166,13 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
         readiness = gateway.readiness
         if readiness is not None and not readiness.serving and not await readiness.confirm():
             raise ServiceUnavailable()  # starting, or too few storage nodes answer
+        if request.method == "OPTIONS":
+            return await _preflight(gateway, request)
         call = await _authenticated_call(gateway, request, request_id)
+        if "origin" in request.headers:
+            from shoal.s3 import cors  # imports this module
+
+            await cors.add_headers(call)
         refuse_what_cannot_be_stored(call.endpoint, request.headers)
         try:
             response = await HANDLERS[call.endpoint](call)
@@ -179,6 +185,13 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
             raise
         response = _error_response(request, request_id, _as_s3_error(exc, request_id))
     return response
+
+
+async def _preflight(gateway: Gateway, request: http.Request) -> http.Response:
+    """A browser's CORS preflight, answered before (and without) authentication, as S3 does."""
+    from shoal.s3 import cors  # imports this module
+
+    return await cors.preflight(gateway.store, request, _target(gateway, request)[2])
 
 
 async def refuse_foreign_bucket(call: Call, bucket: str) -> None:
@@ -291,6 +304,8 @@ def _operation_of(gateway: Gateway, request: http.Request) -> str:
     """The operation a request that never became a Call asked for (refused before or at
     routing, or by authentication), named as S3 names it, also when Shoal does not
     implement it."""
+    if request.method == "OPTIONS":
+        return "PreflightRequest"  # a browser's CORS preflight (cors.py); S3 names no operation
     try:
         _, query_pairs, where = _target(gateway, request)
         copy = "x-amz-copy-source" in request.headers

@@ -39,6 +39,12 @@ class AccessDenied(S3Error, status=403, message="Access Denied"):
     pass
 
 
+class AccessForbidden(
+    S3Error, status=403, message="CORSResponse: This CORS request is not allowed."
+):
+    pass
+
+
 class AuthorizationHeaderMalformed(S3Error, message="The authorization header is malformed"):
     pass
 
@@ -50,6 +56,10 @@ class AuthorizationQueryParametersError(
 
 
 class BadDigest(S3Error, message="The Content-MD5 you specified did not match what we received."):
+    pass
+
+
+class BadRequest(S3Error, message="Bad Request"):
     pass
 
 
@@ -202,6 +212,10 @@ class NoSuchBucket(S3Error, status=404, message="The specified bucket does not e
 class NoSuchLifecycleConfiguration(
     S3Error, status=404, message="The lifecycle configuration does not exist"
 ):
+    pass
+
+
+class NoSuchCORSConfiguration(S3Error, status=404, message="The CORS configuration does not exist"):
     pass
 
 

@@ -40,6 +40,9 @@ class Endpoint(enum.Enum):
     PutBucketLifecycleConfiguration = enum.auto()
     GetBucketLifecycleConfiguration = enum.auto()
     DeleteBucketLifecycle = enum.auto()
+    PutBucketCors = enum.auto()
+    GetBucketCors = enum.auto()
+    DeleteBucketCors = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -100,6 +103,8 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
     unsupported = UNSUPPORTED.intersection(query)
     if method == "GET" and where.key is not None:
         unsupported -= {"attributes"}  # GetObjectAttributes; S3 has no other ?attributes
+    if where.key is None:
+        unsupported -= {"cors"}  # a bucket's CORS configuration; objects have none
     if unsupported:
         raise NotImplementedByShoal(f"?{sorted(unsupported)[0]} is not implemented by Shoal")
     if where.bucket is None:
@@ -149,16 +154,27 @@ def operation_name(method: str, where: Address, query: Mapping[str, str], copy_s
     return f"{_VERBS.get(method, method.title())}{scope}{noun}"
 
 
+# Bucket sub-resources read, replaced and removed whole: their endpoint by method.
+_CONFIGURATIONS = {
+    "lifecycle": {
+        "PUT": Endpoint.PutBucketLifecycleConfiguration,
+        "GET": Endpoint.GetBucketLifecycleConfiguration,
+        "DELETE": Endpoint.DeleteBucketLifecycle,
+    },
+    "cors": {
+        "PUT": Endpoint.PutBucketCors,
+        "GET": Endpoint.GetBucketCors,
+        "DELETE": Endpoint.DeleteBucketCors,
+    },
+}
+
+
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
-    if "lifecycle" in query:
-        lifecycle = {
-            "PUT": Endpoint.PutBucketLifecycleConfiguration,
-            "GET": Endpoint.GetBucketLifecycleConfiguration,
-            "DELETE": Endpoint.DeleteBucketLifecycle,
-        }
-        if method not in lifecycle:
-            raise MethodNotAllowed()
-        return lifecycle[method]
+    for resource, endpoints in _CONFIGURATIONS.items():
+        if resource in query:
+            if method not in endpoints:
+                raise MethodNotAllowed()
+            return endpoints[method]
     if method == "HEAD":
         return Endpoint.HeadBucket
     if method == "GET":

@@ -392,6 +392,7 @@ SUB_RESOURCES = {
     "uploads": st.just(""),
     "delete": st.just(""),
     "lifecycle": st.just(""),
+    "cors": st.just(""),
     "partNumber": NUMBERS,
     "uploadId": st.one_of(st.just("UPLOAD"), st.just("UPLOAD"), st.uuids().map(str), SAFE_TEXT),
     "list-type": st.sampled_from(["1", "2", "3", ""]),
@@ -461,6 +462,11 @@ HEADERS = {
     "Content-Encoding": st.sampled_from(["aws-chunked", "gzip", ""]),
     "x-amz-trailer": st.sampled_from(["x-amz-checksum-crc32", "bogus"]),
     "Expect": st.just("100-continue"),
+    "Origin": st.one_of(st.sampled_from(["http://127.0.0.1:8123", "null", ""]), SAFE_TEXT),
+    "Access-Control-Request-Method": st.sampled_from(["PUT", "GET", "TRACE", "put", ""]),
+    "Access-Control-Request-Headers": st.one_of(
+        st.sampled_from(["content-type, x-amz-meta-a", ",,", ""]), SAFE_TEXT
+    ),
 }
 XML_TEXT = st.one_of(
     SAFE_TEXT, NUMBERS, st.sampled_from(["2030-01-01T00:00:00Z", "2030-01-01", '"etag"'])
@@ -514,6 +520,19 @@ RULE_XML = xml_tree(
     ),
 )
 LIFECYCLE_XML = xml_tree("LifecycleConfiguration", RULE_XML)
+CORS_RULE_XML = xml_tree(
+    "CORSRule",
+    st.one_of(
+        leaf("ID"),
+        st.sampled_from(["<AllowedOrigin>*</AllowedOrigin>", "<AllowedMethod>GET</AllowedMethod>"]),
+        leaf("AllowedOrigin"),
+        leaf("AllowedMethod"),
+        leaf("AllowedHeader"),
+        leaf("ExposeHeader"),
+        leaf("MaxAgeSeconds"),
+    ),
+)
+CORS_XML = xml_tree("CORSConfiguration", CORS_RULE_XML)
 
 
 @st.composite
@@ -578,6 +597,7 @@ BODIES = st.one_of(
     mutated(DELETE_XML),
     mutated(COMPLETE_XML),
     mutated(LIFECYCLE_XML),
+    mutated(CORS_XML),
 )
 
 
@@ -589,6 +609,7 @@ OPERATIONS = [
     ["uploadId"],
     ["uploadId", "partNumber"],
     ["lifecycle"],
+    ["cors"],
     ["list-type", "max-keys", "prefix"],
     ["list-type", "continuation-token", "delimiter"],
     ["uploadId", "max-parts", "part-number-marker"],
@@ -657,6 +678,8 @@ def fuzz_names(served: Served) -> dict[str, str]:
     s3.create_bucket(Bucket=mine)
     for key in ("a", "b", "dir/c"):
         s3.put_object(Bucket=mine, Key=key, Body=key.encode() * 100)
+    cors = {"AllowedOrigins": ["http://127.0.0.1:*"], "AllowedMethods": ["GET", "PUT"]}
+    s3.put_bucket_cors(Bucket=mine, CORSConfiguration={"CORSRules": [cors]})
     upload = s3.create_multipart_upload(Bucket=mine, Key="a")["UploadId"]
     s3.upload_part(Bucket=mine, Key="a", UploadId=upload, PartNumber=1, Body=b"part")
     other = served.client(served.other)

@@ -67,6 +67,23 @@ def test_bucket_lifecycle(store: MetadataStore, run: Any, owner: uuid.UUID) -> N
         run(store.buckets.get(owner, names[1]))
 
 
+def test_bucket_cors_rules_belong_to_one_incarnation(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    assert run(store.buckets.get_cors(owner, bucket)) is None
+    rules = [{"id": "", "origins": ["*"], "methods": ["GET"], "headers": [], "expose": []}]
+    run(store.buckets.put_cors(owner, bucket, rules))
+    assert run(store.buckets.get_cors(owner, bucket)) == rules
+    old = run(store.buckets.get(owner, bucket))
+    run(store.buckets.delete(owner, bucket))
+    assert run(store.buckets.cors_of(old)) is None  # deleted with the bucket, not left behind
+    run(store.buckets.create(owner, bucket))
+    assert run(store.buckets.get_cors(owner, bucket)) is None
+    run(store.buckets.put_cors(owner, bucket, rules))
+    run(store.buckets.delete_cors(owner, bucket))
+    assert run(store.buckets.get_cors(owner, bucket)) is None
+
+
 def test_bucket_names_are_global(
     store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
 ) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.s3.router import Address, address
+from shoal.s3.errors import MethodNotAllowed, NotImplementedByShoal
+from shoal.s3.router import Address, Endpoint, address, route
 
 DOMAINS = ("localhost", "s3.localhost")
 
@@ -26,3 +27,20 @@ def test_the_longest_domain_wins_and_a_domain_alone_is_path_style(
 ) -> None:
     assert address(host, path, DOMAINS) == expected
     assert address(host, path, tuple(reversed(DOMAINS))) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("PUT", Endpoint.PutBucketCors),
+        ("GET", Endpoint.GetBucketCors),
+        ("DELETE", Endpoint.DeleteBucketCors),
+    ],
+)
+def test_cors_is_a_bucket_configuration(method: str, expected: Endpoint) -> None:
+    assert route(method, Address("b", None), {"cors": ""}, copy_source=False) == expected
+    # Objects have no CORS configuration of their own: never routed to PutObject and the like.
+    with pytest.raises(NotImplementedByShoal):
+        route(method, Address("b", "k"), {"cors": ""}, copy_source=False)
+    with pytest.raises(MethodNotAllowed):
+        route("POST", Address("b", None), {"cors": ""}, copy_source=False)
