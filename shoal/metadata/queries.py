@@ -272,6 +272,19 @@ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 RETURNING {object_columns}
 """
 
+# An object's tags (properties.tags; none: the key removed), set on the version a tagging
+# request read (id): a version that replaced it meanwhile keeps its own tags. Data, ETag and
+# Last-Modified stay (S3 does not change Last-Modified for tags), and nothing is replaced,
+# so there is no deletion record.
+UPDATE_OBJECT_TAGS = """
+UPDATE {schema}.manta_bucket_object SET
+    properties = (coalesce(properties, '{{}}'::jsonb) - 'tags')
+        || CASE WHEN %(tags)s::jsonb = '{{}}'::jsonb THEN '{{}}'::jsonb
+                ELSE jsonb_build_object('tags', %(tags)s::jsonb) END
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(id)s
+RETURNING id
+"""
+
 # The deleted row comes from DELETE ... RETURNING: only the deleter that removed it records it.
 DELETE_OBJECT = """
 WITH gone AS (
@@ -902,6 +915,17 @@ GET_LIFECYCLE = "SELECT rules FROM shoal.bucket_lifecycle WHERE bucket_id = %(bu
 DELETE_LIFECYCLE = "DELETE FROM shoal.bucket_lifecycle WHERE bucket_id = %(bucket_id)s"
 
 ALL_LIFECYCLES = "SELECT bucket_id, owner, bucket, rules FROM shoal.bucket_lifecycle"
+
+# -- bucket tags (catalog shard) ---------------------------------------------------------------
+
+PUT_BUCKET_TAGS = """
+INSERT INTO shoal.bucket_tagging (bucket_id, tags) VALUES (%(bucket_id)s, %(tags)s)
+ON CONFLICT (bucket_id) DO UPDATE SET tags = EXCLUDED.tags, updated = current_timestamp
+"""
+
+GET_BUCKET_TAGS = "SELECT tags FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
+
+DELETE_BUCKET_TAGS = "DELETE FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"

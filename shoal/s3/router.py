@@ -40,6 +40,12 @@ class Endpoint(enum.Enum):
     PutBucketLifecycleConfiguration = enum.auto()
     GetBucketLifecycleConfiguration = enum.auto()
     DeleteBucketLifecycle = enum.auto()
+    PutObjectTagging = enum.auto()
+    GetObjectTagging = enum.auto()
+    DeleteObjectTagging = enum.auto()
+    PutBucketTagging = enum.auto()
+    GetBucketTagging = enum.auto()
+    DeleteBucketTagging = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -49,7 +55,6 @@ UNSUPPORTED = frozenset(
         "policy",
         "policyStatus",
         "cors",
-        "tagging",
         "website",
         "logging",
         "notification",
@@ -112,7 +117,7 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
 
 
 # How S3 names the operation of a sub-resource, where it is not Verb + Bucket|Object + the
-# sub-resource's own name (PutObjectTagging, GetBucketAcl, ...).
+# sub-resource's own name (PutObjectAcl, GetBucketAcl, ...).
 _OPERATION_NOUNS = {
     "cors": "Cors",
     "object-lock": "ObjectLockConfiguration",
@@ -150,6 +155,8 @@ def operation_name(method: str, where: Address, query: Mapping[str, str], copy_s
 
 
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
+    if "tagging" in query:
+        return _tagging_endpoint(method, _BUCKET_TAGGING)
     if "lifecycle" in query:
         lifecycle = {
             "PUT": Endpoint.PutBucketLifecycleConfiguration,
@@ -182,6 +189,8 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
 
 
 def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -> Endpoint:
+    if "tagging" in query:
+        return _tagging_endpoint(method, _OBJECT_TAGGING)
     upload = "uploadId" in query
     if method == "GET":
         if "attributes" in query:
@@ -201,6 +210,24 @@ def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -
     if method == "DELETE":
         return Endpoint.AbortMultipartUpload if upload else Endpoint.DeleteObject
     raise MethodNotAllowed()
+
+
+_OBJECT_TAGGING = {
+    "PUT": Endpoint.PutObjectTagging,
+    "GET": Endpoint.GetObjectTagging,
+    "DELETE": Endpoint.DeleteObjectTagging,
+}
+_BUCKET_TAGGING = {
+    "PUT": Endpoint.PutBucketTagging,
+    "GET": Endpoint.GetBucketTagging,
+    "DELETE": Endpoint.DeleteBucketTagging,
+}
+
+
+def _tagging_endpoint(method: str, endpoints: Mapping[str, Endpoint]) -> Endpoint:
+    if method not in endpoints:
+        raise MethodNotAllowed()
+    return endpoints[method]
 
 
 def _virtual_bucket(hostname: str, domains: Sequence[str]) -> str | None:
