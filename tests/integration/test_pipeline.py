@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -146,6 +147,9 @@ def test_inventory_lists_every_live_object(
 ) -> None:
     path = cluster.data_path(replicas=2, block_size=16 * KiB)
     world = run(build_garbage(cluster.store, path))
+    tagged = run(cluster.store.objects.get(world.owner, world.bucket, "over0"))
+    tags = {"team": "storage", "note": "a b"}
+    run(cluster.store.objects.set_tags(world.owner, world.bucket, "over0", tagged.id, tags))
     summary = job(cluster, spark, "inventory", tmp_path)
     rows = pq.read_table(str(summary.output / "parquet")).to_pylist()
     mine = {r["key"]: r for r in rows if r["bucket"] == world.bucket}
@@ -154,6 +158,7 @@ def test_inventory_lists_every_live_object(
     assert mine["half"]["etag"].endswith("-1")
     assert len(mine["over0"]["storage_nodes"].split()) == 2
     assert mine["small"]["size"] == 3 * KiB and mine["small"]["storage_nodes"] == ""
+    assert json.loads(mine["over0"]["tags"]) == tags and mine["small"]["tags"] == ""
     csvs = list((summary.output / "csv").glob(f"bucket={world.bucket}/*.csv"))
     assert csvs and "key,size,etag" in csvs[0].read_text()
 
