@@ -288,12 +288,16 @@ def test_lifecycle_expires_and_aborts_by_rule(
     owner = run(store.accounts.create(unique("lc"))).id
     bucket = unique("lc")
     found = run(store.buckets.create(owner, bucket))
-    for key in ("logs/a", "logs/b", "keep/c", "old/d", "old/e"):
+    for key in ("logs/a", "logs/b", "keep/c", "old/d", "old/e", "tagged/f", "tagged/g"):
         run(
             store.objects.put(
                 owner, bucket, key, ObjectWrite(content_length=1, content_md5=bytes(16))
             )
         )
+    tagged = run(store.objects.get(owner, bucket, "tagged/f"))
+    run(store.objects.set_tags(owner, bucket, "tagged/f", tagged.id, {"temp": "yes", "x": "1"}))
+    partly = run(store.objects.get(owner, bucket, "tagged/g"))
+    run(store.objects.set_tags(owner, bucket, "tagged/g", partly.id, {"temp": "no"}))
     upload = run(store.uploads.create(owner, bucket, "big"))
     fresh_upload = run(store.uploads.create(owner, bucket, "fresh"))
 
@@ -331,6 +335,15 @@ def test_lifecycle_expires_and_aborts_by_rule(
                     "abort_days": None,
                 },
                 {
+                    "id": "temporary",
+                    "enabled": True,
+                    "prefix": "",
+                    "tags": {"temp": "yes"},
+                    "expiration_days": None,
+                    "expiration_date": "2020-01-01T00:00:00+00:00",
+                    "abort_days": None,
+                },
+                {
                     "id": "uploads",
                     "enabled": True,
                     "prefix": "",
@@ -350,9 +363,9 @@ def test_lifecycle_expires_and_aborts_by_rule(
         )
     )
     summary = job(cluster, spark, "lifecycle", tmp_path)
-    assert summary.figures["objects expired"] == 3
+    assert summary.figures["objects expired"] == 4
     left = [o.name for o in run(store.objects.list(owner, bucket)).objects]
-    assert left == ["keep/c", "old/e"]
+    assert left == ["keep/c", "old/e", "tagged/g"]
     uploads = [u.id for u in run(store.uploads.list(owner, bucket))]
     assert uploads == [fresh_upload.id] and upload.id not in uploads
     assert run(store.objects.list(owner, bucket)).objects  # the rest stays readable
