@@ -6,7 +6,8 @@ by an older gateway, or written to the metadata by hand, is not trusted), and sk
 whose rules it cannot apply instead of failing for every bucket.
 
 A stored rule is a dict: id, enabled, prefix, expiration_days, expiration_date (ISO 8601,
-midnight UTC), abort_days.
+midnight UTC), abort_days, and tags (a key -> value map an object's tags must all include;
+absent in rules stored before tag filters, meaning none).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ MAX_DAYS = 100_000
 MAX_RULES = 1000
 MAX_ID_CHARS = 255
 RULE_KEYS = ("id", "enabled", "prefix", "expiration_days", "expiration_date", "abort_days")
+OPTIONAL_RULE_KEYS = ("tags",)
 
 
 def problem_with(rules: Any) -> str | None:
@@ -36,8 +38,18 @@ def problem_with(rules: Any) -> str | None:
 
 
 def _problem_with_rule(rule: Any) -> str | None:
-    if not isinstance(rule, dict) or set(rule) != set(RULE_KEYS):
-        return f"a rule has exactly the fields {', '.join(RULE_KEYS)}"
+    if not isinstance(rule, dict) or not set(RULE_KEYS) <= set(rule) <= {
+        *RULE_KEYS,
+        *OPTIONAL_RULE_KEYS,
+    }:
+        return f"a rule has the fields {', '.join(RULE_KEYS)}, and may have tags"
+    tags = rule.get("tags", {})
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        return "tags is a map of text to text"
+    if tags and rule["abort_days"] is not None:
+        return "AbortIncompleteMultipartUpload cannot be specified with Tags"
     if not isinstance(rule["id"], str) or len(rule["id"]) > MAX_ID_CHARS:
         return f"the ID is text of at most {MAX_ID_CHARS} characters"
     if not isinstance(rule["enabled"], bool) or not isinstance(rule["prefix"], str):

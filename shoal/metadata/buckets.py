@@ -153,6 +153,27 @@ class Buckets(Component):
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.DELETE_CORS, {"bucket_id": bucket.id})
 
+    async def put_tags(self, owner: uuid.UUID, name: str, tags: dict[str, str]) -> None:
+        """Replace a bucket's tags (already validated by the caller)."""
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(
+                queries.PUT_BUCKET_TAGS, {"bucket_id": bucket.id, "tags": Jsonb(tags)}
+            )
+
+    async def get_tags(self, owner: uuid.UUID, name: str) -> dict[str, str]:
+        """A bucket's tags; none if it has none."""
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.GET_BUCKET_TAGS, {"bucket_id": bucket.id})
+            row = await cur.fetchone()
+        return {} if row is None else dict(row[0])
+
+    async def delete_tags(self, owner: uuid.UUID, name: str) -> None:
+        bucket = await self.bucket(owner, name)
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(queries.DELETE_BUCKET_TAGS, {"bucket_id": bucket.id})
+
     async def owner_of(self, name: str) -> uuid.UUID | None:
         """Who holds a bucket name across the ring (S3 names are global), if anyone (no one
         holds a name S3 does not allow)."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from psycopg.types.json import Jsonb
+
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import (
@@ -128,6 +130,24 @@ class Objects(Component):
         if not rows:
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
         return object_from_row(rows[0])
+
+    async def set_tags(
+        self, owner: uuid.UUID, bucket: str, name: str, version_id: uuid.UUID, tags: dict[str, str]
+    ) -> bool:
+        """Set the tags of version `version_id` of `name` (none: remove them). False if that
+        version is no longer live (deleted or replaced since it was read): then nothing is
+        changed, and the version that replaced it keeps its own tags."""
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {
+            "owner": owner,
+            "bucket_id": found.id,
+            "name": name,
+            "id": version_id,
+            "tags": Jsonb(tags),
+        }
+        return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_TAGS, params))
 
     async def delete(
         self, owner: uuid.UUID, bucket: str, name: str, *, if_match: bytes | None = None

@@ -275,6 +275,19 @@ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 RETURNING {object_columns}
 """
 
+# An object's tags (properties.tags; none: the key removed), set on the version a tagging
+# request read (id): a version that replaced it meanwhile keeps its own tags. Data, ETag and
+# Last-Modified stay (S3 does not change Last-Modified for tags), and nothing is replaced,
+# so there is no deletion record.
+UPDATE_OBJECT_TAGS = """
+UPDATE {schema}.manta_bucket_object SET
+    properties = (coalesce(properties, '{{}}'::jsonb) - 'tags')
+        || CASE WHEN %(tags)s::jsonb = '{{}}'::jsonb THEN '{{}}'::jsonb
+                ELSE jsonb_build_object('tags', %(tags)s::jsonb) END
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(id)s
+RETURNING id
+"""
+
 # The deleted row comes from DELETE ... RETURNING: only the deleter that removed it records it.
 DELETE_OBJECT = """
 WITH gone AS (
@@ -917,6 +930,17 @@ ON CONFLICT (bucket_id) DO UPDATE SET rules = EXCLUDED.rules, updated = current_
 GET_CORS = "SELECT rules FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
 
 DELETE_CORS = "DELETE FROM shoal.bucket_cors WHERE bucket_id = %(bucket_id)s"
+
+# -- bucket tags (catalog shard) ---------------------------------------------------------------
+
+PUT_BUCKET_TAGS = """
+INSERT INTO shoal.bucket_tagging (bucket_id, tags) VALUES (%(bucket_id)s, %(tags)s)
+ON CONFLICT (bucket_id) DO UPDATE SET tags = EXCLUDED.tags, updated = current_timestamp
+"""
+
+GET_BUCKET_TAGS = "SELECT tags FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
+
+DELETE_BUCKET_TAGS = "DELETE FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"

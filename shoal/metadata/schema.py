@@ -169,6 +169,18 @@ CREATE TABLE shoal.bucket_cors (
 );
 """,
     ),
+    Migration(
+        5,
+        "bucket tags",
+        """
+-- The tags of a bucket incarnation (PutBucketTagging), as a JSON map of key to value.
+CREATE TABLE shoal.bucket_tagging (
+    bucket_id uuid PRIMARY KEY,
+    tags jsonb NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

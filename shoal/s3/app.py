@@ -124,7 +124,16 @@ class Call:
 def make_handler(gateway: Gateway) -> http.Handler:
     """What http.serve calls for each request."""
     # Import the handler modules so that they register themselves.
-    from shoal.s3 import attributes, bucket, cors, lifecycle, listing, multipart, objects  # noqa: F401
+    from shoal.s3 import (  # noqa: F401
+        attributes,
+        bucket,
+        cors,
+        lifecycle,
+        listing,
+        multipart,
+        objects,
+        tagging,
+    )
 
     async def dispatch(request: http.Request) -> http.Response:
         return await handle(gateway, request)

@@ -172,6 +172,10 @@ class InvalidRequest(S3Error, message="Invalid Request"):
     pass
 
 
+class InvalidTag(S3Error, message="The TagSet you have provided is invalid"):
+    pass
+
+
 class KeyTooLongError(S3Error, message="Your key is too long"):
     pass
 
@@ -220,6 +224,10 @@ class NoSuchCORSConfiguration(S3Error, status=404, message="The CORS configurati
 
 
 class NoSuchKey(S3Error, status=404, message="The specified key does not exist."):
+    pass
+
+
+class NoSuchTagSet(S3Error, status=404, message="The TagSet does not exist"):
     pass
 
 

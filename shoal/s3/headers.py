@@ -85,6 +85,9 @@ def response_headers(version: ObjectVersion) -> dict[str, str]:
     for name, value in version.headers.items():
         if value is not None:
             headers[name] = value
+    tags = version.properties.get("tags")
+    if tags:
+        headers["x-amz-tagging-count"] = str(len(tags))
     return headers
 
 

@@ -1,11 +1,12 @@
 """Bucket lifecycle: PutBucketLifecycleConfiguration, GetBucketLifecycleConfiguration,
 DeleteBucketLifecycle. The rules are applied by `shoal pipeline lifecycle`.
 
-Supported, per rule: an ID, Status, a prefix filter (`Filter/Prefix` or the older `Prefix`),
-`Expiration` by `Days` or `Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does
-(and days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so noncurrent-version
-actions have nothing to act on, and Shoal has one storage class, so transitions are refused
-with NotImplemented rather than silently ignored, as are filters by tag or object size.
+Supported, per rule: an ID, Status, a filter by prefix and tags (`Filter` with `Prefix`,
+`Tag`, or `And` of a prefix and tags; or the older `Prefix`), `Expiration` by `Days` or
+`Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (and days at most
+shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so noncurrent-version actions have
+nothing to act on, and Shoal has one storage class, so transitions are refused with
+NotImplemented rather than silently ignored, as are filters by object size.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any, NoReturn
 from xml.etree.ElementTree import Element
 
 from shoal.lifecycle import MAX_DAYS, MAX_ID_CHARS, MAX_RULES, expiration_date_problem, problem_with
-from shoal.s3 import http
+from shoal.s3 import http, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import (
     InvalidArgument,
+    InvalidRequest,
     MalformedXML,
     NoSuchLifecycleConfiguration,
     NotImplementedByShoal,
@@ -72,10 +74,12 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     rule_id = s3xml.text_of(rule, "ID", required=False, stripped=True) or ""
     if len(rule_id) > MAX_ID_CHARS:
         raise InvalidArgument(f"ID length should not exceed allowed limit of {MAX_ID_CHARS}")
+    prefix, rule_tags = _filter(rule)
     parsed: dict[str, Any] = {
         "id": rule_id,
+        "prefix": prefix,
+        "tags": rule_tags,
         "enabled": status == "Enabled",
-        "prefix": _prefix(rule),
         "expiration_days": None,
         "expiration_date": None,
         "abort_days": None,
@@ -114,6 +118,8 @@ def parse_rule(rule: Element) -> dict[str, Any]:
         and parsed["abort_days"] is None
     ):
         raise MalformedXML("a rule needs an Expiration or an AbortIncompleteMultipartUpload")
+    if rule_tags and parsed["abort_days"] is not None:
+        raise InvalidRequest("AbortIncompleteMultipartUpload cannot be specified with Tags.")
     return parsed
 
 
@@ -126,46 +132,68 @@ def render_rule(rule: dict[str, Any]) -> dict[str, Any]:
     abort = None
     if rule["abort_days"] is not None:
         abort = {"DaysAfterInitiation": rule["abort_days"]}
+    rule_tags = [{"Key": k, "Value": v} for k, v in rule.get("tags", {}).items()]
+    if not rule_tags:
+        filter_: dict[str, Any] = {"Prefix": rule["prefix"]}
+    elif len(rule_tags) == 1 and not rule["prefix"]:
+        filter_ = {"Tag": rule_tags[0]}
+    else:
+        filter_ = {"And": {"Prefix": rule["prefix"] or None, "Tag": rule_tags}}
     return {
         "ID": rule["id"] or None,
-        "Filter": {"Prefix": rule["prefix"]},
+        "Filter": filter_,
         "Status": "Enabled" if rule["enabled"] else "Disabled",
         "Expiration": expiration,
         "AbortIncompleteMultipartUpload": abort,
     }
 
 
-def _prefix(rule: Element) -> str:
-    """The rule's prefix: `Filter` (with one of Prefix or And; Tag and object sizes are not
-    supported) or the older `Prefix` beside it, one of the two."""
+def _filter(rule: Element) -> tuple[str, dict[str, str]]:
+    """The rule's prefix and tags: `Filter` (with one of Prefix, Tag or And; object sizes are
+    not supported) or the older `Prefix` beside it, one of the two."""
     filter_ = rule.find("Filter")
     old_prefix = rule.find("Prefix")
     if (filter_ is None) == (old_prefix is None):
         raise MalformedXML("a rule has one of Filter or Prefix")
     if old_prefix is not None:
-        return old_prefix.text or ""
+        return old_prefix.text or "", {}
     assert filter_ is not None
     conditions = list(filter_)
     if len(conditions) > 1:
         raise MalformedXML("Filter has one of Prefix, Tag, ObjectSizeGreaterThan, And, ...")
     if not conditions:
-        return ""
+        return "", {}
     condition = conditions[0]
     if condition.tag == "Prefix":
-        return condition.text or ""
+        return condition.text or "", {}
+    if condition.tag == "Tag":
+        return "", _tags([condition])
     if condition.tag == "And":
         for part in condition:
-            if part.tag != "Prefix":
+            if part.tag not in ("Prefix", "Tag"):
                 _unsupported_filter(part.tag)
         prefixes = condition.findall("Prefix")
         if len(prefixes) > 1:
             raise MalformedXML("And has at most one Prefix")
-        return (prefixes[0].text or "") if prefixes else ""
+        return (prefixes[0].text or "") if prefixes else "", _tags(condition.findall("Tag"))
     _unsupported_filter(condition.tag)
 
 
+def _tags(elements: list[Element]) -> dict[str, str]:
+    """The tags of a filter's `Tag` elements, checked as an object's tags are."""
+    pairs = []
+    for element in elements:
+        if element.find("Key") is None or element.find("Value") is None:
+            raise MalformedXML("a Tag has a Key and a Value")
+        key = s3xml.text_of(element, "Key", required=False) or ""
+        pairs.append((key, s3xml.text_of(element, "Value", required=False) or ""))
+    if len({key for key, _ in pairs}) != len(pairs):
+        raise InvalidArgument("Duplicate Tag Keys are not allowed.")
+    return tags.checked(pairs, tags.MAX_OBJECT_TAGS)
+
+
 def _unsupported_filter(tag: str) -> NoReturn:
-    if tag in ("Tag", "ObjectSizeGreaterThan", "ObjectSizeLessThan"):
+    if tag in ("ObjectSizeGreaterThan", "ObjectSizeLessThan"):
         raise NotImplementedByShoal(f"lifecycle filters by {tag} are not supported")
     raise MalformedXML(f"a lifecycle Filter has no <{tag}>")
 

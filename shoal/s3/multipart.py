@@ -16,7 +16,7 @@ from shoal.metadata import (
     UploadNotFound,
 )
 from shoal.s3 import headers as h
-from shoal.s3 import http, payload
+from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, answer_while_working, handles
 from shoal.s3.bucket import owner_tree
@@ -62,13 +62,15 @@ def upload_id(call: Call) -> uuid.UUID:
 async def create_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     checksum = _upload_checksum(call.request.headers)
+    tag_set = tags.from_header(call.request.headers)
     upload = await call.store.uploads.create(
         call.account,
         call.bucket,
         call.key,
         content_type=call.request.headers.get("Content-Type") or None,
         headers=h.object_headers(call.request.headers),
-        properties=checksum,
+        # The upload's properties become the completed object's: so do its tags.
+        properties=checksum | ({"tags": tag_set} if tag_set else {}),
     )
     body = s3xml.document(
         "InitiateMultipartUploadResult",

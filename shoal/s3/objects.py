@@ -16,7 +16,7 @@ from shoal.metadata import (
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
 from shoal.metadata.objects import ANY_VERSION
 from shoal.s3 import headers as h
-from shoal.s3 import http, payload
+from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, answer_while_working, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
@@ -96,6 +96,7 @@ async def put_object(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     length = payload.declared_length(call.request.headers)
     kept = h.object_headers(call.request.headers)
+    tag_set = tags.from_header(call.request.headers)
     checksums = payload.requested_checksums(call.request.headers)
     stored = await payload.store_body(
         call.data,
@@ -107,15 +108,18 @@ async def put_object(call: Call) -> http.Response:
         call.gateway.config.inline_max_bytes,
     )
     content_type = call.request.headers.get("Content-Type") or None
-    await _commit(call, _object_write(stored, content_type, kept), stored)
+    await _commit(call, _object_write(stored, content_type, kept, tag_set), stored)
     response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
     response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
     return http.Response(headers=response_headers)
 
 
 def _object_write(
-    stored: payload.Stored, content_type: str | None, headers: dict[str, str]
+    stored: payload.Stored, content_type: str | None, headers: dict[str, str], tag_set: tags.Tags
 ) -> ObjectWrite:
+    properties = stored.properties()
+    if tag_set:
+        properties["tags"] = tag_set
     return ObjectWrite(
         id=stored.version_id,
         content_length=stored.result.size,
@@ -123,7 +127,7 @@ def _object_write(
         sharks=stored.result.sharks,
         content_type=content_type,
         headers=headers,
-        properties=stored.properties(),
+        properties=properties,
         data=stored.data,
         under_replicated=stored.result.under_replicated,
     )
@@ -304,6 +308,7 @@ async def copy_object(call: Call) -> http.Response:
         kept = h.object_headers(call.request.headers)
     else:
         content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
+    tag_set = tags.of_copy(call.request.headers, tags.of_version(source.properties))
     checksums = sorted(source.properties.get("checksums", {}))
 
     async def copy() -> bytes:
@@ -316,7 +321,7 @@ async def copy_object(call: Call) -> http.Response:
             checksums,
             call.gateway.config.inline_max_bytes,
         )
-        await _commit(call, _object_write(stored, content_type, kept), stored)
+        await _commit(call, _object_write(stored, content_type, kept, tag_set), stored)
         copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
         return s3xml.document(
             "CopyObjectResult",

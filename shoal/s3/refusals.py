@@ -36,8 +36,6 @@ def refuse_what_cannot_be_stored(endpoint: Endpoint, headers: Mapping[str, str])
 
 
 def _refuse_object_write(headers: Mapping[str, str]) -> None:
-    if headers.get("x-amz-tagging", "").strip():
-        raise NotImplementedByShoal("Object tagging (x-amz-tagging) is not implemented by Shoal")
     if any(name in headers for name in _OBJECT_LOCK):
         raise InvalidRequest("Bucket is missing Object Lock Configuration")
     if "x-amz-website-redirect-location" in headers:

@@ -43,6 +43,12 @@ class Endpoint(enum.Enum):
     PutBucketCors = enum.auto()
     GetBucketCors = enum.auto()
     DeleteBucketCors = enum.auto()
+    PutObjectTagging = enum.auto()
+    GetObjectTagging = enum.auto()
+    DeleteObjectTagging = enum.auto()
+    PutBucketTagging = enum.auto()
+    GetBucketTagging = enum.auto()
+    DeleteBucketTagging = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -52,7 +58,6 @@ UNSUPPORTED = frozenset(
         "policy",
         "policyStatus",
         "cors",
-        "tagging",
         "website",
         "logging",
         "notification",
@@ -117,7 +122,7 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
 
 
 # How S3 names the operation of a sub-resource, where it is not Verb + Bucket|Object + the
-# sub-resource's own name (PutObjectTagging, GetBucketAcl, ...).
+# sub-resource's own name (PutObjectAcl, GetBucketAcl, ...).
 _OPERATION_NOUNS = {
     "cors": "Cors",
     "object-lock": "ObjectLockConfiguration",
@@ -170,6 +175,8 @@ _CONFIGURATIONS = {
 
 
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
+    if "tagging" in query:
+        return _tagging_endpoint(method, _BUCKET_TAGGING)
     for resource, endpoints in _CONFIGURATIONS.items():
         if resource in query:
             if method not in endpoints:
@@ -198,6 +205,8 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
 
 
 def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -> Endpoint:
+    if "tagging" in query:
+        return _tagging_endpoint(method, _OBJECT_TAGGING)
     upload = "uploadId" in query
     if method == "GET":
         if "attributes" in query:
@@ -217,6 +226,24 @@ def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -
     if method == "DELETE":
         return Endpoint.AbortMultipartUpload if upload else Endpoint.DeleteObject
     raise MethodNotAllowed()
+
+
+_OBJECT_TAGGING = {
+    "PUT": Endpoint.PutObjectTagging,
+    "GET": Endpoint.GetObjectTagging,
+    "DELETE": Endpoint.DeleteObjectTagging,
+}
+_BUCKET_TAGGING = {
+    "PUT": Endpoint.PutBucketTagging,
+    "GET": Endpoint.GetBucketTagging,
+    "DELETE": Endpoint.DeleteBucketTagging,
+}
+
+
+def _tagging_endpoint(method: str, endpoints: Mapping[str, Endpoint]) -> Endpoint:
+    if method not in endpoints:
+        raise MethodNotAllowed()
+    return endpoints[method]
 
 
 def _virtual_bucket(hostname: str, domains: Sequence[str]) -> str | None:

@@ -26,10 +26,10 @@ def test_a_not_implemented_operation_is_logged_by_its_name(
 ) -> None:
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     with pytest.raises(ClientError) as refused:
-        s3.put_object_tagging(Bucket=bucket, Key="k", Tagging={"TagSet": []})
+        s3.put_object_acl(Bucket=bucket, Key="k", ACL="private")
     request_id = refused.value.response["ResponseMetadata"]["RequestId"]
     line = only_line(served, request_id)
-    assert " op=PutObjectTagging status=501 " in line and "account=-" in line
+    assert " op=PutObjectAcl status=501 " in line and "account=-" in line
     response = raw_request(served, "GET", f"/{bucket}?acl")
     assert " op=GetBucketAcl status=501 " in only_line(served, response.headers["x-amz-request-id"])
 

@@ -434,3 +434,40 @@ def test_lifecycle_configuration(s3: Any, bucket: str) -> None:
     assert error_code(s3.get_bucket_lifecycle_configuration, Bucket=bucket) == (
         "NoSuchLifecycleConfiguration"
     )
+
+
+def test_lifecycle_filters_by_tag(s3: Any, bucket: str) -> None:
+    tag = {"Key": "temp", "Value": "yes"}
+    rules = [
+        {"ID": "tag", "Filter": {"Tag": tag}, "Status": "Enabled", "Expiration": {"Days": 1}},
+        {
+            "ID": "and",
+            "Filter": {"And": {"Prefix": "logs/", "Tags": [tag, {"Key": "b", "Value": ""}]}},
+            "Status": "Enabled",
+            "Expiration": {"Days": 2},
+        },
+    ]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    got = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert got[0]["Filter"] == {"Tag": tag}
+    both = got[1]["Filter"]["And"]
+    assert both["Prefix"] == "logs/"
+    assert sorted(both["Tags"], key=str) == sorted([tag, {"Key": "b", "Value": ""}], key=str)
+    abort_with_tags = [
+        {
+            "ID": "x",
+            "Filter": {"Tag": tag},
+            "Status": "Enabled",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
+        }
+    ]
+    bad_tag = [{**rules[0], "Filter": {"Tag": {"Key": "k", "Value": "v" * 257}}}]
+    for refused, code in ((abort_with_tags, "InvalidRequest"), (bad_tag, "InvalidTag")):
+        assert (
+            error_code(
+                s3.put_bucket_lifecycle_configuration,
+                Bucket=bucket,
+                LifecycleConfiguration={"Rules": refused},
+            )
+            == code
+        )

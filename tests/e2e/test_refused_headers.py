@@ -1,5 +1,5 @@
 """What a client asks Shoal to store and Shoal cannot keep is refused, never accepted and
-dropped: tags, ACLs that grant access, Object Lock, website redirects, KMS encryption."""
+dropped: ACLs that grant access, Object Lock, website redirects, KMS encryption."""
 
 from __future__ import annotations
 
@@ -16,30 +16,6 @@ def refused(call: Any, **arguments: Any) -> tuple[int, str]:
         call(**arguments)
     response = error.value.response
     return response["ResponseMetadata"]["HTTPStatusCode"], response["Error"]["Code"]
-
-
-def test_tags_are_refused_everywhere(s3: Any, bucket: str) -> None:
-    where = {"Bucket": bucket, "Key": "tagged"}
-    not_implemented = (501, "NotImplemented")
-    assert refused(s3.put_object, Body=b"x", Tagging="a=b", **where) == not_implemented
-    assert refused(s3.create_multipart_upload, Tagging="a=b", **where) == not_implemented
-    with pytest.raises(ClientError):
-        s3.head_object(**where)  # nothing was stored
-    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    s3.put_object(Body=b"x", **where)
-    copy = {"CopySource": f"{bucket}/tagged", "Bucket": bucket, "Key": "copy"}
-    assert (
-        refused(s3.copy_object, Tagging="a=b", TaggingDirective="REPLACE", **copy)
-        == not_implemented
-    )
-    tag_set = {"TagSet": [{"Key": "a", "Value": "b"}]}
-    assert refused(s3.put_object_tagging, Tagging=tag_set, **where) == not_implemented
-    assert refused(s3.get_object_tagging, **where) == not_implemented
-    assert refused(s3.delete_object_tagging, **where) == not_implemented
-    assert refused(s3.put_bucket_tagging, Bucket=bucket, Tagging=tag_set) == not_implemented
-    assert refused(s3.get_bucket_tagging, Bucket=bucket) == not_implemented
-    # A copy that asks for no tags (the source's, which are none) is what Shoal does.
-    s3.copy_object(TaggingDirective="COPY", **copy)
 
 
 def test_what_cannot_be_stored_is_refused(s3: Any, bucket: str) -> None:

@@ -358,3 +358,46 @@ def test_version_ids_must_be_uuid7(
         run(store.objects.put(owner, bucket, "k", blob(b"x", id=uuid.uuid4())))
     put = run(store.objects.put(owner, bucket, "k", blob(b"x")))
     assert put.id.version == 7
+
+
+def test_tags_are_set_on_the_version_read_and_nothing_else(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    first = blob(b"one", sharks=["dc:n1"], properties={"block_size": 1048576})
+    run(store.objects.put(owner, bucket, "k", first))
+    before = run(store.objects.get(owner, bucket, "k"))
+    assert run(store.objects.set_tags(owner, bucket, "k", first.id, {"a": "1", "b": ""}))
+    tagged = run(store.objects.get(owner, bucket, "k"))
+    assert tagged.properties == {"block_size": 1048576, "tags": {"a": "1", "b": ""}}
+    # The data, ETag and Last-Modified stay, and no deletion record is made.
+    assert (tagged.modified, tagged.etag, tagged.sharks) == (
+        before.modified,
+        before.etag,
+        before.sharks,
+    )
+    recorded = Counter()
+    for vnode in range(store.ring.vnodes):
+        recorded.update(run(records_of_bucket(store, vnode, owner, bucket)))
+    assert recorded == Counter()
+    assert run(store.objects.set_tags(owner, bucket, "k", first.id, {}))
+    assert run(store.objects.get(owner, bucket, "k")).properties == {"block_size": 1048576}
+
+    # A tagging request that read the first version, then lost the race to an overwrite,
+    # changes nothing: the new version keeps its own tags (none).
+    second = blob(b"two", sharks=["dc:n1"])
+    run(store.objects.put(owner, bucket, "k", second))
+    assert not run(store.objects.set_tags(owner, bucket, "k", first.id, {"late": "1"}))
+    assert run(store.objects.get(owner, bucket, "k")).properties == {}
+    run(store.objects.delete(owner, bucket, "k"))
+    assert not run(store.objects.set_tags(owner, bucket, "k", second.id, {"late": "1"}))
+
+
+def test_bucket_tags(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> None:
+    assert run(store.buckets.get_tags(owner, bucket)) == {}
+    run(store.buckets.put_tags(owner, bucket, {"team": "storage"}))
+    run(store.buckets.put_tags(owner, bucket, {"team": "data", "cost": "1"}))
+    assert run(store.buckets.get_tags(owner, bucket)) == {"team": "data", "cost": "1"}
+    run(store.buckets.delete_tags(owner, bucket))
+    assert run(store.buckets.get_tags(owner, bucket)) == {}
+    with pytest.raises(BucketNotFound):
+        run(store.buckets.put_tags(owner, unique("none"), {"a": "1"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -146,6 +147,9 @@ def test_inventory_lists_every_live_object(
 ) -> None:
     path = cluster.data_path(replicas=2, block_size=16 * KiB)
     world = run(build_garbage(cluster.store, path))
+    tagged = run(cluster.store.objects.get(world.owner, world.bucket, "over0"))
+    tags = {"team": "storage", "note": "a b"}
+    run(cluster.store.objects.set_tags(world.owner, world.bucket, "over0", tagged.id, tags))
     summary = job(cluster, spark, "inventory", tmp_path)
     rows = pq.read_table(str(summary.output / "parquet")).to_pylist()
     mine = {r["key"]: r for r in rows if r["bucket"] == world.bucket}
@@ -154,6 +158,7 @@ def test_inventory_lists_every_live_object(
     assert mine["half"]["etag"].endswith("-1")
     assert len(mine["over0"]["storage_nodes"].split()) == 2
     assert mine["small"]["size"] == 3 * KiB and mine["small"]["storage_nodes"] == ""
+    assert json.loads(mine["over0"]["tags"]) == tags and mine["small"]["tags"] == ""
     csvs = list((summary.output / "csv").glob(f"bucket={world.bucket}/*.csv"))
     assert csvs and "key,size,etag" in csvs[0].read_text()
 
@@ -283,12 +288,16 @@ def test_lifecycle_expires_and_aborts_by_rule(
     owner = run(store.accounts.create(unique("lc"))).id
     bucket = unique("lc")
     found = run(store.buckets.create(owner, bucket))
-    for key in ("logs/a", "logs/b", "keep/c", "old/d", "old/e"):
+    for key in ("logs/a", "logs/b", "keep/c", "old/d", "old/e", "tagged/f", "tagged/g"):
         run(
             store.objects.put(
                 owner, bucket, key, ObjectWrite(content_length=1, content_md5=bytes(16))
             )
         )
+    tagged = run(store.objects.get(owner, bucket, "tagged/f"))
+    run(store.objects.set_tags(owner, bucket, "tagged/f", tagged.id, {"temp": "yes", "x": "1"}))
+    partly = run(store.objects.get(owner, bucket, "tagged/g"))
+    run(store.objects.set_tags(owner, bucket, "tagged/g", partly.id, {"temp": "no"}))
     upload = run(store.uploads.create(owner, bucket, "big"))
     fresh_upload = run(store.uploads.create(owner, bucket, "fresh"))
 
@@ -326,6 +335,15 @@ def test_lifecycle_expires_and_aborts_by_rule(
                     "abort_days": None,
                 },
                 {
+                    "id": "temporary",
+                    "enabled": True,
+                    "prefix": "",
+                    "tags": {"temp": "yes"},
+                    "expiration_days": None,
+                    "expiration_date": "2020-01-01T00:00:00+00:00",
+                    "abort_days": None,
+                },
+                {
                     "id": "uploads",
                     "enabled": True,
                     "prefix": "",
@@ -345,9 +363,9 @@ def test_lifecycle_expires_and_aborts_by_rule(
         )
     )
     summary = job(cluster, spark, "lifecycle", tmp_path)
-    assert summary.figures["objects expired"] == 3
+    assert summary.figures["objects expired"] == 4
     left = [o.name for o in run(store.objects.list(owner, bucket)).objects]
-    assert left == ["keep/c", "old/e"]
+    assert left == ["keep/c", "old/e", "tagged/g"]
     uploads = [u.id for u in run(store.uploads.list(owner, bucket))]
     assert uploads == [fresh_upload.id] and upload.id not in uploads
     assert run(store.objects.list(owner, bucket)).objects  # the rest stays readable

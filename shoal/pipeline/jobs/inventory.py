@@ -1,6 +1,7 @@
 """`shoal pipeline inventory`: every live object of every bucket, like S3 Inventory.
 
-Per bucket, Parquet and CSV: key, size, ETag, last modified, content type, storage nodes.
+Per bucket, Parquet and CSV: key, size, ETag, last modified, content type, storage nodes,
+tags (a JSON map of key to value; empty for an object without tags).
 Read from one snapshot per shard, so a report is one consistent instant of each shard.
 """
 
@@ -53,4 +54,5 @@ def inventory(objects, buckets):  # type: ignore[no-untyped-def]
         F.col("created").alias("last_modified"),
         F.col("content_type"),
         F.array_join("sharks", " ").alias("storage_nodes"),
+        F.coalesce(F.get_json_object("properties", "$.tags"), F.lit("")).alias("tags"),
     )

@@ -1,6 +1,7 @@
 """`shoal pipeline lifecycle`: apply the buckets' lifecycle rules.
 
-Expiration by prefix and age (`Days`) or date (`Date`), and AbortIncompleteMultipartUpload.
+Expiration by prefix, tags and age (`Days`) or date (`Date`), and
+AbortIncompleteMultipartUpload (by prefix alone: S3 allows no tags with it).
 An expired object is deleted exactly as a user's DELETE would (a deletion record that GC
 reclaims later), conditionally on the ETag the snapshot saw, so an object overwritten since is
 left alone. Ages follow S3: creation time plus the days, rounded up to the next midnight UTC,
@@ -10,6 +11,7 @@ judged by the database clock.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from datetime import UTC, datetime, time, timedelta
@@ -92,14 +94,30 @@ def expires_at(created: datetime, days: int) -> datetime:
     return midnight if moment == midnight else midnight + timedelta(days=1)
 
 
-def _matching(row: Any, rules: dict[str, Any]) -> list[dict[str, Any]]:
+def _matching(row: Any, rules: dict[str, Any], tagged: dict[str, str]) -> list[dict[str, Any]]:
+    """The enabled rules of the row's bucket whose prefix the name has and whose tags (each
+    key with its value) the row's tags all include."""
     if row.bucket_id not in rules:
         return []
-    return [r for r in rules[row.bucket_id][2] if r["enabled"] and row.name.startswith(r["prefix"])]
+    return [
+        r
+        for r in rules[row.bucket_id][2]
+        if r["enabled"]
+        and row.name.startswith(r["prefix"])
+        and all(tagged.get(k) == v for k, v in r.get("tags", {}).items())
+    ]
+
+
+def object_tags(properties: str | None) -> dict[str, str]:
+    """An object row's tags, from its properties as the readers give them (JSON text)."""
+    if not properties:
+        return {}
+    found = json.loads(properties).get("tags")
+    return found if isinstance(found, dict) else {}
 
 
 def _expired(row: Any, rules: dict[str, Any], now: datetime) -> bool:
-    for rule in _matching(row, rules):
+    for rule in _matching(row, rules, object_tags(row.properties)):
         if (
             rule["expiration_days"] is not None
             and expires_at(row.created, rule["expiration_days"]) <= now
@@ -116,7 +134,8 @@ def _expired(row: Any, rules: dict[str, Any], now: datetime) -> bool:
 def _abandoned(row: Any, rules: dict[str, Any], now: datetime) -> bool:
     return any(
         rule["abort_days"] is not None and expires_at(row.created, rule["abort_days"]) <= now
-        for rule in _matching(row, rules)
+        for rule in _matching(row, rules, {})
+        if not rule.get("tags")
     )
 
 
