@@ -1,17 +1,26 @@
 """POST Object: browser form uploads signed by a SigV4 POST policy, as boto3's
 generate_presigned_post makes them, posted as multipart/form-data by urllib3 against
-`shoal serve`; each violated condition answers S3's code."""
+`shoal serve`, and by a real HTML form in headless Chromium (skipped without a `chromium`
+binary); each violated condition answers S3's code."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import http.server
+import json
 import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+import pytest
 import urllib3
 
+from tests.e2e.test_cors_browser import CHROMIUM, dom_after_scripts
 from tests.fixtures.serve import Served, raw_request
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -173,3 +182,89 @@ def test_post_that_is_not_a_form(served: Served, bucket: str) -> None:
         retries=False,
     )
     assert error_of(broken)[:2] == (400, "MalformedPOSTRequest")
+
+
+BROWSER_PAGE = """<!DOCTYPE html>
+<html><body><pre id="result">pending</pre>
+<form id="upload" method="post" enctype="multipart/form-data" action=%(action)s></form>
+<script>
+const fields = %(fields)s;
+const params = new URLSearchParams(location.search);
+if (params.has("key")) {
+  document.getElementById("result").textContent =
+    "stored:" + params.get("bucket") + "/" + params.get("key") + "|etag:" + params.get("etag");
+} else {
+  const form = document.getElementById("upload");
+  for (const [name, value] of Object.entries(fields)) {
+    const input = document.createElement("input");
+    input.type = "hidden"; input.name = name; input.value = value;
+    form.appendChild(input);
+  }
+  const file = document.createElement("input");
+  file.type = "file"; file.name = "file";
+  const chosen = new DataTransfer();
+  chosen.items.add(new File([%(content)s], "chosen file.txt", {type: "text/plain"}));
+  file.files = chosen.files;
+  form.appendChild(file);
+  form.submit();
+}
+</script></body></html>
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian's chromium package)")
+def test_a_browser_form_uploads_and_follows_the_redirect(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    content = "posted by a browser form"
+    with page_server_of(lambda origin: _browser_page(s3, bucket, origin, content)) as origin:
+        dom = dom_after_scripts(origin + "/", tmp_path / "profile")
+    key = "forms/chosen file.txt"
+    etag = s3.head_object(Bucket=bucket, Key=key)["ETag"]
+    assert f"stored:{bucket}/{key}|etag:{etag}" in dom.replace("&quot;", '"'), dom
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == content.encode()
+
+
+def _browser_page(s3: Any, bucket: str, origin: str, content: str) -> str:
+    redirect = origin + "/done"
+    post = s3.generate_presigned_post(
+        bucket,
+        "forms/${filename}",
+        Fields={"success_action_redirect": redirect},
+        Conditions=[{"success_action_redirect": redirect}, ["content-length-range", 1, 100]],
+    )
+    return BROWSER_PAGE % {
+        "action": json.dumps(post["url"]),
+        "fields": json.dumps(post["fields"]),
+        "content": json.dumps(content),
+    }
+
+
+@contextlib.contextmanager
+def page_server_of(make_page: Callable[[str], str]) -> Iterator[str]:
+    """An http.server on 127.0.0.1 serving, at every path, the page `make_page` makes for its
+    origin (the page's form redirects back to it)."""
+    page: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page[0])))
+            self.end_headers()
+            self.wfile.write(page[0])
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    page.append(make_page(origin).encode())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield origin
+    finally:
+        server.shutdown()
+        server.server_close()
