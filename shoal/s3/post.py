@@ -220,7 +220,9 @@ async def post_object(call: Call) -> http.Response:
     kept = h.object_headers({k: v for k, v in form.fields.items() if k != "content-type"})
     content_type = form.fields.get("content-type") or None
     await _commit(call, _object_write(stored, content_type, kept, {}), stored)
-    return _answer(call, form, f'"{stored.result.md5.hex()}"')
+    response = _answer(call, form, f'"{stored.result.md5.hex()}"')
+    response.headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
+    return response
 
 
 async def _store_file(call: Call, form: PostedForm) -> payload.Stored:

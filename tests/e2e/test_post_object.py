@@ -91,6 +91,31 @@ def test_default_status_content_type_and_redirect(s3: Any, bucket: str) -> None:
     assert "key=r" in location and "etag=" in location
 
 
+def test_checksum_and_md5_fields_are_verified(s3: Any, bucket: str) -> None:
+    data = b"checked data"
+    right = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    wrong_md5 = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    for sha256, md5_field, status in (
+        (right, md5, 204),
+        (wrong, md5, 400),
+        (right, wrong_md5, 400),
+    ):
+        fields = {"x-amz-checksum-sha256": sha256, "Content-MD5": md5_field}
+        post = s3.generate_presigned_post(
+            bucket, "c", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+        )
+        response = post_form(post, data)
+        assert response.status == status, response.data
+        if status == 204:
+            assert response.headers["x-amz-checksum-sha256"] == right
+        else:
+            assert error_of(response)[1] == "BadDigest"
+    got = s3.head_object(Bucket=bucket, Key="c", ChecksumMode="ENABLED")
+    assert got["ChecksumSHA256"] == right
+
+
 def test_upload_of_several_mib_streams_across_blocks(s3: Any, bucket: str) -> None:
     data = os.urandom(3 * 1024 * 1024 + 12345)
     post = s3.generate_presigned_post(bucket, "big")
