@@ -56,7 +56,6 @@ class PostedForm:
     fields: dict[str, str]
     reader: formdata.FormReader
     policy: Policy
-    key: str
     trailers: dict[str, str] = field(default_factory=dict)
 
     def body(self, raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -90,7 +89,7 @@ async def authenticated_call(
         )
     key = fields["key"].replace("${filename}", reader.file.filename)
     _check_conditions(policy, fields, where.bucket or "", key)
-    form = PostedForm(fields, reader, policy, key)
+    form = PostedForm(fields, reader, policy)
     object_where = Address(where.bucket, key, where.virtual)
     return Call(
         gateway, request, request_id, Endpoint.PostObject, object_where, account, form, query

@@ -152,6 +152,19 @@ def test_violated_conditions_answer_s3_codes(s3: Any, bucket: str) -> None:
     forged = {**limited, "fields": {**limited["fields"], "x-amz-signature": "0" * 64}}
     assert error_of(post_form(forged, b"x" * 6))[:2] == (403, "SignatureDoesNotMatch")
 
+    credential = limited["fields"]["x-amz-credential"]
+    for name, value, code in (
+        (
+            "x-amz-credential",
+            "AKIDUNKNOWN" + credential[credential.index("/") :],
+            "InvalidAccessKeyId",
+        ),
+        ("x-amz-credential", "no-scope", "InvalidArgument"),
+        ("x-amz-algorithm", "AWS4-HMAC-SHA1", "InvalidArgument"),
+    ):
+        changed = {**limited, "fields": {**limited["fields"], name: value}}
+        assert error_of(post_form(changed, b"x" * 6))[1] == code
+
     response = urllib3.request(
         "POST", limited["url"], fields=limited["fields"], redirect=False, retries=False
     )
