@@ -33,6 +33,7 @@ from shoal.s3.errors import (
     PreconditionFailed,
     SignatureDoesNotMatch,
 )
+from shoal.s3.refusals import refuse_what_cannot_be_stored
 from shoal.s3.router import Address, Endpoint
 
 ALGORITHM = "AWS4-HMAC-SHA256"
@@ -212,8 +213,8 @@ async def post_object(call: Call) -> http.Response:
     from shoal.s3.objects import _commit, _object_write, check_key
 
     check_key(call.key)
-    if form.fields.get("x-amz-acl", "private") != "private":
-        raise InvalidArgument("Shoal supports only the private canned ACL")
+    # Its fields ask for what a PutObject's headers would (names are lowercase in both).
+    refuse_what_cannot_be_stored(Endpoint.PutObject, form.fields)
     await call.store.buckets.get(call.account, call.bucket)
     stored = await _store_file(call, form)
     kept = h.object_headers({k: v for k, v in form.fields.items() if k != "content-type"})

@@ -176,6 +176,21 @@ def test_violated_conditions_answer_s3_codes(s3: Any, bucket: str) -> None:
     assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 1  # only the x-ignore-* one
 
 
+def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
+    for fields, status, code in (
+        ({"x-amz-acl": "private"}, 204, ""),
+        ({"x-amz-acl": "public-read"}, 400, "AccessControlListNotSupported"),
+        ({"x-amz-server-side-encryption": "aws:kms"}, 501, "NotImplemented"),
+    ):
+        post = s3.generate_presigned_post(
+            bucket, "acl", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+        )
+        response = post_form(post, b"data")
+        assert response.status == status, response.data
+        if code:
+            assert error_of(response)[1] == code
+
+
 def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) -> None:
     expired = s3.generate_presigned_post(bucket, "k", ExpiresIn=-10)
     status, code, message = error_of(post_form(expired, b"x"))
