@@ -132,6 +132,7 @@ def make_handler(gateway: Gateway) -> http.Handler:
         listing,
         multipart,
         objects,
+        post,
         tagging,
     )
 
@@ -222,6 +223,11 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
     raw_path, query_pairs, where = _target(gateway, request)
     query = dict(query_pairs)
     endpoint = route(request.method, where, query, "x-amz-copy-source" in request.headers)
+    if endpoint is Endpoint.PostObject:
+        # A browser form's upload: signed by a policy in its form fields, not its head.
+        from shoal.s3 import post  # imports this module
+
+        return await post.authenticated_call(gateway, request, request_id, where, query)
     signed = sigv4.SignedRequest(
         method=request.method,
         raw_path=raw_path,

@@ -96,6 +96,12 @@ class EntityTooSmall(
     pass
 
 
+class IncorrectNumberOfFilesInPostRequest(
+    S3Error, message="POST requires exactly one file upload per request."
+):
+    pass
+
+
 class IncompleteBody(
     S3Error,
     message=("You did not provide the number of bytes specified by the Content-Length HTTP header"),
@@ -164,6 +170,14 @@ class InvalidPartOrder(
     pass
 
 
+class InvalidPolicyDocument(
+    S3Error,
+    message="The content of the form does not meet the conditions specified in the policy "
+    "document.",
+):
+    pass
+
+
 class InvalidRange(S3Error, status=416, message="The requested range is not satisfiable"):
     pass
 
@@ -185,6 +199,18 @@ class MalformedXML(
     message=(
         "The XML you provided was not well-formed or did not validate against our published schema"
     ),
+):
+    pass
+
+
+class MalformedPOSTRequest(
+    S3Error, message="The body of your POST request is not well-formed multipart/form-data."
+):
+    pass
+
+
+class MaxPostPreDataLengthExceeded(
+    S3Error, message="Your POST request fields preceding the upload file were too large."
 ):
     pass
 

@@ -88,21 +88,23 @@ async def store_body(
     body: AsyncIterator[bytes],
     headers: Mapping[str, str],
     trailers: Mapping[str, str],
-    length: int,
+    length: int | None,
     checksums: list[str],
     inline_limit: int | None = None,
 ) -> Stored:
     """Write a request body as a new version id's blocks and verify it, or remove it again.
 
-    A body of at most `inline_limit` bytes is read into memory instead (Stored.data)."""
+    A body of at most `inline_limit` bytes is read into memory instead (Stored.data).
+    `length` None: a body whose length no header declares (a form's file, post.py), stored in
+    blocks whatever its size."""
     version_id = uuid7()
     expected_md5 = h.content_md5(headers)
-    if inline_limit is not None and length <= inline_limit:
+    if inline_limit is not None and length is not None and length <= inline_limit:
         kept, result = await _read_small(body, length, checksums)
     else:
         kept, result = None, await data.write(version_id, body, checksums)
     try:
-        if result.size != length:
+        if length is not None and result.size != length:
             raise IncompleteBody()
         if expected_md5 is not None and expected_md5 != result.md5:
             raise BadDigest()

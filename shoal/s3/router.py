@@ -49,6 +49,7 @@ class Endpoint(enum.Enum):
     PutBucketTagging = enum.auto()
     GetBucketTagging = enum.auto()
     DeleteBucketTagging = enum.auto()
+    PostObject = enum.auto()  # a browser form's upload to the bucket (post.py)
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -199,8 +200,8 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
     simple = {"PUT": Endpoint.CreateBucket, "DELETE": Endpoint.DeleteBucket}
     if method in simple:
         return simple[method]
-    if method == "POST" and "delete" in query:
-        return Endpoint.DeleteObjects
+    if method == "POST":
+        return Endpoint.DeleteObjects if "delete" in query else Endpoint.PostObject
     raise MethodNotAllowed()
 
 

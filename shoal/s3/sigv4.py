@@ -485,6 +485,12 @@ def _scope(scope_date: str, region: str) -> str:
     return f"{scope_date}/{region}/{SERVICE}/{TERMINATOR}"
 
 
+# What a POST policy's verifier (post.py) shares with the header and query signatures.
+parse_credential = _parse_credential
+signing_key = _signing_key
+scope = _scope
+
+
 def _check_scope_date(scope_date: str, stamp: str, code: str) -> None:
     """`stamp`: the request time as signed (YYYYMMDDTHHMMSSZ)."""
     if scope_date != stamp[:8]:

@@ -44,3 +44,10 @@ def test_cors_is_a_bucket_configuration(method: str, expected: Endpoint) -> None
         route(method, Address("b", "k"), {"cors": ""}, copy_source=False)
     with pytest.raises(MethodNotAllowed):
         route("POST", Address("b", None), {"cors": ""}, copy_source=False)
+
+
+def test_a_post_to_a_bucket_is_a_form_upload_unless_it_deletes() -> None:
+    assert route("POST", Address("b", None), {}, copy_source=False) == Endpoint.PostObject
+    assert route("POST", Address("b", None), {"delete": ""}, copy_source=False) == (
+        Endpoint.DeleteObjects
+    )

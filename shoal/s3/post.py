@@ -1,0 +1,309 @@
+"""POST Object: a browser form's upload to a bucket, signed by a SigV4 POST policy.
+
+The form's fields before its `file` field carry the signature (x-amz-algorithm,
+x-amz-credential, x-amz-date, policy, x-amz-signature): the policy, a base64 JSON document of
+an expiration and conditions, is what is signed, and every field must meet its conditions.
+The file is streamed to the storage nodes as a PutObject body is (docs/s3.md, "POST Object").
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+from shoal.s3 import formdata, http, payload, sigv4
+from shoal.s3 import headers as h
+from shoal.s3 import xml as s3xml
+from shoal.s3.app import Call, Gateway, handles
+from shoal.s3.errors import (
+    AccessDenied,
+    EntityTooLarge,
+    EntityTooSmall,
+    IncorrectNumberOfFilesInPostRequest,
+    InvalidArgument,
+    InvalidPolicyDocument,
+    PreconditionFailed,
+    SignatureDoesNotMatch,
+)
+from shoal.s3.refusals import refuse_what_cannot_be_stored
+from shoal.s3.router import Address, Endpoint
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+# Fields no condition needs to cover (S3's rule); x-ignore-* too.
+UNCHECKED_FIELDS = frozenset({"x-amz-signature", "file", "policy"})
+SUCCESS_STATUSES = {"200": 200, "201": 201, "204": 204}
+
+
+@dataclass
+class Policy:
+    expiration: datetime
+    conditions: list[Any]
+    length_range: tuple[int, int] | None = None
+
+
+@dataclass
+class PostedForm:
+    """What authenticates a POST upload, in the place a signed request's `Verified` has in a
+    Call: its fields, and its body is the form's file."""
+
+    fields: dict[str, str]
+    reader: formdata.FormReader
+    policy: Policy
+    trailers: dict[str, str] = field(default_factory=dict)
+
+    def body(self, raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return self.reader.file_chunks()
+
+
+async def authenticated_call(
+    gateway: Gateway,
+    request: http.Request,
+    request_id: str,
+    where: Address,
+    query: dict[str, str],
+) -> Call:
+    """A Call for a form upload: fields read up to the file, the policy's signature verified
+    and every field held to its conditions."""
+    boundary = formdata.boundary_of(request.headers.get("Content-Type", ""))
+    if boundary is None:
+        raise PreconditionFailed(
+            "Bucket POST must be of the enclosure-type multipart/form-data",
+            Condition="Bucket POST must be of the enclosure-type multipart/form-data",
+        )
+    reader = formdata.FormReader(request.body, boundary)
+    fields = await reader.fields()
+    account, policy = await _verify_signature(gateway, fields)
+    if reader.file is None:
+        raise IncorrectNumberOfFilesInPostRequest()
+    if "key" not in fields:
+        raise InvalidArgument(
+            "Bucket POST must contain a field named 'key'.  If it is "
+            "specified, please check the order of the fields."
+        )
+    key = fields["key"].replace("${filename}", reader.file.filename)
+    _check_conditions(policy, fields, where.bucket or "", key)
+    form = PostedForm(fields, reader, policy)
+    object_where = Address(where.bucket, key, where.virtual)
+    return Call(
+        gateway, request, request_id, Endpoint.PostObject, object_where, account, form, query
+    )  # type: ignore[arg-type]
+
+
+async def _verify_signature(
+    gateway: Gateway, fields: Mapping[str, str]
+) -> tuple[uuid.UUID, Policy]:
+    for name in ("policy", "x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature"):
+        if name not in fields:
+            raise InvalidArgument(
+                f"Bucket POST must contain a field named '{name}'.  If it is "
+                "specified, please check the order of the fields."
+            )
+    if fields["x-amz-algorithm"] != ALGORITHM:
+        raise InvalidArgument(f"The algorithm must be {ALGORITHM}.")
+    try:
+        access_key_id, scope_date, region = sigv4.parse_credential(
+            fields["x-amz-credential"], "InvalidArgument"
+        )
+    except sigv4.SigV4Error as exc:
+        raise InvalidArgument(exc.message) from None
+    if not fields["x-amz-date"].startswith(scope_date):
+        raise InvalidArgument("The x-amz-date must be the day of the credential's scope.")
+    account, secret = await gateway.credentials.secret_of(access_key_id)
+    signing_key = sigv4.signing_key(secret, sigv4.scope(scope_date, region))
+    expected = hmac.new(signing_key, fields["policy"].encode(), "sha256").hexdigest()
+    if not hmac.compare_digest(expected, fields["x-amz-signature"].lower()):
+        raise SignatureDoesNotMatch()
+    return account, _parse_policy(fields["policy"])
+
+
+def _parse_policy(encoded: str) -> Policy:
+    try:
+        document = json.loads(base64.b64decode(encoded, validate=True))
+    except (binascii.Error, ValueError):
+        raise InvalidPolicyDocument("Invalid Policy: Invalid JSON.") from None
+    if not isinstance(document, dict) or not isinstance(document.get("expiration"), str):
+        raise InvalidPolicyDocument("Invalid Policy: Policy missing expiration.")
+    try:
+        expiration = datetime.fromisoformat(document["expiration"].replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidPolicyDocument("Invalid Policy: Invalid 'expiration' value.") from None
+    if expiration.tzinfo is None:
+        expiration = expiration.replace(tzinfo=UTC)
+    conditions = document.get("conditions")
+    if not isinstance(conditions, list):
+        raise InvalidPolicyDocument("Invalid Policy: Policy missing conditions.")
+    policy = Policy(expiration, conditions)
+    for condition in conditions:
+        if isinstance(condition, list) and condition and condition[0] == "content-length-range":
+            policy.length_range = _length_range(condition)
+        elif not _well_formed(condition):
+            raise InvalidPolicyDocument(
+                f"Invalid Policy: Invalid Condition: {json.dumps(condition)}"
+            )
+    return policy
+
+
+def _well_formed(condition: object) -> bool:
+    if isinstance(condition, dict):
+        return len(condition) == 1 and all(isinstance(v, str) for v in condition.values())
+    return (
+        isinstance(condition, list)
+        and len(condition) == 3
+        and condition[0] in ("eq", "starts-with")
+        and all(isinstance(part, str) for part in condition)
+        and condition[1].startswith("$")
+    )
+
+
+def _length_range(condition: list[Any]) -> tuple[int, int]:
+    if len(condition) != 3 or not all(isinstance(n, int) and n >= 0 for n in condition[1:]):
+        raise InvalidPolicyDocument(
+            f"Invalid Policy: Invalid 'content-length-range' condition: {json.dumps(condition)}"
+        )
+    return condition[1], condition[2]
+
+
+def _check_conditions(policy: Policy, fields: Mapping[str, str], bucket: str, key: str) -> None:
+    if policy.expiration <= datetime.now(UTC):
+        raise AccessDenied("Invalid according to Policy: Policy expired.")
+    values = {**fields, "bucket": bucket, "key": key}
+    covered = set()
+    for condition in policy.conditions:
+        if isinstance(condition, dict):
+            ((name, wanted),) = condition.items()
+            operator, name = "eq", name.lower()
+        elif condition[0] == "content-length-range":
+            continue
+        else:
+            operator, name, wanted = condition[0], condition[1][1:].lower(), condition[2]
+        covered.add(name)
+        if not _holds(operator, name, values.get(name, ""), wanted):
+            raise AccessDenied(
+                f"Invalid according to Policy: Policy Condition failed: {json.dumps(condition)}"
+            )
+    extra = [
+        name
+        for name in fields
+        if name not in covered and name not in UNCHECKED_FIELDS and not name.startswith("x-ignore-")
+    ]
+    if extra:
+        raise AccessDenied(f"Invalid according to Policy: Extra input fields: {extra[0]}")
+
+
+def _holds(operator: str, name: str, value: str, wanted: str) -> bool:
+    if operator == "eq":
+        return value == wanted
+    if name == "content-type":  # each of a list of types must start so
+        return all(part.strip().startswith(wanted) for part in value.split(","))
+    return value.startswith(wanted)
+
+
+@handles(Endpoint.PostObject)
+async def post_object(call: Call) -> http.Response:
+    form = call.verified
+    assert isinstance(form, PostedForm)
+    from shoal.s3.objects import _commit, _object_write, check_key
+
+    check_key(call.key)
+    # Its fields ask for what a PutObject's headers would (names are lowercase in both).
+    refuse_what_cannot_be_stored(Endpoint.PutObject, form.fields)
+    await call.store.buckets.get(call.account, call.bucket)
+    stored = await _store_file(call, form)
+    kept = h.object_headers({k: v for k, v in form.fields.items() if k != "content-type"})
+    content_type = form.fields.get("content-type") or None
+    await _commit(call, _object_write(stored, content_type, kept, {}), stored)
+    response = _answer(call, form, f'"{stored.result.md5.hex()}"')
+    response.headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
+    return response
+
+
+async def _store_file(call: Call, form: PostedForm) -> payload.Stored:
+    """The form's file, stored as PutObject stores a body; a length outside the policy's
+    content-length-range is refused, a too large one as soon as it is seen."""
+    low, high = form.policy.length_range or (0, payload.MAX_PUT_BYTES)
+    high = min(high, payload.MAX_PUT_BYTES)
+    inline_limit = call.gateway.config.inline_max_bytes
+    source = call.body()
+    prefix = bytearray()
+    async for chunk in source:
+        prefix += chunk
+        if len(prefix) > inline_limit:
+            break
+    ended = len(prefix) <= inline_limit
+    if not ended:
+        source = _with_limit(_chained(bytes(prefix), source), high)
+    elif len(prefix) > high:
+        raise EntityTooLarge(ProposedSize=str(len(prefix)), MaxSizeAllowed=str(high))
+    else:
+        source = _chained(bytes(prefix), _nothing())
+    checksums = payload.requested_checksums(form.fields)
+    stored = await payload.store_body(
+        call.data,
+        source,
+        form.fields,
+        {},
+        len(prefix) if ended else None,
+        checksums,
+        inline_limit if ended else None,
+    )
+    if stored.result.size < low:
+        await payload.discard(call.data, stored.version_id, stored.result)
+        raise EntityTooSmall(ProposedSize=str(stored.result.size), MinSizeAllowed=str(low))
+    return stored
+
+
+async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
+
+
+async def _with_limit(source: AsyncIterator[bytes], high: int) -> AsyncIterator[bytes]:
+    size = 0
+    async for chunk in source:
+        size += len(chunk)
+        if size > high:
+            raise EntityTooLarge(ProposedSize=str(size), MaxSizeAllowed=str(high))
+        yield chunk
+
+
+def _answer(call: Call, form: PostedForm, etag: str) -> http.Response:
+    headers = {"ETag": etag, "Location": _location(call)}
+    redirect = form.fields.get("success_action_redirect") or form.fields.get("redirect")
+    if redirect:
+        parts = urlsplit(redirect)
+        if parts.scheme in ("http", "https"):
+            extra = urlencode({"bucket": call.bucket, "key": call.key, "etag": etag})
+            query = f"{parts.query}&{extra}" if parts.query else extra
+            headers["Location"] = urlunsplit(parts._replace(query=query))
+            return http.Response(status=303, headers=headers)
+    status = SUCCESS_STATUSES.get(form.fields.get("success_action_status", ""), 204)
+    if status != 201:
+        return http.Response(status=status, headers=headers)
+    body = s3xml.document(
+        "PostResponse",
+        {"Location": headers["Location"], "Bucket": call.bucket, "Key": call.key, "ETag": etag},
+    )
+    return http.Response(status=201, headers=headers, body=body, content_type="application/xml")
+
+
+def _location(call: Call) -> str:
+    host = call.request.host or "localhost"
+    scheme = "http"
+    if call.where.virtual:
+        return f"{scheme}://{host}/{quote(call.key)}"
+    return f"{scheme}://{host}/{quote(call.bucket)}/{quote(call.key)}"

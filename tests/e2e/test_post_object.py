@@ -1,0 +1,323 @@
+"""POST Object: browser form uploads signed by a SigV4 POST policy, as boto3's
+generate_presigned_post makes them, posted as multipart/form-data by urllib3 against
+`shoal serve`, and by a real HTML form in headless Chromium (skipped without a `chromium`
+binary); each violated condition answers S3's code."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import http.server
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+import urllib3
+
+from tests.e2e.test_cors_browser import CHROMIUM, dom_after_scripts
+from tests.fixtures.serve import Served, raw_request
+
+NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def post_form(
+    post: dict[str, Any], data: bytes, filename: str = "upload.bin", **extra: str
+) -> urllib3.BaseHTTPResponse:
+    """The form as a browser sends it: the presigned fields (and `extra`), then the file."""
+    fields: dict[str, Any] = {**post["fields"], **extra}
+    fields["file"] = (filename, data, "application/octet-stream")
+    return urllib3.request("POST", post["url"], fields=fields, redirect=False, retries=False)
+
+
+def error_of(response: urllib3.BaseHTTPResponse) -> tuple[int, str, str]:
+    root = ElementTree.fromstring(response.data)
+    return response.status, root.findtext("Code") or "", root.findtext("Message") or ""
+
+
+def test_presigned_post_with_conditions(s3: Any, bucket: str) -> None:
+    post = s3.generate_presigned_post(
+        bucket,
+        "uploads/${filename}",
+        Fields={"success_action_status": "201", "x-amz-meta-owner": "ana"},
+        Conditions=[
+            ["content-length-range", 1, 1024],
+            ["starts-with", "$key", "uploads/"],
+            {"success_action_status": "201"},
+            {"x-amz-meta-owner": "ana"},
+        ],
+        ExpiresIn=300,
+    )
+    response = post_form(post, b"hello form", filename="notes.txt")
+    assert response.status == 201, response.data
+    root = ElementTree.fromstring(response.data)
+    assert root.tag == f"{NS}PostResponse"
+    assert root.findtext(f"{NS}Bucket") == bucket
+    assert root.findtext(f"{NS}Key") == "uploads/notes.txt"
+    etag = f'"{hashlib.md5(b"hello form").hexdigest()}"'
+    assert root.findtext(f"{NS}ETag") == etag
+    got = s3.get_object(Bucket=bucket, Key="uploads/notes.txt")
+    assert got["Body"].read() == b"hello form"
+    assert got["Metadata"] == {"owner": "ana"}
+    assert got["ETag"] == etag
+
+
+def test_default_status_content_type_and_redirect(s3: Any, bucket: str) -> None:
+    post = s3.generate_presigned_post(
+        bucket,
+        "k",
+        Fields={"Content-Type": "text/plain"},
+        Conditions=[{"Content-Type": "text/plain"}],
+    )
+    response = post_form(post, b"abc")
+    assert response.status == 204
+    assert s3.head_object(Bucket=bucket, Key="k")["ContentType"] == "text/plain"
+    redirect = "https://example.com/done?x=1"
+    post = s3.generate_presigned_post(
+        bucket,
+        "r",
+        Fields={"success_action_redirect": redirect},
+        Conditions=[{"success_action_redirect": redirect}],
+    )
+    response = post_form(post, b"abc")
+    assert response.status == 303
+    location = response.headers["Location"]
+    assert location.startswith("https://example.com/done?x=1&bucket=")
+    assert "key=r" in location and "etag=" in location
+
+
+def test_checksum_and_md5_fields_are_verified(s3: Any, bucket: str) -> None:
+    data = b"checked data"
+    right = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    wrong_md5 = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    for sha256, md5_field, status in (
+        (right, md5, 204),
+        (wrong, md5, 400),
+        (right, wrong_md5, 400),
+    ):
+        fields = {"x-amz-checksum-sha256": sha256, "Content-MD5": md5_field}
+        post = s3.generate_presigned_post(
+            bucket, "c", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+        )
+        response = post_form(post, data)
+        assert response.status == status, response.data
+        if status == 204:
+            assert response.headers["x-amz-checksum-sha256"] == right
+        else:
+            assert error_of(response)[1] == "BadDigest"
+    got = s3.head_object(Bucket=bucket, Key="c", ChecksumMode="ENABLED")
+    assert got["ChecksumSHA256"] == right
+
+
+def test_upload_of_several_mib_streams_across_blocks(s3: Any, bucket: str) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 12345)
+    post = s3.generate_presigned_post(bucket, "big")
+    response = post_form(post, data)
+    assert response.status == 204, response.data
+    assert s3.get_object(Bucket=bucket, Key="big")["Body"].read() == data
+
+
+def test_violated_conditions_answer_s3_codes(s3: Any, bucket: str) -> None:
+    limited = s3.generate_presigned_post(
+        bucket,
+        "in/${filename}",
+        Conditions=[["content-length-range", 5, 10], ["starts-with", "$key", "in/"]],
+    )
+    assert error_of(post_form(limited, b"x" * 11))[:2] == (400, "EntityTooLarge")
+    assert error_of(post_form(limited, b"x" * 4))[:2] == (400, "EntityTooSmall")
+    big = os.urandom(2 * 1024 * 1024)  # refused while it streams to the nodes
+    assert error_of(post_form(limited, big))[:2] == (400, "EntityTooLarge")
+
+    outside = {**limited, "fields": {**limited["fields"], "key": "out/x"}}
+    status, code, message = error_of(post_form(outside, b"x" * 6))
+    assert (status, code) == (403, "AccessDenied")
+    assert (
+        message
+        == 'Invalid according to Policy: Policy Condition failed: ["starts-with", "$key", "in/"]'
+    )
+
+    status, code, message = error_of(post_form(limited, b"x" * 6, **{"x-amz-meta-a": "b"}))
+    assert (status, code) == (403, "AccessDenied")
+    assert message == "Invalid according to Policy: Extra input fields: x-amz-meta-a"
+    # x-ignore-* fields need no condition.
+    assert post_form(limited, b"x" * 6, **{"x-ignore-me": "1"}).status == 204
+
+    forged = {**limited, "fields": {**limited["fields"], "x-amz-signature": "0" * 64}}
+    assert error_of(post_form(forged, b"x" * 6))[:2] == (403, "SignatureDoesNotMatch")
+
+    credential = limited["fields"]["x-amz-credential"]
+    for name, value, code in (
+        (
+            "x-amz-credential",
+            "AKIDUNKNOWN" + credential[credential.index("/") :],
+            "InvalidAccessKeyId",
+        ),
+        ("x-amz-credential", "no-scope", "InvalidArgument"),
+        ("x-amz-algorithm", "AWS4-HMAC-SHA1", "InvalidArgument"),
+    ):
+        changed = {**limited, "fields": {**limited["fields"], name: value}}
+        assert error_of(post_form(changed, b"x" * 6))[1] == code
+
+    response = urllib3.request(
+        "POST", limited["url"], fields=limited["fields"], redirect=False, retries=False
+    )
+    assert error_of(response)[:2] == (400, "IncorrectNumberOfFilesInPostRequest")
+
+    for name in ("key", "policy"):
+        fields = {k: v for k, v in limited["fields"].items() if k != name}
+        assert error_of(post_form({**limited, "fields": fields}, b"x" * 6))[1] == "InvalidArgument"
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 1  # only the x-ignore-* one
+
+
+def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
+    for fields, status, code in (
+        ({"x-amz-acl": "private"}, 204, ""),
+        ({"x-amz-acl": "public-read"}, 400, "AccessControlListNotSupported"),
+        ({"x-amz-server-side-encryption": "aws:kms"}, 501, "NotImplemented"),
+    ):
+        post = s3.generate_presigned_post(
+            bucket, "acl", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+        )
+        response = post_form(post, b"data")
+        assert response.status == status, response.data
+        if code:
+            assert error_of(response)[1] == code
+
+
+def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) -> None:
+    expired = s3.generate_presigned_post(bucket, "k", ExpiresIn=-10)
+    status, code, message = error_of(post_form(expired, b"x"))
+    assert (status, code, message) == (
+        403,
+        "AccessDenied",
+        "Invalid according to Policy: Policy expired.",
+    )
+    good = s3.generate_presigned_post(bucket, "k")
+    not_json = base64.b64encode(b"{nope").decode()
+    fields = {**good["fields"], "policy": not_json}
+    # A policy that is not JSON is refused after its signature: sign it as boto3 would.
+    from botocore.auth import S3SigV4PostAuth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    keys = served.root
+    signer = S3SigV4PostAuth(
+        Credentials(keys.access_key_id, keys.secret_access_key), "s3", "us-east-1"
+    )
+    request = AWSRequest(method="POST", url=good["url"])
+    request.context["s3-presign-post-fields"] = {}
+    request.context["s3-presign-post-policy"] = {"expiration": "x", "conditions": []}
+    signer.add_auth(request)
+    signed = request.context["s3-presign-post-fields"]
+    fields = {**signed, "key": "k", "policy": not_json}
+    fields["x-amz-signature"] = signer.signature(not_json, request)
+    assert error_of(post_form({"url": good["url"], "fields": fields}, b"x"))[:2] == (
+        400,
+        "InvalidPolicyDocument",
+    )
+
+
+def test_post_that_is_not_a_form(served: Served, bucket: str) -> None:
+    response = raw_request(served, "POST", f"/{bucket}", b"hello", sign=False)
+    assert response.status == 412
+    broken = urllib3.request(
+        "POST",
+        f"{served.endpoint}/{bucket}",
+        body=b'--b\r\nContent-Disposition: form-data; name="key"\r\n\r\nk',
+        headers={"Content-Type": "multipart/form-data; boundary=b"},
+        retries=False,
+    )
+    assert error_of(broken)[:2] == (400, "MalformedPOSTRequest")
+
+
+BROWSER_PAGE = """<!DOCTYPE html>
+<html><body><pre id="result">pending</pre>
+<form id="upload" method="post" enctype="multipart/form-data" action=%(action)s></form>
+<script>
+const fields = %(fields)s;
+const params = new URLSearchParams(location.search);
+if (params.has("key")) {
+  document.getElementById("result").textContent =
+    "stored:" + params.get("bucket") + "/" + params.get("key") + "|etag:" + params.get("etag");
+} else {
+  const form = document.getElementById("upload");
+  for (const [name, value] of Object.entries(fields)) {
+    const input = document.createElement("input");
+    input.type = "hidden"; input.name = name; input.value = value;
+    form.appendChild(input);
+  }
+  const file = document.createElement("input");
+  file.type = "file"; file.name = "file";
+  const chosen = new DataTransfer();
+  chosen.items.add(new File([%(content)s], "chosen file.txt", {type: "text/plain"}));
+  file.files = chosen.files;
+  form.appendChild(file);
+  form.submit();
+}
+</script></body></html>
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian's chromium package)")
+def test_a_browser_form_uploads_and_follows_the_redirect(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    content = "posted by a browser form"
+    with page_server_of(lambda origin: _browser_page(s3, bucket, origin, content)) as origin:
+        dom = dom_after_scripts(origin + "/", tmp_path / "profile")
+    key = "forms/chosen file.txt"
+    etag = s3.head_object(Bucket=bucket, Key=key)["ETag"]
+    assert f"stored:{bucket}/{key}|etag:{etag}" in dom.replace("&quot;", '"'), dom
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == content.encode()
+
+
+def _browser_page(s3: Any, bucket: str, origin: str, content: str) -> str:
+    redirect = origin + "/done"
+    post = s3.generate_presigned_post(
+        bucket,
+        "forms/${filename}",
+        Fields={"success_action_redirect": redirect},
+        Conditions=[{"success_action_redirect": redirect}, ["content-length-range", 1, 100]],
+    )
+    return BROWSER_PAGE % {
+        "action": json.dumps(post["url"]),
+        "fields": json.dumps(post["fields"]),
+        "content": json.dumps(content),
+    }
+
+
+@contextlib.contextmanager
+def page_server_of(make_page: Callable[[str], str]) -> Iterator[str]:
+    """An http.server on 127.0.0.1 serving, at every path, the page `make_page` makes for its
+    origin (the page's form redirects back to it)."""
+    page: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page[0])))
+            self.end_headers()
+            self.wfile.write(page[0])
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    page.append(make_page(origin).encode())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield origin
+    finally:
+        server.shutdown()
+        server.server_close()
