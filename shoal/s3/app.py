@@ -125,6 +125,7 @@ def make_handler(gateway: Gateway) -> http.Handler:
     """What http.serve calls for each request."""
     # Import the handler modules so that they register themselves.
     from shoal.s3 import (  # noqa: F401
+        acl,
         attributes,
         bucket,
         cors,
@@ -183,8 +184,13 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
 
             await cors.add_headers(call)
         refuse_what_cannot_be_stored(call.endpoint, request.headers)
+        handler = HANDLERS[call.endpoint]
+        if call.account == ANONYMOUS:
+            from shoal.s3 import access  # imports this module
+
+            handler = access.serve_anonymous
         try:
-            response = await HANDLERS[call.endpoint](call)
+            response = await handler(call)
         except BucketNotFound:
             await refuse_foreign_bucket(call, call.bucket)
             raise
@@ -228,6 +234,9 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
         query=query_pairs,
         headers=request.headers,
     )
+    if _carries_no_credentials(request, query):
+        # Anonymous: only what a public-read ACL opens is served (access.py).
+        return Call(gateway, request, request_id, endpoint, where, ANONYMOUS, UnsignedBody(), query)
     now = datetime.now(UTC)
     if sigv2.is_sigv2(signed):
         # Version 2 still signs the presigned URLs of boto3's default client in us-east-1.
@@ -240,6 +249,24 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
     account, secret = await gateway.credentials.secret_of(credentials.access_key_id)
     verified = sigv4.verify(credentials, signed, secret)
     return Call(gateway, request, request_id, endpoint, where, account, verified, query)
+
+
+# The account of a request that carries no credentials at all (no Authorization header, no
+# presigned URL's parameters); no account has this id.
+ANONYMOUS = uuid.UUID(int=0)
+_CREDENTIAL_PARAMETERS = (
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Signature",
+    "AWSAccessKeyId",
+    "Signature",
+)
+
+
+def _carries_no_credentials(request: http.Request, query: dict[str, str]) -> bool:
+    return "authorization" not in request.headers and not any(
+        name in query for name in _CREDENTIAL_PARAMETERS
+    )
 
 
 class UnsignedBody:

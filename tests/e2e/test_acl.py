@@ -1,0 +1,189 @@
+"""ACLs: Get/Put*Acl, canned ACLs on writes, and what anonymous (unsigned) requests may do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from tests.fixtures.postgres import unique
+from tests.fixtures.serve import Served
+
+ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+
+
+@pytest.fixture(scope="module")
+def anonymous(served: Served) -> Iterator[Any]:
+    client = boto3.client(
+        "s3",
+        endpoint_url=served.endpoint,
+        region_name="us-east-1",
+        config=Config(
+            signature_version=UNSIGNED,
+            s3={"addressing_style": "path"},
+            retries={"total_max_attempts": 1},
+        ),
+    )
+    yield client
+    client.close()
+
+
+def outcome(call: Callable[..., Any], **params: Any) -> int | tuple[int, str]:
+    """200 for success, else (status, error code)."""
+    try:
+        call(**params)
+    except ClientError as exc:
+        error = exc.response["Error"]
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], error.get("Code", "")
+    return 200
+
+
+def grants(answer: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (g["Grantee"].get("ID") or g["Grantee"].get("URI"), g["Permission"])
+        for g in answer["Grants"]
+    ]
+
+
+def test_get_acls_answer_the_owners_full_control(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    owner = s3.list_buckets()["Owner"]["ID"]
+    for answer in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key="k")):
+        assert answer["Owner"]["ID"] == owner
+        assert answer["Owner"]["DisplayName"]
+        assert grants(answer) == [(owner, "FULL_CONTROL")]
+    s3.put_object_acl(Bucket=bucket, Key="k", ACL="public-read")
+    s3.put_bucket_acl(Bucket=bucket, ACL="public-read")
+    for answer in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key="k")):
+        assert grants(answer) == [(owner, "FULL_CONTROL"), (ALL_USERS, "READ")]
+    # Back to private with a body, as SDKs send a full policy.
+    policy = s3.get_object_acl(Bucket=bucket, Key="k")
+    policy.pop("ResponseMetadata")
+    policy["Grants"] = policy["Grants"][:1]
+    s3.put_object_acl(Bucket=bucket, Key="k", AccessControlPolicy=policy)
+    assert grants(s3.get_object_acl(Bucket=bucket, Key="k")) == [(owner, "FULL_CONTROL")]
+
+
+@pytest.mark.parametrize("bucket_acl", ["private", "public-read"])
+@pytest.mark.parametrize("object_acl", ["private", "public-read"])
+def test_anonymous_access_matrix(s3: Any, anonymous: Any, bucket_acl: str, object_acl: str) -> None:
+    bucket = unique("acl")
+    s3.create_bucket(Bucket=bucket, ACL=bucket_acl)
+    s3.put_object(Bucket=bucket, Key="k", Body=b"data", ACL=object_acl)
+    public_object = object_acl == "public-read"
+    public_bucket = bucket_acl == "public-read"
+    denied = (403, "AccessDenied")
+    expected = {
+        "GetObject": 200 if public_object else denied,
+        "HeadObject": 200 if public_object else (403, "403"),
+        "ListObjectsV2": 200 if public_bucket else denied,
+        "ListObjects": 200 if public_bucket else denied,
+        "PutObject": denied,
+        "DeleteObject": denied,
+        "GetBucketAcl": denied,
+        "GetObjectAcl": denied,
+        "CopyObject": denied,
+        "HeadMissingKey": (404, "404") if public_bucket else (403, "403"),
+    }
+    found = {
+        "GetObject": outcome(anonymous.get_object, Bucket=bucket, Key="k"),
+        "HeadObject": outcome(anonymous.head_object, Bucket=bucket, Key="k"),
+        "ListObjectsV2": outcome(anonymous.list_objects_v2, Bucket=bucket),
+        "ListObjects": outcome(anonymous.list_objects, Bucket=bucket),
+        "PutObject": outcome(anonymous.put_object, Bucket=bucket, Key="new", Body=b"x"),
+        "DeleteObject": outcome(anonymous.delete_object, Bucket=bucket, Key="k"),
+        "GetBucketAcl": outcome(anonymous.get_bucket_acl, Bucket=bucket),
+        "GetObjectAcl": outcome(anonymous.get_object_acl, Bucket=bucket, Key="k"),
+        "CopyObject": outcome(
+            anonymous.copy_object, Bucket=bucket, Key="copy", CopySource=f"{bucket}/k"
+        ),
+        "HeadMissingKey": outcome(anonymous.head_object, Bucket=bucket, Key="missing"),
+    }
+    assert found == expected
+    if public_object:
+        assert anonymous.get_object(Bucket=bucket, Key="k")["Body"].read() == b"data"
+    # Nothing anonymous changed anything.
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+
+
+def test_anonymous_requests_to_missing_buckets_are_denied(anonymous: Any) -> None:
+    name = unique("gone")
+    assert outcome(anonymous.get_object, Bucket=name, Key="k") == (403, "AccessDenied")
+    assert outcome(anonymous.list_objects_v2, Bucket=name) == (403, "AccessDenied")
+    assert outcome(anonymous.list_buckets) == (403, "AccessDenied")
+    assert outcome(anonymous.create_bucket, Bucket=name) == (403, "AccessDenied")
+
+
+def test_public_read_on_copy_and_multipart_and_put_acl(
+    s3: Any, anonymous: Any, bucket: str
+) -> None:
+    s3.put_object(Bucket=bucket, Key="src", Body=b"source", ACL="public-read")
+    s3.copy_object(Bucket=bucket, Key="copied", CopySource=f"{bucket}/src")
+    s3.copy_object(Bucket=bucket, Key="public", CopySource=f"{bucket}/src", ACL="public-read")
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="mpu", ACL="public-read")["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key="mpu", UploadId=upload, PartNumber=1, Body=b"p")[
+        "ETag"
+    ]
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key="mpu",
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )
+    s3.put_object(Bucket=bucket, Key="later", Body=b"x")
+    assert outcome(anonymous.get_object, Bucket=bucket, Key="later") == (403, "AccessDenied")
+    s3.put_object_acl(Bucket=bucket, Key="later", ACL="public-read")
+    # A copy does not take its source's ACL (as S3); an overwrite brings its own.
+    assert outcome(anonymous.get_object, Bucket=bucket, Key="copied") == (403, "AccessDenied")
+    for key in ("src", "public", "mpu", "later"):
+        assert outcome(anonymous.get_object, Bucket=bucket, Key=key) == 200
+    s3.put_object(Bucket=bucket, Key="src", Body=b"private now")
+    assert outcome(anonymous.get_object, Bucket=bucket, Key="src") == (403, "AccessDenied")
+
+
+def test_other_acls_are_refused(s3: Any, bucket: str) -> None:
+    refused = (400, "AccessControlListNotSupported")
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    owner = s3.list_buckets()["Owner"]["ID"]
+    for acl in ("public-read-write", "authenticated-read"):
+        assert outcome(s3.put_object, Bucket=bucket, Key="k2", Body=b"x", ACL=acl) == refused
+        assert outcome(s3.create_bucket, Bucket=unique("acl"), ACL=acl) == refused
+        assert outcome(s3.put_bucket_acl, Bucket=bucket, ACL=acl) == refused
+        assert outcome(s3.put_object_acl, Bucket=bucket, Key="k", ACL=acl) == refused
+        upload = s3.create_multipart_upload
+        assert outcome(upload, Bucket=bucket, Key="m", ACL=acl) == refused
+    grant = {"GrantRead": 'uri="http://acs.amazonaws.com/groups/global/AuthenticatedUsers"'}
+    assert outcome(s3.put_object, Bucket=bucket, Key="k2", Body=b"x", **grant) == refused
+    assert outcome(s3.put_bucket_acl, Bucket=bucket, **grant) == refused
+    write_for_all = {
+        "Owner": {"ID": owner},
+        "Grants": [
+            {"Grantee": {"Type": "CanonicalUser", "ID": owner}, "Permission": "FULL_CONTROL"},
+            {"Grantee": {"Type": "Group", "URI": ALL_USERS}, "Permission": "WRITE"},
+        ],
+    }
+    assert (
+        outcome(s3.put_object_acl, Bucket=bucket, Key="k", AccessControlPolicy=write_for_all)
+        == refused
+    )
+    assert s3.head_object(Bucket=bucket, Key="k")  # untouched
+    assert outcome(s3.head_object, Bucket=bucket, Key="k2") == (404, "404")
+
+
+def test_another_account_is_still_denied(served: Served, s3: Any, bucket: str) -> None:
+    other = served.client(served.other)
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    denied = (403, "AccessDenied")
+    assert outcome(other.get_bucket_acl, Bucket=bucket) == denied
+    assert outcome(other.get_object_acl, Bucket=bucket, Key="k") == denied
+    assert outcome(other.put_bucket_acl, Bucket=bucket, ACL="public-read") == denied
+    assert outcome(other.put_object_acl, Bucket=bucket, Key="k", ACL="public-read") == denied
+    assert outcome(other.get_object, Bucket=bucket, Key="k") == denied
+    assert outcome(other.list_objects_v2, Bucket=bucket) == denied
+    assert grants(s3.get_bucket_acl(Bucket=bucket))[0][1] == "FULL_CONTROL"
+    assert len(grants(s3.get_bucket_acl(Bucket=bucket))) == 1
