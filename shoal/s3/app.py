@@ -324,7 +324,7 @@ def _log_access(
     # body (read or drained; aws-chunked framing included, HTTP chunked framing not), and
     # what was written of the response body, however far it got. `cut`: the answer was cut
     # short (the client left, or an error after the head).
-    account = call.account if call else "-"
+    account = "-" if call is None else "anonymous" if call.account == ANONYMOUS else call.account
     operation = call.endpoint.name if call else _operation_of(gateway, request)
     status = response.status if response is not None else "-"
     sent = response.body_bytes_sent if response is not None else 0
