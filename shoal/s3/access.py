@@ -1,10 +1,11 @@
-"""What an anonymous request (one with no credentials at all) may do, as S3 allows it.
+"""What an anonymous request (one with no credentials at all), or another account in a
+bucket it does not own, may do, as S3 allows it.
 
-Only READ granted to everyone by a public-read ACL opens anything: GetObject and HeadObject
-of a public-read object (the object's own ACL decides, not its bucket's), and ListObjects
-and ListObjectsV2 of a public-read bucket. Everything else is AccessDenied, also for a
-bucket or key that does not exist, so an anonymous caller learns no more than S3 tells it.
-An allowed request runs its handler as the bucket's owner, who owns every object in it.
+Only READ granted to everyone (AllUsers) by a public-read ACL opens anything: GetObject and
+HeadObject of a public-read object (the object's own ACL decides, not its bucket's), and
+ListObjects and ListObjectsV2 of a public-read bucket. Everything else is AccessDenied, also
+for a bucket or key that does not exist, so a stranger learns no more than S3 tells it. An
+allowed request runs its handler as the bucket's owner, who owns every object in it.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ import uuid
 
 from shoal.metadata import BucketNotFound, ObjectNotFound
 from shoal.s3 import http
-from shoal.s3.app import HANDLERS, Call
+from shoal.s3.app import ANONYMOUS, HANDLERS, Call
 from shoal.s3.errors import AccessDenied, InvalidRequest, NoSuchKey
 from shoal.s3.refusals import PUBLIC_READ
 from shoal.s3.router import Endpoint
 
 OBJECT_READS = frozenset({Endpoint.GetObject, Endpoint.HeadObject})
 BUCKET_READS = frozenset({Endpoint.ListObjects, Endpoint.ListObjectsV2})
+OPEN_READS = OBJECT_READS | BUCKET_READS
 
 
 async def serve_anonymous(call: Call) -> http.Response:
-    """The handler's answer if a public-read ACL allows the request, else AccessDenied."""
-    if call.endpoint not in OBJECT_READS | BUCKET_READS or call.where.bucket is None:
+    """The handler's answer if a public-read ACL allows the request, else AccessDenied. Also
+    what another account may do in a bucket it does not own: the same (AllUsers includes
+    every account)."""
+    if call.endpoint not in OPEN_READS or call.where.bucket is None:
         raise AccessDenied()
     owner = await call.store.buckets.owner_of(call.bucket)
     if owner is None:
@@ -43,7 +47,8 @@ async def serve_anonymous(call: Call) -> http.Response:
 
 
 async def _check_object_is_public(call: Call, owner: uuid.UUID, listable: bool) -> None:
-    if any(name.startswith("response-") for name in call.query):
+    anonymous = call.account == ANONYMOUS
+    if anonymous and any(name.startswith("response-") for name in call.query):
         raise InvalidRequest(
             "Request specific response headers cannot be used for anonymous GET requests."
         )

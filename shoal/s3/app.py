@@ -184,16 +184,19 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
 
             await cors.add_headers(call)
         refuse_what_cannot_be_stored(call.endpoint, request.headers)
-        handler = HANDLERS[call.endpoint]
-        if call.account == ANONYMOUS:
-            from shoal.s3 import access  # imports this module
+        from shoal.s3 import access  # imports this module
 
-            handler = access.serve_anonymous
+        handler = access.serve_anonymous if call.account == ANONYMOUS else HANDLERS[call.endpoint]
         try:
             response = await handler(call)
         except BucketNotFound:
-            await refuse_foreign_bucket(call, call.bucket)
-            raise
+            if call.endpoint not in access.OPEN_READS:
+                await refuse_foreign_bucket(call, call.bucket)
+                raise
+            # Perhaps another account's bucket: what public-read opens to everyone, as in S3.
+            if await call.store.buckets.owner_of(call.bucket) is None:
+                raise
+            response = await access.serve_anonymous(call)
     except Exception as exc:
         if request.response_started:
             log.error("request %s failed after its response started: %r", request_id, exc)

@@ -187,3 +187,13 @@ def test_another_account_is_still_denied(served: Served, s3: Any, bucket: str) -
     assert outcome(other.list_objects_v2, Bucket=bucket) == denied
     assert grants(s3.get_bucket_acl(Bucket=bucket))[0][1] == "FULL_CONTROL"
     assert len(grants(s3.get_bucket_acl(Bucket=bucket))) == 1
+    # What public-read opens to everyone, it opens to every account too (as S3's AllUsers).
+    s3.put_object(Bucket=bucket, Key="public", Body=b"open", ACL="public-read")
+    assert other.get_object(Bucket=bucket, Key="public")["Body"].read() == b"open"
+    assert outcome(other.put_object_acl, Bucket=bucket, Key="public", ACL="private") == denied
+    assert outcome(other.list_objects_v2, Bucket=bucket) == denied
+    s3.put_bucket_acl(Bucket=bucket, ACL="public-read")
+    assert outcome(other.list_objects_v2, Bucket=bucket) == 200
+    assert outcome(other.head_object, Bucket=bucket, Key="missing") == (404, "404")
+    assert outcome(other.delete_object, Bucket=bucket, Key="public") == denied
+    assert outcome(other.get_object, Bucket=unique("none"), Key="k") == (404, "NoSuchBucket")
