@@ -43,7 +43,7 @@ async def serve_anonymous(call: Call) -> http.Response:
         await _check_object_is_public(call, owner, listable)
     elif not listable:
         raise AccessDenied()
-    return await HANDLERS[call.endpoint](dataclasses.replace(call, account=owner))
+    return await HANDLERS[call.endpoint](dataclasses.replace(call, account=owner, public_only=True))
 
 
 async def _check_object_is_public(call: Call, owner: uuid.UUID, listable: bool) -> None:

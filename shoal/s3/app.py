@@ -84,6 +84,9 @@ class Call:
     account: uuid.UUID
     verified: sigv4.Verified | UnsignedBody
     query: dict[str, str]  # the query string's parameters, decoded
+    # Served to a stranger by a public-read ACL (access.py): an object read then serves only
+    # a version that is public-read itself, whatever replaced the one access.py checked.
+    public_only: bool = False
 
     @property
     def bucket(self) -> str:

@@ -20,6 +20,7 @@ from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, answer_while_working, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
+    AccessDenied,
     BadDigest,
     InvalidArgument,
     InvalidRequest,
@@ -173,6 +174,8 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
     check_key(call.key)
     check_null_version(call)
     version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=send_body)
+    if call.public_only and version.properties.get("acl") != PUBLIC_READ:
+        raise AccessDenied()  # replaced by a private version since access.py checked
     headers = h.response_headers(version)
     try:
         h.check_conditions(version, call.request.headers)
