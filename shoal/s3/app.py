@@ -2,10 +2,11 @@
 
 Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), then the
 operation's handler; a request with no credentials at all is anonymous, and goes to
-access.py instead, which serves only what a public-read ACL opens. Errors become S3's XML error body here and only here; an unexpected error
-is logged with the request id and answered InternalError. Once a response body has started,
-an error can only abort the connection, except in an answer that started early on purpose
-(`answer_while_working`), whose error goes in its body. Every request gets one access line,
+access.py instead, which serves only what a public-read ACL opens. Errors become S3's XML
+error body here and only here; an unexpected error is logged with the request id and
+answered InternalError. Once a response body has started, an error can only abort the
+connection, except in an answer that started early on purpose (`answer_while_working`),
+whose error goes in its body. Every request gets one access line,
 written once its answer is out (`make_unanswered`'s for one that never had its turn).
 """
 
