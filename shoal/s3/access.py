@@ -3,9 +3,10 @@ bucket it does not own, may do, as S3 allows it.
 
 Only READ granted to everyone (AllUsers) by a public-read ACL opens anything: GetObject and
 HeadObject of a public-read object (the object's own ACL decides, not its bucket's), and
-ListObjects and ListObjectsV2 of a public-read bucket. Everything else is AccessDenied, also
-for a bucket or key that does not exist, so a stranger learns no more than S3 tells it. An
-allowed request runs its handler as the bucket's owner, who owns every object in it.
+HeadBucket and the listings (objects, versions, multipart uploads) of a public-read bucket.
+Everything else is AccessDenied, also for a bucket or key that does not exist, so a stranger
+learns no more than S3 tells it. An allowed request runs its handler as the bucket's owner,
+who owns every object in it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from shoal.s3.refusals import PUBLIC_READ
 from shoal.s3.router import Endpoint
 
 OBJECT_READS = frozenset({Endpoint.GetObject, Endpoint.HeadObject})
-BUCKET_READS = frozenset({Endpoint.ListObjects, Endpoint.ListObjectsV2})
+# READ on a bucket is S3's s3:ListBucket, ListBucketVersions and ListBucketMultipartUploads;
+# HeadBucket asks for s3:ListBucket.
+BUCKET_READS = frozenset(
+    {
+        Endpoint.ListObjects,
+        Endpoint.ListObjectsV2,
+        Endpoint.ListObjectVersions,
+        Endpoint.ListMultipartUploads,
+        Endpoint.HeadBucket,
+    }
+)
 OPEN_READS = OBJECT_READS | BUCKET_READS
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,11 +84,19 @@ def test_anonymous_access_matrix(s3: Any, anonymous: Any, bucket_acl: str, objec
         "HeadObject": 200 if public_object else (403, "403"),
         "ListObjectsV2": 200 if public_bucket else denied,
         "ListObjects": 200 if public_bucket else denied,
+        "ListObjectVersions": 200 if public_bucket else denied,
+        "ListMultipartUploads": 200 if public_bucket else denied,
+        "HeadBucket": 200 if public_bucket else (403, "403"),
         "PutObject": denied,
         "DeleteObject": denied,
         "GetBucketAcl": denied,
         "GetObjectAcl": denied,
         "CopyObject": denied,
+        "DeleteBucket": denied,
+        "PutBucketAcl": denied,
+        "PutObjectAcl": denied,
+        "GetObjectTagging": denied,
+        "CreateMultipartUpload": denied,
         "HeadMissingKey": (404, "404") if public_bucket else (403, "403"),
     }
     found = {
@@ -95,6 +104,16 @@ def test_anonymous_access_matrix(s3: Any, anonymous: Any, bucket_acl: str, objec
         "HeadObject": outcome(anonymous.head_object, Bucket=bucket, Key="k"),
         "ListObjectsV2": outcome(anonymous.list_objects_v2, Bucket=bucket),
         "ListObjects": outcome(anonymous.list_objects, Bucket=bucket),
+        "ListObjectVersions": outcome(anonymous.list_object_versions, Bucket=bucket),
+        "ListMultipartUploads": outcome(anonymous.list_multipart_uploads, Bucket=bucket),
+        "HeadBucket": outcome(anonymous.head_bucket, Bucket=bucket),
+        "DeleteBucket": outcome(anonymous.delete_bucket, Bucket=bucket),
+        "PutBucketAcl": outcome(anonymous.put_bucket_acl, Bucket=bucket, ACL="public-read"),
+        "PutObjectAcl": outcome(
+            anonymous.put_object_acl, Bucket=bucket, Key="k", ACL="public-read"
+        ),
+        "GetObjectTagging": outcome(anonymous.get_object_tagging, Bucket=bucket, Key="k"),
+        "CreateMultipartUpload": outcome(anonymous.create_multipart_upload, Bucket=bucket, Key="m"),
         "PutObject": outcome(anonymous.put_object, Bucket=bucket, Key="new", Body=b"x"),
         "DeleteObject": outcome(anonymous.delete_object, Bucket=bucket, Key="k"),
         "GetBucketAcl": outcome(anonymous.get_bucket_acl, Bucket=bucket),
@@ -109,6 +128,9 @@ def test_anonymous_access_matrix(s3: Any, anonymous: Any, bucket_acl: str, objec
         assert anonymous.get_object(Bucket=bucket, Key="k")["Body"].read() == b"data"
     # Nothing anonymous changed anything.
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+    assert len(s3.get_bucket_acl(Bucket=bucket)["Grants"]) == 1 + public_bucket
+    assert len(s3.get_object_acl(Bucket=bucket, Key="k")["Grants"]) == 1 + public_object
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
 def test_anonymous_requests_to_missing_buckets_are_denied(anonymous: Any) -> None:
@@ -197,3 +219,17 @@ def test_another_account_is_still_denied(served: Served, s3: Any, bucket: str) -
     assert outcome(other.head_object, Bucket=bucket, Key="missing") == (404, "404")
     assert outcome(other.delete_object, Bucket=bucket, Key="public") == denied
     assert outcome(other.get_object, Bucket=unique("none"), Key="k") == (404, "NoSuchBucket")
+
+
+def test_an_anonymous_read_gets_the_buckets_cors_headers(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    rule = {"AllowedOrigins": ["https://page.example"], "AllowedMethods": ["GET"]}
+    s3.put_bucket_cors(Bucket=bucket, CORSConfiguration={"CORSRules": [rule]})
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x", ACL="public-read")
+    request = urllib.request.Request(
+        f"{served.endpoint}/{bucket}/k", headers={"Origin": "https://page.example"}
+    )
+    with urllib.request.urlopen(request) as response:
+        assert response.read() == b"x"
+        assert response.headers["Access-Control-Allow-Origin"] == "https://page.example"
