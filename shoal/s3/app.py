@@ -188,10 +188,13 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
             from shoal.s3 import cors  # imports this module
 
             await cors.add_headers(call)
-        refuse_what_cannot_be_stored(call.endpoint, request.headers)
         from shoal.s3 import access  # imports this module
 
-        handler = access.serve_anonymous if call.account == ANONYMOUS else HANDLERS[call.endpoint]
+        if call.account == ANONYMOUS:
+            handler = access.serve_anonymous  # a stranger's write learns only AccessDenied
+        else:
+            refuse_what_cannot_be_stored(call.endpoint, request.headers)
+            handler = HANDLERS[call.endpoint]
         try:
             response = await handler(call)
         except BucketNotFound:

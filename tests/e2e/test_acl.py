@@ -139,6 +139,8 @@ def test_anonymous_requests_to_missing_buckets_are_denied(anonymous: Any) -> Non
     assert outcome(anonymous.list_objects_v2, Bucket=name) == (403, "AccessDenied")
     assert outcome(anonymous.list_buckets) == (403, "AccessDenied")
     assert outcome(anonymous.create_bucket, Bucket=name) == (403, "AccessDenied")
+    refused = outcome(anonymous.create_bucket, Bucket=name, ACL="public-read-write")
+    assert refused == (403, "AccessDenied")
 
 
 def test_public_read_on_copy_and_multipart_and_put_acl(
