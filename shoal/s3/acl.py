@@ -29,13 +29,6 @@ def of_properties(properties: Mapping[str, object]) -> str:
     return PUBLIC_READ if properties.get("acl") == PUBLIC_READ else PRIVATE
 
 
-def with_acl(properties: dict[str, object], acl: str | None) -> dict[str, object]:
-    """An object's properties with the canned ACL a write asked for (private: none kept)."""
-    if acl == PUBLIC_READ:
-        properties["acl"] = PUBLIC_READ
-    return properties
-
-
 async def document(call: Call, acl: str) -> bytes:
     """S3's AccessControlPolicy for a canned ACL: the owner's FULL_CONTROL (and READ for
     AllUsers when public-read). Written by hand: the Grantee's xsi:type is an attribute."""
