@@ -44,3 +44,22 @@ def test_cors_is_a_bucket_configuration(method: str, expected: Endpoint) -> None
         route(method, Address("b", "k"), {"cors": ""}, copy_source=False)
     with pytest.raises(MethodNotAllowed):
         route("POST", Address("b", None), {"cors": ""}, copy_source=False)
+
+
+@pytest.mark.parametrize(
+    ("method", "where", "expected"),
+    [
+        ("GET", Address("b", None), Endpoint.GetBucketAcl),
+        ("PUT", Address("b", None), Endpoint.PutBucketAcl),
+        ("GET", Address("b", "k"), Endpoint.GetObjectAcl),
+        ("PUT", Address("b", "k"), Endpoint.PutObjectAcl),
+    ],
+)
+def test_acl_routes_never_to_the_plain_operation(
+    method: str, where: Address, expected: Endpoint
+) -> None:
+    assert route(method, where, {"acl": ""}, copy_source=False) == expected
+    # A PUT ?acl with a copy source is still an ACL, never a CopyObject.
+    assert route(method, where, {"acl": ""}, copy_source=True) == expected
+    with pytest.raises(MethodNotAllowed):
+        route("DELETE", where, {"acl": ""}, copy_source=False)
