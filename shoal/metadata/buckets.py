@@ -174,6 +174,22 @@ class Buckets(Component):
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.DELETE_BUCKET_TAGS, {"bucket_id": bucket.id})
 
+    async def put_acl(self, owner: uuid.UUID, name: str, acl: str) -> None:
+        """Set a bucket's canned ACL ("private" or "public-read", checked by the caller)."""
+        await self.set_acl_of(await self.bucket(owner, name), acl)
+
+    async def set_acl_of(self, bucket: Bucket, acl: str) -> None:
+        query = queries.DELETE_BUCKET_ACL if acl == "private" else queries.PUT_BUCKET_ACL
+        async with self.shards.catalog.pool.connection() as conn:
+            await conn.execute(query, {"bucket_id": bucket.id, "acl": acl})
+
+    async def acl_of(self, bucket: Bucket) -> str:
+        """A bucket's canned ACL: "private" unless set otherwise."""
+        async with self.shards.catalog.pool.reading() as conn:
+            cur = await conn.execute(queries.GET_BUCKET_ACL, {"bucket_id": bucket.id})
+            row = await cur.fetchone()
+        return "private" if row is None else str(row[0])
+
     async def owner_of(self, name: str) -> uuid.UUID | None:
         """Who holds a bucket name across the ring (S3 names are global), if anyone (no one
         holds a name S3 does not allow)."""

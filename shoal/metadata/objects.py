@@ -149,6 +149,17 @@ class Objects(Component):
         }
         return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_TAGS, params))
 
+    async def set_acl(
+        self, owner: uuid.UUID, bucket: str, name: str, version_id: uuid.UUID, acl: str
+    ) -> bool:
+        """Set the canned ACL of version `version_id` of `name` ("private" removes it). False,
+        changing nothing, if that version is no longer live (as set_tags)."""
+        check_object_name(name)
+        found = await self.bucket(owner, bucket)
+        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        params = {"owner": owner, "bucket_id": found.id, "name": name, "id": version_id, "acl": acl}
+        return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_ACL, params))
+
     async def delete(
         self, owner: uuid.UUID, bucket: str, name: str, *, if_match: bytes | None = None
     ) -> ObjectVersion | None:

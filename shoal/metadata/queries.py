@@ -66,12 +66,14 @@ WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 
 # Also tells every process that caches bucket incarnations to drop this one (bucket_cache.py);
 # PostgreSQL delivers the notice when this commits, after the bucket's row is gone. The
-# incarnation's CORS rules go with it (no later incarnation would ever read them).
+# incarnation's CORS rules and ACL go with it (no later incarnation would ever read them).
 RELEASE_BUCKET_NAME = """
 WITH released AS (
     DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
 ), cors_dropped AS (
     DELETE FROM shoal.bucket_cors WHERE bucket_id = %(id)s
+), acl_dropped AS (
+    DELETE FROM shoal.bucket_acl WHERE bucket_id = %(id)s
 )
 SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
@@ -284,6 +286,17 @@ UPDATE {schema}.manta_bucket_object SET
     properties = (coalesce(properties, '{{}}'::jsonb) - 'tags')
         || CASE WHEN %(tags)s::jsonb = '{{}}'::jsonb THEN '{{}}'::jsonb
                 ELSE jsonb_build_object('tags', %(tags)s::jsonb) END
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(id)s
+RETURNING id
+"""
+
+# An object's canned ACL (properties.acl; private: the key removed), set on the version an
+# ACL request read (id), as UPDATE_OBJECT_TAGS sets tags.
+UPDATE_OBJECT_ACL = """
+UPDATE {schema}.manta_bucket_object SET
+    properties = (coalesce(properties, '{{}}'::jsonb) - 'acl')
+        || CASE WHEN %(acl)s = 'private' THEN '{{}}'::jsonb
+                ELSE jsonb_build_object('acl', %(acl)s::text) END
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s AND id = %(id)s
 RETURNING id
 """
@@ -944,3 +957,14 @@ DELETE_BUCKET_TAGS = "DELETE FROM shoal.bucket_tagging WHERE bucket_id = %(bucke
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"
+
+# -- bucket canned ACLs (catalog shard; no row: private) --------------------------------------
+
+PUT_BUCKET_ACL = """
+INSERT INTO shoal.bucket_acl (bucket_id, acl) VALUES (%(bucket_id)s, %(acl)s)
+ON CONFLICT (bucket_id) DO UPDATE SET acl = EXCLUDED.acl, updated = current_timestamp
+"""
+
+GET_BUCKET_ACL = "SELECT acl FROM shoal.bucket_acl WHERE bucket_id = %(bucket_id)s"
+
+DELETE_BUCKET_ACL = "DELETE FROM shoal.bucket_acl WHERE bucket_id = %(bucket_id)s"

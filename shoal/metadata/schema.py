@@ -181,6 +181,18 @@ CREATE TABLE shoal.bucket_tagging (
 );
 """,
     ),
+    Migration(
+        6,
+        "bucket canned ACLs",
+        """
+-- The canned ACL of a bucket incarnation other than private (no row: private).
+CREATE TABLE shoal.bucket_acl (
+    bucket_id uuid PRIMARY KEY,
+    acl text NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

@@ -1,10 +1,12 @@
 """The S3 gateway: one handler per S3 operation, served over http.py.
 
 Each request: request id, addressing and routing (router.py), SigV4 (sigv4.py), then the
-operation's handler. Errors become S3's XML error body here and only here; an unexpected error
-is logged with the request id and answered InternalError. Once a response body has started,
-an error can only abort the connection, except in an answer that started early on purpose
-(`answer_while_working`), whose error goes in its body. Every request gets one access line,
+operation's handler; a request with no credentials at all is anonymous, and goes to
+access.py instead, which serves only what a public-read ACL opens. Errors become S3's XML
+error body here and only here; an unexpected error is logged with the request id and
+answered InternalError. Once a response body has started, an error can only abort the
+connection, except in an answer that started early on purpose (`answer_while_working`),
+whose error goes in its body. Every request gets one access line,
 written once its answer is out (`make_unanswered`'s for one that never had its turn).
 """
 
@@ -84,6 +86,9 @@ class Call:
     account: uuid.UUID
     verified: sigv4.Verified | UnsignedBody
     query: dict[str, str]  # the query string's parameters, decoded
+    # Served to a stranger by a public-read ACL (access.py): an object read then serves only
+    # a version that is public-read itself, whatever replaced the one access.py checked.
+    public_only: bool = False
 
     @property
     def bucket(self) -> str:
@@ -125,6 +130,7 @@ def make_handler(gateway: Gateway) -> http.Handler:
     """What http.serve calls for each request."""
     # Import the handler modules so that they register themselves.
     from shoal.s3 import (  # noqa: F401
+        acl,
         attributes,
         bucket,
         cors,
@@ -183,12 +189,23 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
             from shoal.s3 import cors  # imports this module
 
             await cors.add_headers(call)
-        refuse_what_cannot_be_stored(call.endpoint, request.headers)
+        from shoal.s3 import access  # imports this module
+
+        if call.account == ANONYMOUS:
+            handler = access.serve_anonymous  # a stranger's write learns only AccessDenied
+        else:
+            refuse_what_cannot_be_stored(call.endpoint, request.headers)
+            handler = HANDLERS[call.endpoint]
         try:
-            response = await HANDLERS[call.endpoint](call)
+            response = await handler(call)
         except BucketNotFound:
-            await refuse_foreign_bucket(call, call.bucket)
-            raise
+            if call.endpoint not in access.OPEN_READS:
+                await refuse_foreign_bucket(call, call.bucket)
+                raise
+            # Perhaps another account's bucket: what public-read opens to everyone, as in S3.
+            if await call.store.buckets.owner_of(call.bucket) is None:
+                raise
+            response = await access.serve_anonymous(call)
     except Exception as exc:
         if request.response_started:
             log.error("request %s failed after its response started: %r", request_id, exc)
@@ -234,6 +251,9 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
         query=query_pairs,
         headers=request.headers,
     )
+    if _carries_no_credentials(request, query):
+        # Anonymous: only what a public-read ACL opens is served (access.py).
+        return Call(gateway, request, request_id, endpoint, where, ANONYMOUS, UnsignedBody(), query)
     now = datetime.now(UTC)
     if sigv2.is_sigv2(signed):
         # Version 2 still signs the presigned URLs of boto3's default client in us-east-1.
@@ -246,6 +266,24 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
     account, secret = await gateway.credentials.secret_of(credentials.access_key_id)
     verified = sigv4.verify(credentials, signed, secret)
     return Call(gateway, request, request_id, endpoint, where, account, verified, query)
+
+
+# The account of a request that carries no credentials at all (no Authorization header, no
+# presigned URL's parameters); no account has this id.
+ANONYMOUS = uuid.UUID(int=0)
+_CREDENTIAL_PARAMETERS = (
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Signature",
+    "AWSAccessKeyId",
+    "Signature",
+)
+
+
+def _carries_no_credentials(request: http.Request, query: dict[str, str]) -> bool:
+    return "authorization" not in request.headers and not any(
+        name in query for name in _CREDENTIAL_PARAMETERS
+    )
 
 
 class UnsignedBody:
@@ -303,7 +341,7 @@ def _log_access(
     # body (read or drained; aws-chunked framing included, HTTP chunked framing not), and
     # what was written of the response body, however far it got. `cut`: the answer was cut
     # short (the client left, or an error after the head).
-    account = call.account if call else "-"
+    account = "-" if call is None else "anonymous" if call.account == ANONYMOUS else call.account
     operation = call.endpoint.name if call else _operation_of(gateway, request)
     status = response.status if response is not None else "-"
     sent = response.body_bytes_sent if response is not None else 0

@@ -11,6 +11,7 @@ from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import InvalidArgument, InvalidBucketName, InvalidLocationConstraint
+from shoal.s3.refusals import PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
 
 XML = "application/xml"
@@ -97,14 +98,19 @@ async def create_bucket(call: Call) -> http.Response:
                 f"The specified location-constraint is not valid: this endpoint serves "
                 f"{call.gateway.config.region}"
             )
+    acl = canned_acl(call.request.headers)
     try:
-        await call.store.buckets.create(call.account, call.bucket)
+        created = await call.store.buckets.create(call.account, call.bucket)
     except InvalidName as exc:
         raise InvalidBucketName(str(exc), BucketName=call.bucket) from None
     except BucketAlreadyOwnedByYou:
         # As S3 in us-east-1: creating a bucket you already own succeeds.
         if call.gateway.config.region != "us-east-1":
             raise
+    else:
+        if acl == PUBLIC_READ:
+            # Created private first: a crash in between leaves the bucket closed, not open.
+            await call.store.buckets.set_acl_of(created, acl)
     return http.Response(headers={"Location": f"/{call.bucket}"})
 
 

@@ -19,7 +19,7 @@ from xml.etree.ElementTree import Element
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
-from shoal.s3.app import Call, handles
+from shoal.s3.app import ANONYMOUS, Call, handles
 from shoal.s3.errors import (
     AccessForbidden,
     BadRequest,
@@ -168,7 +168,12 @@ async def add_headers(call: Call) -> None:
     if not origin or call.where.bucket is None:
         return
     try:
-        rules = await _rules(call.store, call.account, call.where.bucket)
+        owner: uuid.UUID | None = call.account
+        if owner == ANONYMOUS:  # a browser reading a public-read object: its owner's rules
+            owner = await call.store.buckets.owner_of(call.where.bucket)
+        if owner is None:
+            return
+        rules = await _rules(call.store, owner, call.where.bucket)
     except MetadataError:
         return  # the operation itself will say what is wrong
     if rules is None:

@@ -194,6 +194,12 @@ class KeyTooLongError(S3Error, message="Your key is too long"):
     pass
 
 
+class MalformedACLError(
+    S3Error, message="The XML you provided was not well-formed or did not validate"
+):
+    pass
+
+
 class MalformedXML(
     S3Error,
     message=(

@@ -37,6 +37,7 @@ from shoal.s3.objects import (
     copy_source,
     part_number,
 )
+from shoal.s3.refusals import PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
 from shoal.storage.checksums import (
     FULL_OBJECT_CHECKSUMS,
@@ -63,14 +64,17 @@ async def create_multipart_upload(call: Call) -> http.Response:
     check_key(call.key)
     checksum = _upload_checksum(call.request.headers)
     tag_set = tags.from_header(call.request.headers)
+    public = canned_acl(call.request.headers) == PUBLIC_READ
     upload = await call.store.uploads.create(
         call.account,
         call.bucket,
         call.key,
         content_type=call.request.headers.get("Content-Type") or None,
         headers=h.object_headers(call.request.headers),
-        # The upload's properties become the completed object's: so do its tags.
-        properties=checksum | ({"tags": tag_set} if tag_set else {}),
+        # The upload's properties become the completed object's: so do its tags and ACL.
+        properties=checksum
+        | ({"tags": tag_set} if tag_set else {})
+        | ({"acl": PUBLIC_READ} if public else {}),
     )
     body = s3xml.document(
         "InitiateMultipartUploadResult",

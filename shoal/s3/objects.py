@@ -20,6 +20,7 @@ from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, answer_while_working, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
+    AccessDenied,
     BadDigest,
     InvalidArgument,
     InvalidRequest,
@@ -30,6 +31,7 @@ from shoal.s3.errors import (
     S3Error,
     from_domain,
 )
+from shoal.s3.refusals import PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
 from shoal.storage.checksums import Digests
 
@@ -97,6 +99,7 @@ async def put_object(call: Call) -> http.Response:
     length = payload.declared_length(call.request.headers)
     kept = h.object_headers(call.request.headers)
     tag_set = tags.from_header(call.request.headers)
+    acl = canned_acl(call.request.headers)
     checksums = payload.requested_checksums(call.request.headers)
     stored = await payload.store_body(
         call.data,
@@ -108,18 +111,24 @@ async def put_object(call: Call) -> http.Response:
         call.gateway.config.inline_max_bytes,
     )
     content_type = call.request.headers.get("Content-Type") or None
-    await _commit(call, _object_write(stored, content_type, kept, tag_set), stored)
+    await _commit(call, _object_write(stored, content_type, kept, tag_set, acl), stored)
     response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
     response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
     return http.Response(headers=response_headers)
 
 
 def _object_write(
-    stored: payload.Stored, content_type: str | None, headers: dict[str, str], tag_set: tags.Tags
+    stored: payload.Stored,
+    content_type: str | None,
+    headers: dict[str, str],
+    tag_set: tags.Tags,
+    acl: str | None,
 ) -> ObjectWrite:
     properties = stored.properties()
     if tag_set:
         properties["tags"] = tag_set
+    if acl == PUBLIC_READ:  # private (the default) is kept as no ACL at all
+        properties["acl"] = acl
     return ObjectWrite(
         id=stored.version_id,
         content_length=stored.result.size,
@@ -165,6 +174,8 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
     check_key(call.key)
     check_null_version(call)
     version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=send_body)
+    if call.public_only and version.properties.get("acl") != PUBLIC_READ:
+        raise AccessDenied()  # replaced by a private version since access.py checked
     headers = h.response_headers(version)
     try:
         h.check_conditions(version, call.request.headers)
@@ -309,6 +320,7 @@ async def copy_object(call: Call) -> http.Response:
     else:
         content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
     tag_set = tags.of_copy(call.request.headers, tags.of_version(source.properties))
+    acl = canned_acl(call.request.headers)  # as S3: a copy's ACL is its own, not its source's
     checksums = sorted(source.properties.get("checksums", {}))
 
     async def copy() -> bytes:
@@ -321,7 +333,7 @@ async def copy_object(call: Call) -> http.Response:
             checksums,
             call.gateway.config.inline_max_bytes,
         )
-        await _commit(call, _object_write(stored, content_type, kept, tag_set), stored)
+        await _commit(call, _object_write(stored, content_type, kept, tag_set, acl), stored)
         copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
         return s3xml.document(
             "CopyObjectResult",

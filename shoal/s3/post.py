@@ -33,7 +33,7 @@ from shoal.s3.errors import (
     PreconditionFailed,
     SignatureDoesNotMatch,
 )
-from shoal.s3.refusals import refuse_what_cannot_be_stored
+from shoal.s3.refusals import canned_acl, refuse_what_cannot_be_stored
 from shoal.s3.router import Address, Endpoint
 
 ALGORITHM = "AWS4-HMAC-SHA256"
@@ -215,11 +215,12 @@ async def post_object(call: Call) -> http.Response:
     check_key(call.key)
     # Its fields ask for what a PutObject's headers would (names are lowercase in both).
     refuse_what_cannot_be_stored(Endpoint.PutObject, form.fields)
+    acl = canned_acl(form.fields)
     await call.store.buckets.get(call.account, call.bucket)
     stored = await _store_file(call, form)
     kept = h.object_headers({k: v for k, v in form.fields.items() if k != "content-type"})
     content_type = form.fields.get("content-type") or None
-    await _commit(call, _object_write(stored, content_type, kept, {}), stored)
+    await _commit(call, _object_write(stored, content_type, kept, {}, acl), stored)
     response = _answer(call, form, f'"{stored.result.md5.hex()}"')
     response.headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
     return response

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from shoal.s3.errors import AccessControlListNotSupported, InvalidRequest, NotImplementedByShoal
 from shoal.s3.router import Endpoint
 
+PRIVATE = "private"
+PUBLIC_READ = "public-read"
 # Canned ACLs that give no one but the bucket's owner (who owns every object in it) access:
-# what Shoal does anyway.
-HARMLESS_ACLS = frozenset({"private", "bucket-owner-full-control", "bucket-owner-read"})
+# kept as private.
+_PRIVATE_ALIASES = frozenset({PRIVATE, "bucket-owner-full-control", "bucket-owner-read"})
 OBJECT_WRITES = frozenset({Endpoint.PutObject, Endpoint.CopyObject, Endpoint.CreateMultipartUpload})
 _OBJECT_LOCK = (
     "x-amz-object-lock-mode",
@@ -29,7 +31,7 @@ def refuse_what_cannot_be_stored(endpoint: Endpoint, headers: Mapping[str, str])
     if endpoint in OBJECT_WRITES:
         _refuse_object_write(headers)
     if endpoint in OBJECT_WRITES or endpoint is Endpoint.CreateBucket:
-        _refuse_acl(headers)
+        canned_acl(headers)  # refuses the ACLs Shoal does not keep
     object_lock = headers.get("x-amz-bucket-object-lock-enabled", "").strip().lower() == "true"
     if endpoint is Endpoint.CreateBucket and object_lock:
         raise NotImplementedByShoal("Object Lock is not implemented by Shoal")
@@ -54,9 +56,22 @@ def _refuse_object_write(headers: Mapping[str, str]) -> None:
         )
 
 
-def _refuse_acl(headers: Mapping[str, str]) -> None:
-    acl = headers.get("x-amz-acl")
-    if acl is not None and acl.strip().lower() not in HARMLESS_ACLS:
-        raise AccessControlListNotSupported()
+def canned_acl(headers: Mapping[str, str]) -> str | None:
+    """The canned ACL a request's `x-amz-acl` asks for ("private" or "public-read"), None
+    without one; AccessControlListNotSupported for any other ACL or any `x-amz-grant-*`."""
     if any(name.startswith("x-amz-grant-") for name in headers):  # names are lowercase
-        raise AccessControlListNotSupported()
+        raise AccessControlListNotSupported(
+            "Shoal keeps only the canned ACLs private and public-read: x-amz-grant-* headers "
+            "are not supported"
+        )
+    acl = headers.get("x-amz-acl")
+    if acl is None:
+        return None
+    acl = acl.strip().lower()
+    if acl in _PRIVATE_ALIASES:
+        return PRIVATE
+    if acl == PUBLIC_READ:
+        return PUBLIC_READ
+    raise AccessControlListNotSupported(
+        f"Shoal keeps only the canned ACLs private and public-read, not {acl!r}"
+    )

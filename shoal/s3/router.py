@@ -50,12 +50,15 @@ class Endpoint(enum.Enum):
     GetBucketTagging = enum.auto()
     DeleteBucketTagging = enum.auto()
     PostObject = enum.auto()  # a browser form's upload to the bucket (post.py)
+    GetBucketAcl = enum.auto()
+    PutBucketAcl = enum.auto()
+    GetObjectAcl = enum.auto()
+    PutObjectAcl = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
 UNSUPPORTED = frozenset(
     {
-        "acl",
         "policy",
         "policyStatus",
         "cors",
@@ -176,6 +179,8 @@ _CONFIGURATIONS = {
 
 
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
+    if "acl" in query:
+        return _tagging_endpoint(method, _BUCKET_ACL)
     if "tagging" in query:
         return _tagging_endpoint(method, _BUCKET_TAGGING)
     for resource, endpoints in _CONFIGURATIONS.items():
@@ -206,6 +211,8 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
 
 
 def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -> Endpoint:
+    if "acl" in query:
+        return _tagging_endpoint(method, _OBJECT_ACL)
     if "tagging" in query:
         return _tagging_endpoint(method, _OBJECT_TAGGING)
     upload = "uploadId" in query
@@ -239,6 +246,10 @@ _BUCKET_TAGGING = {
     "GET": Endpoint.GetBucketTagging,
     "DELETE": Endpoint.DeleteBucketTagging,
 }
+
+
+_BUCKET_ACL = {"PUT": Endpoint.PutBucketAcl, "GET": Endpoint.GetBucketAcl}
+_OBJECT_ACL = {"PUT": Endpoint.PutObjectAcl, "GET": Endpoint.GetObjectAcl}
 
 
 def _tagging_endpoint(method: str, endpoints: Mapping[str, Endpoint]) -> Endpoint:

@@ -169,7 +169,8 @@ def parse(request: SignedRequest, now: datetime) -> Credentials:
     """Read and check the signature's claims, without the secret; raise SigV4Error if refused.
 
     ``now`` is the server's time (a naive datetime is taken as UTC). A request without any
-    signature is refused with AccessDenied: the store has no anonymous access.
+    signature is refused with AccessDenied (the gateway serves a request with no credentials
+    at all as anonymous before it gets here: app.py, access.py).
     """
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
     _refuse_session_tokens(request)

@@ -26,12 +26,13 @@ def test_a_not_implemented_operation_is_logged_by_its_name(
 ) -> None:
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     with pytest.raises(ClientError) as refused:
-        s3.put_object_acl(Bucket=bucket, Key="k", ACL="private")
+        s3.put_object_retention(Bucket=bucket, Key="k", Retention={"Mode": "GOVERNANCE"})
     request_id = refused.value.response["ResponseMetadata"]["RequestId"]
     line = only_line(served, request_id)
-    assert " op=PutObjectAcl status=501 " in line and "account=-" in line
-    response = raw_request(served, "GET", f"/{bucket}?acl")
-    assert " op=GetBucketAcl status=501 " in only_line(served, response.headers["x-amz-request-id"])
+    assert " op=PutObjectRetention status=501 " in line and "account=-" in line
+    response = raw_request(served, "GET", f"/{bucket}?policy")
+    line = only_line(served, response.headers["x-amz-request-id"])
+    assert " op=GetBucketPolicy status=501 " in line
 
 
 def test_an_authentication_failure_is_logged_with_its_operation(
@@ -40,6 +41,7 @@ def test_an_authentication_failure_is_logged_with_its_operation(
     response = raw_request(served, "PUT", f"/{bucket}/k", b"12345", sign=False)
     line = only_line(served, response.headers["x-amz-request-id"])
     assert " op=PutObject status=403 " in line and " bytes_in=5 " in line
+    assert " account=anonymous " in line
 
 
 def test_a_chunked_body_is_counted(served: Served, bucket: str) -> None:

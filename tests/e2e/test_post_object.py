@@ -179,7 +179,7 @@ def test_violated_conditions_answer_s3_codes(s3: Any, bucket: str) -> None:
 def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
     for fields, status, code in (
         ({"x-amz-acl": "private"}, 204, ""),
-        ({"x-amz-acl": "public-read"}, 400, "AccessControlListNotSupported"),
+        ({"x-amz-acl": "public-read-write"}, 400, "AccessControlListNotSupported"),
         ({"x-amz-server-side-encryption": "aws:kms"}, 501, "NotImplemented"),
     ):
         post = s3.generate_presigned_post(
@@ -189,6 +189,16 @@ def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
         assert response.status == status, response.data
         if code:
             assert error_of(response)[1] == code
+
+
+def test_a_public_read_field_makes_the_object_public_read(s3: Any, bucket: str) -> None:
+    fields = {"x-amz-acl": "public-read"}
+    post = s3.generate_presigned_post(
+        bucket, "public", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+    )
+    assert post_form(post, b"data").status == 204
+    grants = s3.get_object_acl(Bucket=bucket, Key="public")["Grants"]
+    assert any(g["Grantee"].get("URI", "").endswith("/AllUsers") for g in grants), grants
 
 
 def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) -> None:

@@ -51,3 +51,22 @@ def test_a_post_to_a_bucket_is_a_form_upload_unless_it_deletes() -> None:
     assert route("POST", Address("b", None), {"delete": ""}, copy_source=False) == (
         Endpoint.DeleteObjects
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "where", "expected"),
+    [
+        ("GET", Address("b", None), Endpoint.GetBucketAcl),
+        ("PUT", Address("b", None), Endpoint.PutBucketAcl),
+        ("GET", Address("b", "k"), Endpoint.GetObjectAcl),
+        ("PUT", Address("b", "k"), Endpoint.PutObjectAcl),
+    ],
+)
+def test_acl_routes_never_to_the_plain_operation(
+    method: str, where: Address, expected: Endpoint
+) -> None:
+    assert route(method, where, {"acl": ""}, copy_source=False) == expected
+    # A PUT ?acl with a copy source is still an ACL, never a CopyObject.
+    assert route(method, where, {"acl": ""}, copy_source=True) == expected
+    with pytest.raises(MethodNotAllowed):
+        route("DELETE", where, {"acl": ""}, copy_source=False)
