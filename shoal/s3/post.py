@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-from shoal.s3 import formdata, http, payload, sigv4
+from shoal.s3 import formdata, http, payload, sigv4, tags
 from shoal.s3 import headers as h
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, Gateway, handles
@@ -216,11 +216,14 @@ async def post_object(call: Call) -> http.Response:
     # Its fields ask for what a PutObject's headers would (names are lowercase in both).
     refuse_what_cannot_be_stored(Endpoint.PutObject, form.fields)
     acl = canned_acl(form.fields)
+    # S3's form field `tagging` is a Tagging document, as PutObjectTagging's body.
+    tagging = form.fields.get("tagging")
+    tag_set = tags.from_body(tagging.encode(), tags.MAX_OBJECT_TAGS) if tagging else {}
     await call.store.buckets.get(call.account, call.bucket)
     stored = await _store_file(call, form)
     kept = h.object_headers({k: v for k, v in form.fields.items() if k != "content-type"})
     content_type = form.fields.get("content-type") or None
-    await _commit(call, _object_write(stored, content_type, kept, {}, acl), stored)
+    await _commit(call, _object_write(stored, content_type, kept, tag_set, acl), stored)
     response = _answer(call, form, f'"{stored.result.md5.hex()}"')
     response.headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
     return response

@@ -201,6 +201,23 @@ def test_a_public_read_field_makes_the_object_public_read(s3: Any, bucket: str) 
     assert any(g["Grantee"].get("URI", "").endswith("/AllUsers") for g in grants), grants
 
 
+def test_a_tagging_field_tags_the_object(s3: Any, bucket: str) -> None:
+    tagging = "<Tagging><TagSet><Tag><Key>team</Key><Value>web</Value></Tag></TagSet></Tagging>"
+    fields = {"tagging": tagging}
+    post = s3.generate_presigned_post(
+        bucket, "tagged", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
+    )
+    assert post_form(post, b"data").status == 204
+    assert s3.get_object_tagging(Bucket=bucket, Key="tagged")["TagSet"] == [
+        {"Key": "team", "Value": "web"}
+    ]
+    bad = {"tagging": "<Tagging><TagSet><Tag><Key>a</Key></Tag></TagSet></Tagging>"}
+    post = s3.generate_presigned_post(
+        bucket, "untagged", Fields=bad, Conditions=[{k: v} for k, v in bad.items()]
+    )
+    assert error_of(post_form(post, b"data"))[1] == "MalformedXML"
+
+
 def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) -> None:
     expired = s3.generate_presigned_post(bucket, "k", ExpiresIn=-10)
     status, code, message = error_of(post_form(expired, b"x"))
