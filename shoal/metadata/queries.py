@@ -140,7 +140,7 @@ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 # Upsert; the replaced version (old.*) becomes a deletion record in the same statement.
 PUT_OBJECT = """
 WITH upsert AS (
-    INSERT INTO {schema}.manta_bucket_object (
+    INSERT INTO {schema}.manta_bucket_object AS live (
         id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
         content_type, headers, roles, sharks, properties, data)
     VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, statement_timestamp(),
@@ -216,44 +216,11 @@ SELECT created, modified, old_id FROM replaced
 # If-None-Match: "<etag>": PUT_OBJECT, except that a live version with these ETag bytes stays
 # (no row returned). The upsert's WHERE is checked on the conflicting row under its lock, so
 # a version committed meanwhile is the one compared: the check and the write are one step.
-PUT_OBJECT_IF_NONE_MATCH = """
-WITH upsert AS (
-    INSERT INTO {schema}.manta_bucket_object AS live (
-        id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
-        content_type, headers, roles, sharks, properties, data)
-    VALUES (%(id)s, %(owner)s, %(bucket_id)s, %(name)s, statement_timestamp(),
-            statement_timestamp(), %(creator)s, %(content_length)s, %(content_md5)s,
-            %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s, %(data)s)
-    ON CONFLICT (owner, bucket_id, name) DO UPDATE SET
-        id = EXCLUDED.id,
-        created = EXCLUDED.created,
-        modified = EXCLUDED.modified,
-        creator = EXCLUDED.creator,
-        content_length = EXCLUDED.content_length,
-        content_md5 = EXCLUDED.content_md5,
-        content_type = EXCLUDED.content_type,
-        headers = EXCLUDED.headers,
-        roles = EXCLUDED.roles,
-        sharks = EXCLUDED.sharks,
-        properties = EXCLUDED.properties,
-        data = EXCLUDED.data
-    WHERE live.content_md5 IS DISTINCT FROM %(if_none_match)s::bytea
-    RETURNING new.created, new.modified,
-        old.id AS old_id, old.owner AS old_owner, old.bucket_id AS old_bucket_id,
-        old.name AS old_name, old.created AS old_created, old.modified AS old_modified,
-        old.creator AS old_creator, old.content_length AS old_content_length,
-        old.content_md5 AS old_content_md5, old.content_type AS old_content_type,
-        old.headers AS old_headers, old.roles AS old_roles, old.sharks AS old_sharks,
-        old.properties AS old_properties
-), record AS (
-    INSERT INTO {schema}.manta_bucket_deleted_object ({object_columns}, deleted_at)
-    SELECT old_id, old_owner, old_bucket_id, old_name, old_created, old_modified, old_creator,
-           old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
-           old_sharks, old_properties, statement_timestamp()
-    FROM upsert WHERE old_id IS NOT NULL AND old_properties -> 'inline' IS NULL
+PUT_OBJECT_IF_NONE_MATCH = PUT_OBJECT.replace(
+    "        data = EXCLUDED.data\n",
+    "        data = EXCLUDED.data\n"
+    "    WHERE live.content_md5 IS DISTINCT FROM %(if_none_match)s::bytea\n",
 )
-SELECT created, modified, old_id FROM upsert
-"""
 
 # If-None-Match: * (create only): exactly one of many concurrent creators inserts.
 CREATE_OBJECT = """
