@@ -184,7 +184,16 @@ def main() -> None:
     port = free_port()
     log = open(scratch / "serve.log", "w")  # noqa: SIM115 - open for the server's life
     serve = subprocess.Popen(
-        [SHOAL, "serve", "--config", str(config), "--port", str(port)],
+        [
+            SHOAL,
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--admin-port",
+            str(free_port()),
+        ],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

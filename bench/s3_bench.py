@@ -215,7 +215,16 @@ def started_shoal(
         with open(scratch / "serve.log", "w") as log:
             # A new session: a Ctrl-C in the terminal reaches only us, and we send one SIGINT.
             process = subprocess.Popen(
-                [*wrapper, SHOAL, "serve", *where, "--port", str(port)],
+                [
+                    *wrapper,
+                    SHOAL,
+                    "serve",
+                    *where,
+                    "--port",
+                    str(port),
+                    "--admin-port",
+                    str(free_port()),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,

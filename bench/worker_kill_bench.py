@@ -39,7 +39,16 @@ def main() -> None:
         config = Path(folder) / "shoal.toml"
         config.write_text('data_dir = "data"\n[s3]\nworkers = 2\n[gc]\nenabled = false\n')
         serve = subprocess.Popen(
-            [SHOAL, "serve", "--config", str(config), "--port", str(port)],
+            [
+                SHOAL,
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--admin-port",
+                str(free_port()),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import shoal.logs
 import shoal.loop
+from shoal import telemetry
 from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
 from shoal.config import Config, ConfigError, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -71,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
     serve.add_argument("--port", type=int, help="S3 port on 127.0.0.1 (default 9000)")
+    serve.add_argument("--admin-port", type=int, help="admin port (default 9001)")
     serve.set_defaults(run=_serve)
 
     gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(title="gc commands")
@@ -123,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--datacenter", default="local")
     node.add_argument("--host", default="127.0.0.1", help="address to listen on")
     node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
+    node.add_argument("--admin-port", type=int, help="health and metrics port (default: none)")
     node.set_defaults(run=_storage_node)
 
     db = verbs.add_parser("db", help="the metadata database").add_subparsers(title="db commands")
@@ -186,18 +189,29 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
     port = args.port or config.s3.port
+    admin_port = args.admin_port or config.admin.port
     nodes = LocalNodes(config, _where(config, args))
     with _serve_lock(config.data_dir), shard_configs(config) as shards:
+        # Before any gateway worker or metric exists (telemetry.py).
+        telemetry.share_between_processes(config.data_dir / "metrics")
         shoal.loop.run(migrate(shards, config.metadata))
         try:
             node_lines = nodes.start()
 
             def ready(root: KeyPair) -> None:
-                _print_banner(config, port, shards, node_lines, root)
+                _print_banner(config, port, admin_port, shards, node_lines, root)
 
             async def serve(stop: asyncio.Event) -> None:
                 async with _supervised_postgres(config, stop):
-                    await run_gateway(config, shards, port, stop, on_ready=ready, local_nodes=nodes)
+                    await run_gateway(
+                        config,
+                        shards,
+                        port,
+                        stop,
+                        on_ready=ready,
+                        local_nodes=nodes,
+                        admin_port=admin_port,
+                    )
 
             shoal.loop.run(_run_until_stopped(serve))
         finally:
@@ -214,11 +228,20 @@ def _supervised_postgres(config: Config, stop: asyncio.Event) -> AbstractAsyncCo
     return embedded_server(config).supervised(stop)
 
 
-def _print_banner(config: Config, port: int, shards: list, nodes: list[str], root: KeyPair) -> None:  # type: ignore[type-arg]
+def _print_banner(
+    config: Config,
+    port: int,
+    admin_port: int,
+    shards: list,  # type: ignore[type-arg]
+    nodes: list[str],
+    root: KeyPair,
+) -> None:
     endpoint = f"http://{config.s3.host}:{port}"
     lines = [
         f"Shoal is running (data directory {config.data_dir})",
         f"  S3 endpoint        {endpoint}",
+        f"  admin and console  http://{config.admin.host}:{admin_port}/console/"
+        f" (token in {config.admin_token_file})",
         f"  access key id      {root.access_key_id}",
         f"  secret access key  {root.secret_access_key}",
         *(f"  metadata shard     {shard.name}: {shard.dsn}" for shard in shards),
@@ -241,6 +264,7 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
         datacenter=args.datacenter,
         url=args.url,
         tls=config.storage.tls_cert is not None,
+        admin_port=args.admin_port,
     )
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")

@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import shoal.loop
+from shoal import telemetry
+from shoal.admin import AdminToken, admin_app, load_or_create_token, serving_admin
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -37,6 +39,7 @@ from shoal.storage import (
 )
 from shoal.storage.auth import ReplayCache, load_or_create_secret
 from shoal.storage.blockfile import in_thread
+from shoal.storage.health import DiskHealth
 from shoal.storage.server import BlockCount
 from shoal.storage.tls import ServerFiles
 from shoal.storage.workers import node_workers
@@ -188,6 +191,7 @@ class NodeSettings:
     datacenter: str
     url: str | None = None  # how others reach it, when not http(s)://host:port
     tls: bool = False  # serves HTTPS ([storage] tls_cert and tls_key)
+    admin_port: int | None = None  # its admin listener (health, metrics), on `host`
 
     @property
     def public_url(self) -> str:
@@ -199,6 +203,7 @@ async def run_storage_node(
 ) -> None:
     """Serve a node's blocks and heartbeat to the registry until `stop` is set; with
     `[storage] node_workers` above 1, worker processes serve beside this one."""
+    telemetry.share_between_processes(node.root / "metrics")  # before any worker starts
     store = BlockStore(node.root)
     identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
     secret = load_or_create_secret(config.secret_file)
@@ -216,7 +221,10 @@ async def run_storage_node(
     server.serve_in_thread()
     try:
         workers.start()
-        async with await MetadataStore.open(shards, pool_max_size=2) as metadata:
+        async with (
+            await MetadataStore.open(shards, pool_max_size=2) as metadata,
+            _node_admin(node, store),
+        ):
             print(
                 f"storage node {identity.shark} serving {node.root} at {node.public_url}",
                 flush=True,
@@ -239,6 +247,15 @@ async def run_storage_node(
         await in_thread(server.stop)
 
 
+def _node_admin(
+    node: NodeSettings, store: BlockStore
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """A node's admin listener (health and metrics; a node has no admin API)."""
+    if node.admin_port is None:
+        return contextlib.nullcontext()
+    return serving_admin(admin_app(DiskHealth(store)), node.host, node.admin_port)
+
+
 def _server_tls(config: Config) -> ServerFiles | None:
     cert, key = config.storage.tls_cert, config.storage.tls_key
     return ServerFiles(cert, key) if cert is not None and key is not None else None
@@ -248,6 +265,7 @@ def _server_tls(config: Config) -> ServerFiles | None:
 class _LocalNode:
     name: str
     port: int
+    admin_port: int
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     quick_exits: int = 0  # exits in a row, each soon after its start
@@ -280,12 +298,13 @@ class LocalNodes:
         """Start the nodes (from the main thread: they die with it, see children.py)."""
         lines = []
         for index in range(self.config.storage.local_nodes):
-            node = _LocalNode(name=f"node{index}", port=free_port())
+            node = _LocalNode(name=f"node{index}", port=free_port(), admin_port=free_port())
             self._launch(node)
             self.nodes.append(node)
             scheme = "https" if self.config.storage.tls_cert else "http"
             lines.append(
                 f"{self.config.storage.datacenter}:{node.name} {scheme}://127.0.0.1:{node.port}"
+                f" (admin http://127.0.0.1:{node.admin_port})"
             )
         return lines
 
@@ -334,6 +353,8 @@ class LocalNodes:
             str(self.config.data_dir / "nodes" / node.name),
             "--port",
             str(node.port),
+            "--admin-port",
+            str(node.admin_port),
             "--name",
             node.name,
             "--datacenter",
@@ -354,11 +375,13 @@ async def run_gateway(
     stop: asyncio.Event,
     on_ready: Callable[[KeyPair], None] | None = None,
     local_nodes: LocalNodes | None = None,
+    admin_port: int | None = None,
 ) -> None:
     """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon,
     re-replication and the upkeep of deleted-table windows beside it, in this process and
     `s3.workers - 1` more (the gateway keeps no state of its own between requests, so any
-    process can serve any request; GC, re-replication and upkeep run here only). Worker
+    process can serve any request; GC, re-replication and upkeep run here only), and the
+    admin listener on config.admin.host:`admin_port` (default config.admin.port). Worker
     processes and `local_nodes` that die are started again."""
     from shoal.gc import Collector
     from shoal.replication import Rereplicator
@@ -368,7 +391,8 @@ async def run_gateway(
     workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
     async with (
         await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
-        _serving_gateway(config, store, sock) as (credentials, path),
+        _serving_gateway(config, store, sock) as (credentials, path, readiness),
+        _gateway_admin(config, admin_port, readiness),
     ):
         try:
             root = await root_keys(credentials)
@@ -402,6 +426,15 @@ async def run_gateway(
             await in_thread(workers.stop)
 
 
+def _gateway_admin(
+    config: Config, port: int | None, readiness: Readiness
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """The admin listener of `shoal serve`: health, metrics, the admin API and console."""
+    token = AdminToken(load_or_create_token(config.admin_token_file))
+    app = admin_app(readiness, token=token)
+    return serving_admin(app, config.admin.host, port or config.admin.port)
+
+
 async def keep_windows(store: MetadataStore, ahead: int) -> float:
     """Create the deleted-table windows ahead of now; the seconds until the next upkeep (sooner
     after a failure: `serve` outlives an outage of a shard and tries again)."""
@@ -416,7 +449,7 @@ async def keep_windows(store: MetadataStore, ahead: int) -> float:
 @contextlib.asynccontextmanager
 async def _serving_gateway(
     config: Config, store: MetadataStore, sock: socket.socket
-) -> AsyncIterator[tuple[Credentials, DataPath]]:
+) -> AsyncIterator[tuple[Credentials, DataPath, Readiness]]:
     """The S3 API served on `sock` by this process while the context lasts."""
     from shoal.s3 import http
     from shoal.s3.app import Gateway, make_handler, make_unanswered
@@ -438,7 +471,7 @@ async def _serving_gateway(
         )
         shoal.loop.settle_heap()
         try:
-            yield credentials, path
+            yield credentials, path, readiness
         finally:
             await server.close()
             await path.client.close()

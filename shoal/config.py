@@ -122,12 +122,23 @@ class GcConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    # The admin listener of `shoal serve` (health, metrics, admin API, console:
+    # docs/operations.md); `serve --admin-port` overrides the port.
+    host: str = "127.0.0.1"
+    port: int = 9001
+    # The admin API's and console's token (default <data_dir>/admin.token, made on first use).
+    token_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     data_dir: Path = DEFAULT_DATA_DIR
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     s3: S3Config = field(default_factory=S3Config)
     gc: GcConfig = field(default_factory=GcConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
 
     @property
     def secret_file(self) -> Path:
@@ -136,6 +147,10 @@ class Config:
     @property
     def credentials_key_file(self) -> Path:
         return self.s3.credentials_key_file or self.data_dir / "credentials.key"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.admin.token_file or self.data_dir / "admin.token"
 
 
 def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
@@ -152,7 +167,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata", "storage", "s3", "gc"}
+    known = {"data_dir", "metadata", "storage", "s3", "gc", "admin"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -187,6 +202,7 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         storage=_parse_storage(raw.get("storage", {}), base),
         s3=_parse_s3(raw.get("s3", {}), base),
         gc=_parse_gc(raw.get("gc", {})),
+        admin=_parse_admin(raw.get("admin", {}), base),
     )
 
 
@@ -203,6 +219,18 @@ def _parse_gc(raw: Any) -> GcConfig:
         leeway=timedelta(hours=_non_negative_int(raw, "leeway_hours", 24)),
         workers=_positive_int(raw, "workers", 4, "[gc]"),
         batch_size=_positive_int(raw, "batch_size", 100, "[gc]"),
+    )
+
+
+def _parse_admin(raw: Any, base: Path) -> AdminConfig:
+    _reject_unknown(raw, {"host", "port", "token_file"}, "[admin]")
+    token_file = raw.get("token_file")
+    if token_file is not None and (not isinstance(token_file, str) or not token_file):
+        raise ConfigError("[admin] token_file must be a path")
+    return AdminConfig(
+        host=str(raw.get("host", AdminConfig.host)),
+        port=_positive_int(raw, "port", AdminConfig.port, "[admin]"),
+        token_file=(base / token_file).absolute() if token_file else None,
     )
 
 

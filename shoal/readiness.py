@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
+from typing import Any
 
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import StorageNode
@@ -66,6 +67,10 @@ class Readiness:
         self.ready = False
         self.reason = "not checked yet"
         self.serving = False  # what the S3 port does: see the module's docstring
+        # What the last check saw, for /ready: shards that did not answer, nodes.
+        self.silent_shards: list[str] = []
+        self.nodes_answering: int | None = None
+        self.nodes_needed: int | None = None
         self._been_ready = False
         self._nodes_ok = False  # as last seen: the registry cannot be read without the catalog
         self._checked_at = 0.0
@@ -82,6 +87,15 @@ class Readiness:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        """What /ready answers (the admin listener's Health): the last check's result."""
+        return self.ready, {
+            "reason": self.reason,
+            "shards_not_answering": self.silent_shards,
+            "storage_nodes_answering": self.nodes_answering,
+            "storage_nodes_needed": self.nodes_needed,
+        }
 
     async def confirm(self) -> bool:
         """Whether to serve S3 requests, checked again first if the last check said no."""
@@ -123,6 +137,7 @@ class Readiness:
         """Whether every shard answers, and why this gateway cannot do its work now (None if
         it can). Shards that do not answer are marked down in their pools."""
         silent = await self.store.silent_shards(ANSWER_SECONDS)
+        self.silent_shards = sorted(silent)
         self.store.shards.mark_unreachable(silent, f"did not answer within {ANSWER_SECONDS:g} s")
         nodes_short = None
         if self.store.shards.catalog.name not in silent:  # else the registry cannot be read
@@ -137,6 +152,7 @@ class Readiness:
         nodes = await self.store.nodes.list(self.deadline)
         needed = max(1, min(self.replicas or 1, len(nodes)))
         answering = await answering_nodes(self.client, [n for n in nodes if n.alive])
+        self.nodes_answering, self.nodes_needed = len(answering), needed
         if len(answering) < needed:
             return f"{len(answering)} storage node(s) answer, {needed} needed"
         return None

@@ -63,7 +63,16 @@ class Serve:
 
     def start(self, **env: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [SHOAL, "serve", "--config", str(self.config_file), "--port", str(free_port())],
+            [
+                SHOAL,
+                "serve",
+                "--config",
+                str(self.config_file),
+                "--port",
+                str(free_port()),
+                "--admin-port",
+                str(free_port()),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -41,3 +41,20 @@ def test_node_tls_settings_are_paths_and_a_certificate_comes_with_its_key(
         parse_config({"storage": {"tls_cert": "node.crt"}}, tmp_path)
     with pytest.raises(ConfigError, match="must be a path"):
         parse_config({"storage": {"tls_ca": 3}}, tmp_path)
+
+
+def test_the_admin_listener_defaults_to_loopback_9001_and_a_token_in_the_data_dir(
+    tmp_path: Path,
+) -> None:
+    config = parse_config({"data_dir": "d"}, base=tmp_path)
+    assert (config.admin.host, config.admin.port) == ("127.0.0.1", 9001)
+    assert config.admin_token_file == tmp_path / "d" / "admin.token"
+    custom = parse_config(
+        {"admin": {"host": "0.0.0.0", "port": 9101, "token_file": "secrets/admin"}}, base=tmp_path
+    )
+    assert (custom.admin.host, custom.admin.port) == ("0.0.0.0", 9101)
+    assert custom.admin_token_file == tmp_path / "secrets" / "admin"
+    with pytest.raises(ConfigError, match=r"\[admin\] port"):
+        parse_config({"admin": {"port": 0}}, base=tmp_path)
+    with pytest.raises(ConfigError, match="unknown setting"):
+        parse_config({"admin": {"listen": "x"}}, base=tmp_path)

@@ -1,0 +1,62 @@
+"""Whether a storage node can do its work: take a block onto its disk now.
+
+A disk can turn read-only under a running node (the kernel remounts a file system that has
+errors read-only), fill up, or hang. A node's /ready checks by doing what a block write does,
+on a tiny file: create it in the node's tmp folder, write, fsync, remove.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from shoal.storage.blockfile import RESERVED_FREE_BYTES, BlockStore, in_thread
+
+# A probe that has not finished within this finds the disk not writable (a hung disk).
+PROBE_SECONDS = 2.0
+# Checks closer together than this share one probe (a load balancer may ask every second
+# from several places).
+REUSE_SECONDS = 1.0
+
+
+class DiskHealth:
+    """A node's readiness: its disk takes a write and has room for a block."""
+
+    def __init__(self, store: BlockStore) -> None:
+        self.store = store
+        self._last: tuple[bool, dict[str, Any]] | None = None
+        self._checked_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        async with self._lock:
+            if self._last is None or time.monotonic() - self._checked_at >= REUSE_SECONDS:
+                self._last = await self._probe()
+                self._checked_at = time.monotonic()
+            return self._last
+
+    async def _probe(self) -> tuple[bool, dict[str, Any]]:
+        try:
+            async with asyncio.timeout(PROBE_SECONDS):
+                await in_thread(self._write_probe)
+                capacity, free = await in_thread(self.store.usage)
+        except TimeoutError:
+            return False, {"reason": f"the disk did not take a write within {PROBE_SECONDS} s"}
+        except OSError as exc:
+            return False, {"reason": f"the disk does not take writes: {exc.strerror or exc}"}
+        details: dict[str, Any] = {"capacity_bytes": capacity, "free_bytes": free}
+        if free < RESERVED_FREE_BYTES:
+            return False, {"reason": "the disk is full", **details}
+        return True, {"reason": "ready", **details}
+
+    def _write_probe(self) -> None:
+        path = self.store.tmp / f"ready-probe-{os.getpid()}"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(descriptor, b"ready?")
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.unlink(path)
