@@ -15,7 +15,7 @@ have registered; the wait and the refusals are printed).
 
 Load generator: this one process, one asyncio loop, aiohttp with a pool of `concurrency`
 keep-alive connections; every request is signed by botocore's S3SigV4Auth with
-UNSIGNED-PAYLOAD (about 50 us each). Its own CPU (getrusage, self + children) is reported per
+UNSIGNED-PAYLOAD. Its own CPU (getrusage, self + children), signing included, is reported per
 phase as cores busy, beside the CPU of the gateway, of the nodes and of PostgreSQL (from
 /proc/<pid>/stat) and of everything else on the machine ("others": /proc/stat busy time minus
 ours), so the reader can see which side was busy and whether other tenants took the CPU.
