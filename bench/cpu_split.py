@@ -5,7 +5,7 @@ PostgreSQL, measured apart; optionally a py-spy profile of the gateway during th
     .venv/bin/python bench/cpu_split.py get --concurrency 16
     .venv/bin/python bench/cpu_split.py list --concurrency 4 --gateway-workers 1
     .venv/bin/python bench/cpu_split.py list --concurrency 1 --shards 4
-    .venv/bin/python bench/cpu_split.py part --profile /tmp/part-profile   # ~1 min each
+    .venv/bin/python bench/cpu_split.py part --profile part-profile   # ~1 min each
 
 Workloads (the bucket is filled first through the S3 API):
   put, get, head  4 KiB objects (GET and HEAD of random ones of --objects keys)
@@ -15,7 +15,7 @@ Workloads (the bucket is filled first through the S3 API):
   part            UploadPart of 8 MiB into one multipart upload (MiB are the units)
 
 The peer comparison (peer_bench.py) says how Shoal compares; this says which process to look
-at, with the figures that changes in bench/RESULTS.md were measured by. With --profile, the
+at, with the figures that the choices in docs/decisions.md were measured by. With --profile, the
 gateway (with --gateway-workers 1, the only gateway process) is sampled by py-spy; the phase's
 figures then include py-spy's cost to the gateway.
 """

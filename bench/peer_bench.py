@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/peer_bench.py --quick                 # ~4-5 min
     .venv/bin/python bench/peer_bench.py                         # ~15 min
-    .venv/bin/python bench/peer_bench.py --profile /tmp/profiles # + a profiled Shoal pass
+    .venv/bin/python bench/peer_bench.py --profile profiles      # + a profiled Shoal pass
     .venv/bin/python bench/peer_bench.py --shoal-replicas 1      # one copy, as SeaweedFS
     .venv/bin/python bench/peer_bench.py --shoal-shards 4        # 4 metadata databases
-    # on a shared machine: flock /tmp/shoal-bench.lock .venv/bin/python bench/peer_bench.py
+    # on a shared machine, one benchmark at a time: flock LOCKFILE .venv/bin/python bench/...
 
 Servers (both started here, in new sessions, in temp dirs, stopped and removed at the end, also
 on an error, Ctrl-C or SIGTERM):

@@ -15,7 +15,7 @@ have registered; the wait and the refusals are printed).
 
 Load generator: this one process, one asyncio loop, aiohttp with a pool of `concurrency`
 keep-alive connections; every request is signed by botocore's S3SigV4Auth with
-UNSIGNED-PAYLOAD (about 50 us each). Its own CPU (getrusage, self + children) is reported per
+UNSIGNED-PAYLOAD. Its own CPU (getrusage, self + children), signing included, is reported per
 phase as cores busy, beside the CPU of the gateway, of the nodes and of PostgreSQL (from
 /proc/<pid>/stat) and of everything else on the machine ("others": /proc/stat busy time minus
 ours), so the reader can see which side was busy and whether other tenants took the CPU.
@@ -884,7 +884,8 @@ class Pattern:
 
         Compared in place (bytes.startswith at an offset, against memoryview slices of the
         seed: memcmp, no copies): building each expected MiB and slicing both sides cost the
-        load generator ~1 ms per MiB, as much as a 64 MiB GET costs the server."""
+        load generator as much CPU per MiB as a 64 MiB GET costs the server, and capped the
+        GETs it measured."""
         seed = memoryview(self.seed)
         position = 0
         while position < len(chunk):

@@ -7,7 +7,7 @@
              --no-full-read, --dsn DSN (an existing PostgreSQL instead of the embedded)
 
 Why: DataPath.write promises that memory stays a few blocks whatever the object size (4 blocks
-in flight). The issue's target: peak RSS of the writing process < 200 MiB for a 2 GiB object.
+in flight). The target: peak RSS of the writing process < 200 MiB for a 2 GiB object.
 
 How: two real `shoal storage-node` processes on 127.0.0.1 register in a scratch metadata
 shard; this process writes one object through DataPath(BlockClient, RegistryDirectory,

@@ -84,9 +84,10 @@ def default_gateway_workers(cores: int | None = None) -> int:
     those this process may run on), at least one.
 
     `shoal serve` runs PostgreSQL and the storage nodes beside the gateway, which take about
-    as much CPU per request as it does. On 2 cores one process served GETs and HEADs 2-40%
-    faster than two at 16 and 64 clients (its batches of reads are bigger, PostgreSQL has
-    fewer connections to serve) and PUTs 0-6% slower (bench/RESULTS.md, session 12). A host
+    as much CPU per request as it does. On 2 cores one process served GETs and HEADs faster
+    than two at 16 and 64 clients (its batches of reads are bigger, PostgreSQL has fewer
+    connections to serve) and PUTs a few percent slower (docs/decisions.md, "Gateway
+    processes: half the cores"; `bench/cpu_split.py`). A host
     that runs only the gateway wants `workers` set to its cores.
     """
     return max(1, (usable_cores() if cores is None else cores) // 2)

@@ -24,9 +24,11 @@ class AccessLog:
     logger, written out in batches at most FLUSH_SECONDS after they were logged.
 
     Not through a logging.Handler: the logging module's work per record (a LogRecord, a walk
-    up the stack for the caller, a Formatter) cost ~10 us a line, 3% of a 4 KiB GET; this
-    costs ~1 us. The logger's level still decides (`shoal.access` above INFO: no lines). One
-    write per line was ~2% of a gateway's CPU under load, hence batches. The event loop of
+    up the stack for the caller, a Formatter) cost about ten times what this does, a few
+    percent of a 4 KiB GET (docs/decisions.md, "The access log written by the gateway";
+    `bench/gateway_instructions.py get`). The logger's level still decides (`shoal.access`
+    above INFO: no lines). One write per line was a measurable share of a gateway's CPU under
+    load, hence batches. The event loop of
     the thread that logs writes them out later; a line logged where no loop runs is written
     at once. Lines still held are written at exit; a process killed with SIGKILL loses at
     most FLUSH_SECONDS of them.

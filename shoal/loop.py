@@ -1,7 +1,8 @@
 """The one way Shoal runs an event loop: uvloop, asyncio's loop on libuv.
 
-Measured on the metadata path (one caller putting objects in a loop, bench/RESULTS.md): 0.45 ms
-a put on uvloop against 0.61 ms on asyncio's default loop, the same statement and database.
+Measured on the metadata path (one caller putting objects in a loop): a put takes about a
+quarter less time on uvloop than on asyncio's default loop, the same statement and database
+(docs/decisions.md, "uvloop"; `bench/metadata_bench.py`, put at one caller).
 Every process of Shoal that serves or calls over the network runs its loop through here.
 """
 

@@ -5,7 +5,8 @@ Why: a GET or HEAD reads one row, a PUT or DELETE writes one. Sent alone, each s
 round trip of its own: a write to the server's socket, a wake-up of its backend, a statement,
 a reply, and on the gateway's side a wait on the socket; a write also pays a commit of its
 own. Under load those are most of the cost of the statement, for PostgreSQL and for the
-gateway alike (bench/RESULTS.md, sessions 10 and 13). Batched, a busy gateway pays them once
+gateway alike (docs/decisions.md, "Batched point reads" and "Group commit of object writes";
+`bench/cpu_split.py get|put|delete --concurrency 64`). Batched, a busy gateway pays them once
 for all the statements that arrived during the previous batch, and a lone statement goes out
 at once, as before.
 

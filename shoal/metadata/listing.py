@@ -30,8 +30,8 @@ FIRST_ROUND_ROWS_PER_ENTRY = 4
 MIN_ROW_BUDGET = 256
 MAX_ROW_BUDGET = 262_144
 # What one step of a skip scan (an index descent in a recursive query) costs, in rows read
-# in order and merged: about 7.5 us against 1.7 (bench/listing_bench.py --quick, 64 vnodes:
-# 2,048 steps in 15.5 ms; 2,048 rows in 9.3 ms, 17,408 in 36 ms).
+# in order and merged, as bench/listing_bench.py measures them (its dense bucket is where skip
+# scans win; docs/decisions.md, "The listing strategy").
 SKIP_STEP_COST_IN_ROWS = 4
 # The smallest character; `name > m` is `name >= m + SMALLEST` because no name holds NUL.
 SMALLEST = "\x01"

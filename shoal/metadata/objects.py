@@ -447,7 +447,7 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
         if values[prefix] is not None:
             return values[key], values[through], CommonPrefix(prefix=values[prefix])
         # An object's entry key is its name. tuple.__new__ skips the named tuple's
-        # constructor, a Python function call (0.33 against 0.20 us a row).
+        # constructor, a Python function call per row.
         fields = (values[key], values[last_modified], values[length], values[etag])
         return values[key], values[through], _new_tuple(ObjectSummary, fields)
 
@@ -456,9 +456,9 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
 
 def _summaries(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ObjectSummary]:
     """The rows of a listing without a delimiter, which are ObjectSummary's fields in order,
-    made into ObjectSummary by psycopg's row loop with no Python function per row (a page
-    of 1001 rows, /tmp/p11/gw.py: 0.37 ms through _listed_rows's maker, 0.24 ms this way,
-    0.10 ms as plain tuples)."""
+    made into ObjectSummary by psycopg's row loop with no Python function per row, which
+    costs a page about a third less than _listed_rows's maker (docs/decisions.md, "The
+    listing strategy"; `bench/gateway_instructions.py list`)."""
     if columns != ObjectSummary._fields:
         raise ValueError(f"a listing returned {columns}, not {ObjectSummary._fields}")
     return functools.partial(_new_tuple, ObjectSummary)

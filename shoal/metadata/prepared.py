@@ -1,13 +1,14 @@
 """Prepared statements run on a pooled connection's libpq handle, below psycopg's cursor.
 
-Why: a point read (one object's row by key) cost ~125 us of the gateway's CPU through an
-async cursor and ~95 us this way (/tmp probes of session 9, bench/RESULTS.md), on every GET,
-HEAD, PUT and DELETE. The cursor's work per call is Python: converting the query, its
-prepared-statement bookkeeping, result and row objects. Here each statement is prepared once
-per connection, under its own name, and then only its parameters travel; psycopg still does
-what it does best: adapting values both ways (its C Transformer, with the connection's
-adapters, hstore among them), waiting on the socket, and turning an error result into the
-same exception classes (psycopg.errors) that its cursor raises.
+Why: a point read (one object's row by key) runs on every GET, HEAD, PUT and DELETE, and
+through an async cursor about a quarter of its CPU in the gateway is the cursor's own Python
+work per call: converting the query, its prepared-statement bookkeeping, result and row
+objects (docs/decisions.md, "Prepared statements below psycopg's cursor";
+`bench/gateway_instructions.py get` counts a GET's instructions). Here each statement is
+prepared once per connection, under its own name, and then only its parameters travel;
+psycopg still does what it does best: adapting values both ways (its C Transformer, with
+the connection's adapters, hstore among them), waiting on the socket, and turning an error
+result into the same exception classes (psycopg.errors) that its cursor raises.
 
 A connection is used by one coroutine at a time (it is borrowed from the pool), so no lock.
 """
@@ -81,8 +82,8 @@ async def fetch(
 ) -> list[Any]:
     """Run `statement` (placeholders $1, $2, ...) with `values` and return its rows, made by
     `rows` (dicts by default; none for a statement that returns no rows). Results come in
-    binary: timestamps, UUIDs, bytea and hstore load faster from it than from text (an
-    object's row: 24.7 against 11.6 us, its loaders chosen anew each time)."""
+    binary: timestamps, UUIDs, bytea and hstore load faster from it than from text
+    (docs/decisions.md, "Binary results, loaders chosen once")."""
     parameters = dumped(conn, values)
     try:
         name, result = await _execute(conn, statement, parameters)

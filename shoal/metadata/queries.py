@@ -359,8 +359,9 @@ LIST_OBJECTS_SKIP_SCAN_ARM = """
 """
 
 # A listed key's modification time as S3 listings show it (2024-01-31T12:00:00.000Z, UTC,
-# milliseconds cut, not rounded, as S3 does): formatted here, ~0.35 us a row, where loading a
-# datetime and formatting it in Python cost the gateway ~1.4 us (a page of 1000 rows: 4.6 ms).
+# milliseconds cut, not rounded, as S3 does): formatted here, which costs PostgreSQL less
+# than loading a datetime and formatting it in Python costs the gateway (docs/decisions.md,
+# "The listing strategy").
 # The colons are quoted text of the pattern so that no ':name' appears (pgbench would read it
 # as a variable: bench/metadata_bench.py runs these statements).
 LAST_MODIFIED = """\
@@ -368,15 +369,15 @@ to_char(modified AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24":"MI":"SS.MS"Z"') AS las
 
 # A listed key's ETag as S3 shows it (without its quotes): the MD5's hex digits, then `-N` for
 # a multipart object of N parts (models.etag, for one object, says the same). Made here, the
-# gateway loads one short text a row instead of a bytea and a count and formats them (a page
-# of 1000 rows: ~0.3 ms of the gateway's time).
+# gateway loads one short text a row instead of a bytea and a count and formats them.
 ETAG = """\
 coalesce(encode(content_md5, 'hex'), '') || coalesce('-' || parts_count, '') AS etag"""
 
 # A listing without a delimiter: each arm is read in name order, and PostgreSQL merges the
 # arms as a Merge Append, pulling from each only the rows the page takes (a 1000-key page
 # over 64 vnodes reads 1,001 rows, where bounded rounds of 32 rows an arm read 2,048 and
-# sorted them: 1.9 against 4.3 ms in PostgreSQL). Each arm's LIMIT is the whole page, so one
+# sorted them: docs/decisions.md, "The listing strategy"; bench/listing_bench.py shows the
+# rows each page reads). Each arm's LIMIT is the whole page, so one
 # round is exact. Its columns are ObjectSummary's fields, in their order (objects._summaries).
 LIST_NAMES_ARM = """
 (SELECT name, {listed_columns}

@@ -55,7 +55,7 @@ END $$;
 
 -- The common prefix a name rolls up into under (prefix, delimiter), or NULL.
 -- Mirrors shoal.metadata.listing.common_prefix. Not STRICT, so the planner inlines it into
--- the listing's skip scan (measured: a 1000-entry delimiter page 475 -> 370 ms).
+-- the listing's skip scan (a delimiter page took about a fifth less time than with a STRICT one).
 CREATE FUNCTION shoal.common_prefix(name text, prefix text, delimiter text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE

@@ -76,8 +76,8 @@ class Shard:
 class PooledConnection:
     """pool.getconn() and pool.putconn() as a context. Not pool.connection(): that one also
     commits or rolls back at the end, which on an autocommit connection does nothing, and
-    with its generator-based context that cost 5-10% of a point read's CPU (objects.get in
-    a loop on one connection with uvloop: 161-183 against 179-196 us a call)."""
+    with its generator-based context that cost 5-10% of a point read's CPU
+    (docs/decisions.md, "Prepared statements below psycopg's cursor")."""
 
     __slots__ = ("conn", "pool")
 
@@ -160,11 +160,12 @@ class LastInFirstOutPool(AsyncConnectionPool):
 
     In turn, every pooled connection serves a share of the calls, so after a burst has grown
     the pool to 16 connections a single caller goes round all 16 backends, each cold in the
-    CPU caches, and waits ~50% longer per put (0.77 against 0.49 ms, measured). Taking the most
-    recent one keeps a hot set as small as the concurrency, and leaves the rest idle, which is
-    what lets the pool shrink them after `max_idle` (pgbouncer reuses its server connections
-    the same way). tests/integration/test_shards.py checks the order, since this overrides a
-    method psycopg_pool does not document.
+    CPU caches, and waits about half as long again per put (docs/decisions.md, "A
+    last-in-first-out connection pool"; `bench/metadata_bench.py`, put at one caller).
+    Taking the most recent one keeps a hot set as small as the concurrency, and leaves the
+    rest idle, which is what lets the pool shrink them after `max_idle` (pgbouncer reuses its
+    server connections the same way). tests/integration/test_shards.py checks the order,
+    since this overrides a method psycopg_pool does not document.
     """
 
     async def _get_ready_connection(self, timeout: float | None) -> Any:
@@ -372,8 +373,9 @@ async def open_pool(config: ShardConfig, max_size: int) -> ShardPool:
         await conn.execute("SET TimeZone = 'UTC'")
         # Prepared statements run their generic plan. PostgreSQL otherwise plans a statement
         # anew for each call while a custom plan's estimated cost beats the generic one's,
-        # which for the listing statements (64 vnode arms a shard) it always did: 3 ms of
-        # planning in every 6-9 ms round (bench/listing_bench.py). Shoal's statements find
+        # which for the listing statements (64 vnode arms a shard) it always did: planning
+        # was a third or more of every round (docs/decisions.md, "Generic plans";
+        # bench/listing_bench.py prints planning time). Shoal's statements find
         # rows by key or key range, so one plan suits every parameter.
         await conn.execute("SET plan_cache_mode = force_generic_plan")
 

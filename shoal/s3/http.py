@@ -1,10 +1,11 @@
 """HTTP/1.1 for the gateway: requests parsed by httptools (llhttp, the parser of Node.js),
 answered by one handler coroutine each, in as few Python calls and writes as we can.
 
-Why not a framework: a 4 KiB GET spent ~110 us of the gateway's CPU in aiohttp's request and
-response objects, against ~45 us for a bare protocol on the same parser (bench/RESULTS.md,
-session 9). The gateway needs little of a framework: one route (router.py is S3's own), no
-sessions, no cookies, no forms. What it does need is here and tested in
+Why not a framework: a 4 KiB answer cost the gateway more than twice the CPU in aiohttp's
+request and response objects as in a bare protocol on the same parser (docs/decisions.md,
+"The gateway's own HTTP server"; `bench/gateway_instructions.py get`). The gateway needs little
+of a framework: one route (router.py is S3's own), no sessions, no cookies, and one form
+(POST Object's, read by post.py). What it does need is here and tested in
 tests/integration/test_http.py: keep-alive, pipelined requests answered in order,
 `Expect: 100-continue`, chunked request bodies, flow control both ways, a body that the
 handler did not read drained (or the connection closed), and a lost connection surfacing as

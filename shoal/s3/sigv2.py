@@ -160,7 +160,8 @@ def parse(request: SignedRequest, now: datetime) -> V2Credentials:
     """Read and check the signature's claims, without the secret; raise SigV4Error if refused.
 
     ``now`` is the server's time (a naive datetime is taken as UTC). A request without any
-    signature is refused with AccessDenied: the store has no anonymous access.
+    signature is refused with AccessDenied (the gateway serves anonymous requests, which
+    carry no credentials at all, without calling this).
     """
     now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
     _refuse_session_tokens(request)

@@ -77,8 +77,8 @@ def timestamp(moment: datetime) -> str:
     """S3's timestamps in XML: 2024-01-31T12:00:00.000Z."""
     if moment.tzinfo is not UTC:
         moment = moment.astimezone(UTC)
-    # A listing renders 1000 of these a page: %-formatting the fields takes 1.1 us, where
-    # isoformat (which formats the offset too, then is cut) took 1.45 and an f-string 1.9.
+    # Pages render many of these: %-formatting the fields measured faster than isoformat
+    # (which formats the offset too, then is cut) and than an f-string with format specs.
     return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (  # noqa: UP031 - measured faster
         moment.year,
         moment.month,

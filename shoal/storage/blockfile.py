@@ -8,8 +8,9 @@ a block is never overwritten.
 
 The checksum is XXH3-128: it guards against disks and wires that change bytes, not against an
 adversary (requests to nodes are authenticated; block names do not come from content). It
-hashes ~30 GB/s on one core where SHA-256, the checksum before, took 0.73 ms per MiB even with
-the CPU's SHA instructions, on the gateway and on every node for every byte written or read.
+hashes a MiB in a small fraction of what SHA-256, the checksum before, took even with the CPU's
+SHA instructions, on the gateway and on every node for every byte written or read
+(bench/token_bench.py measures both; docs/decisions.md, "XXH3-128 block checksums").
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ import xxhash
 T = TypeVar("T")
 
 HEADER = struct.Struct(">8sQ16s")  # magic, data size, XXH3-128 of the data
-MAGIC = b"SHOALBK2"  # BK1 blocks (SHA-256) were written by versions before 2026-11-23
+MAGIC = b"SHOALBK2"  # BK1, an earlier format, checksummed blocks with SHA-256
 # Writes receive up to this much, then write it while the rest arrives: one 4 MiB write()
-# ran at 55-60% of the speed of 256 KiB pieces here (bench/storage_bench.py, session 4), and
-# it bounds a request's memory whatever the block size.
+# before an fsync ran well below the speed of 256 KiB pieces (docs/decisions.md, "Block size
+# and write pieces"; bench/storage_bench.py), and it bounds a request's memory whatever the
+# block size.
 WRITE_PIECE_BYTES = 256 * 1024
 # Refuse new blocks that would leave less than this free: a full disk must not corrupt what
 # it holds.
@@ -189,10 +191,11 @@ class BlockStore:
     def make_spare(self) -> None:
         """Make an empty temporary file for a write to come, unless SPARE_FILES wait already.
 
-        Creating a file right after the last block's fsyncs took ~0.17 ms here (10 us on its
-        own: it waits for metadata the fsyncs are writing out), an eighth of a 1 MiB block's
-        write: a connection that has just answered a write makes the next one's file while
-        its client sends the next request, and the write finds it made.
+        Creating a file right after the last block's fsyncs waits for the metadata those
+        fsyncs are writing out, a noticeable part of a 1 MiB block's write: a connection that
+        has just answered a write makes the next one's file while its client sends the next
+        request, and the write finds it made (docs/decisions.md, "Spare temporary files on
+        the node"; `bench/storage_bench.py --block-kib 1024`).
         """
         with self._spares_lock:
             if len(self._spares) >= SPARE_FILES:
@@ -385,7 +388,7 @@ class _TempBlock:
 
 class _Buffers:
     """Receive buffers of WRITE_PIECE_BYTES, kept for the next writes: a fresh buffer costs
-    its page faults again (~0.2 ms per MiB, a sixth of a node's CPU per block), a reused one
+    its page faults again (a sixth of a node's CPU per block when measured), a reused one
     does not. At most KEPT_BUFFERS are kept (2 MiB), whatever the number of connections."""
 
     KEPT_BUFFERS = 8

@@ -3,8 +3,9 @@
 HTTP/1.1 on asyncio protocols, with a pool of kept-alive connections per node. Nodes speak
 one dialect (server.py: Content-Length bodies, no redirects, no compression), so a client
 that writes one request head and reads one response head costs a fraction of a general one:
-measured against aiohttp's client on the same node (bench/RESULTS.md, session 4), 0.06
-instead of 0.2 ms of CPU per 4 KiB block written and half the CPU per MiB.
+against aiohttp's client on the same node, about a third of its CPU per small block and half
+per MiB (docs/decisions.md, "The node client"; bench/storage_bench.py prints the client's
+CPU per MiB).
 """
 
 from __future__ import annotations
@@ -219,8 +220,8 @@ class _Connection(asyncio.BufferedProtocol):
     """One connection to a node. Received bytes land straight in the buffer of what is being
     read: a response head in the connection's small buffer, a block's body in the bytearray
     that becomes the block. (asyncio's streams appended every piece to their own buffer and
-    copied the body out again: two copies per block, 24% of a gateway's samples while it
-    served large GETs.)"""
+    copied the body out again: two copies per block, a quarter of a gateway's time while it
+    served large GETs; docs/decisions.md, "The node client".)"""
 
     def __init__(self) -> None:
         self.idle_since = time.monotonic()

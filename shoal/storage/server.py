@@ -14,9 +14,10 @@ layer only translates: the disk is blockfile.BlockStore's business.
 
 A thread per connection, not an event loop: every request ends in blocking disk work (a write
 and two fsyncs, an open and a sendfile), so the thread that parsed the request does it, where
-an event loop hands each block to a thread and back. Measured on 2 cores (bench/RESULTS.md,
-session 4): 1 MiB writes ~1.5x and 4 KiB writes ~1.7x the rate of the aiohttp service this
-replaced, and reads go from the page cache to the socket by sendfile. Clients keep a bounded
+an event loop hands each block to a thread and back. Against the aiohttp service this
+replaced, 1 MiB and 4 KiB writes both went markedly faster, and reads go from the page cache
+to the socket by sendfile (docs/decisions.md, "The storage node: a thread per connection";
+bench/storage_bench.py). Clients keep a bounded
 pool of connections per node (client.py), which bounds the threads.
 """
 
