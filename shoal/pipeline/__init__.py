@@ -48,7 +48,8 @@ def run_job(
     try:
         summary = _run(job, config, shards, master, root, folder, options, spark, started)
     except Exception as exc:
-        run = PipelineRun(job, started, "failed", error=first_line(exc), output=str(folder))
+        failed = str(folder.absolute())
+        run = PipelineRun(job, started, "failed", error=first_line(exc), output=failed)
         _record(shards, run)
         raise
     outcome = "problems" if summary.problems else "ok"
@@ -60,7 +61,7 @@ def run_job(
             outcome,
             figures=summary.figures,
             problems=summary.problems,
-            output=str(summary.output),
+            output=str(summary.output.absolute()),
         ),
     )
     return summary
