@@ -321,7 +321,11 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
     print("backlog (deletion records, bytes, oldest):")
     for b in backlog:
         oldest = b.oldest.isoformat(timespec="seconds") if b.oldest else "-"
-        print(f"  {b.shard:<12} {b.records:>10,} records {b.bytes:>16,} bytes  oldest {oldest}")
+        estimate = "  (estimated)" if b.estimated else ""
+        print(
+            f"  {b.shard:<12} {b.records:>10,} records {b.bytes:>16,} bytes  oldest {oldest}"
+            f"{estimate}"
+        )
     print("last runs:")
     for r in runs:
         seconds = (r.finished - r.started).total_seconds()

@@ -2,8 +2,9 @@
 
 Only GETs, each a reading of the census (census.py). Authentication is the admin
 application's (app.py), before any of these handlers runs. A catalog shard that does not
-answer makes a call that needs it 503 with `{"error": ...}`; a call that reads every shard
-shows the others and marks the silent one (`reachable: false`).
+answer (or a schema older than this code's) makes a call that needs it 503 with
+`{"error": ...}`; a call that reads every shard shows the others and marks the silent one
+(`reachable: false`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from shoal.admin.census import PIPELINE_RUNS_SHOWN, Census, ShardUnreachable
+from shoal.admin.census import PIPELINE_RUNS_SHOWN, Census, CensusUnavailable
 
 PREFIX = "/admin/v1"
 MAX_PIPELINE_RUNS = 1000
@@ -59,7 +60,7 @@ def api_routes(census: Census) -> web.RouteTableDef:
 async def _answer(read: Callable[[], Awaitable[dict[str, Any]]]) -> web.Response:
     try:
         return _json(await read())
-    except ShardUnreachable as exc:
+    except CensusUnavailable as exc:
         return _json({"error": str(exc)}, 503, headers={"Retry-After": "5"})
 
 

@@ -54,16 +54,22 @@ T = TypeVar("T")
 
 REFRESH_SECONDS = 60.0
 CONNECT_TIMEOUT_SECONDS = 2  # libpq's smallest
-# A shard whose reading takes longer than this does not answer, for the census.
-ANSWER_SECONDS = 15.0
+# A shard whose reading takes longer than this does not answer, for the census: a few small
+# statements, or the backlog (read_backlog's statements each stop at its statement timeout).
+ANSWER_SECONDS = 5.0
+BACKLOG_ANSWER_SECONDS = 30.0
 GC_RUNS_SHOWN = 10
 PIPELINE_RUNS_SHOWN = 50
 # The meter's last run that wrote its output is among its last this many.
 METER_RUNS_LOOKED_AT = 10
 
 
-class ShardUnreachable(Exception):
-    """A shard did not answer the census; the message says why, in one line."""
+class CensusUnavailable(Exception):
+    """What was asked cannot be read now; the message says why, in one line."""
+
+
+class ShardUnreachable(CensusUnavailable):
+    """A shard did not answer the census."""
 
 
 class Readiness(Protocol):
@@ -164,7 +170,8 @@ class Census:
             return await read_backlog(conn, shard.name, vnodes, self.exact_backlog_limit)
 
         try:
-            return ShardBacklog(shard.name, await self._on_shard(shard, read))
+            backlog = await self._on_shard(shard, read, BACKLOG_ANSWER_SECONDS)
+            return ShardBacklog(shard.name, backlog)
         except ShardUnreachable as exc:
             return ShardBacklog(shard.name, None, str(exc))
 
@@ -281,7 +288,7 @@ class Census:
         ):
             try:
                 report[part] = await read()
-            except ShardUnreachable as exc:
+            except CensusUnavailable as exc:
                 report[part] = {"error": str(exc)}
         return report
 
@@ -291,18 +298,26 @@ class Census:
         return await self._on_shard(self.catalog, read)
 
     async def _on_shard(
-        self, shard: ShardConfig, read: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+        self,
+        shard: ShardConfig,
+        read: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        seconds: float = ANSWER_SECONDS,
     ) -> T:
-        """`read(conn)` on a connection of its own to the shard, or ShardUnreachable."""
+        """`read(conn)` on a connection of its own to the shard, within `seconds`, or
+        ShardUnreachable."""
         try:
-            async with asyncio.timeout(ANSWER_SECONDS), _connection(shard) as conn:
+            async with asyncio.timeout(seconds), _connection(shard) as conn:
                 return await read(conn)
         except TimeoutError:
             raise ShardUnreachable(
-                f"shard {shard.name} did not answer within {ANSWER_SECONDS:g} s"
+                f"shard {shard.name} did not answer within {seconds:g} s"
             ) from None
         except (psycopg.OperationalError, OSError) as exc:
             raise ShardUnreachable(f"shard {shard.name}: {first_line(exc)}") from None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            raise CensusUnavailable(
+                f"shard {shard.name} is not migrated to this version: run `shoal db migrate`"
+            ) from None
 
     async def _shard_report(self, shard: ShardConfig, ring: Ring | None) -> dict[str, Any]:
         vnodes = ring.vnodes_of(shard.name) if ring is not None else []

@@ -3,12 +3,16 @@ pipeline run history and `shoal status`, against real PostgreSQL (three shards) 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shoal.admin.api import api_routes
-from shoal.admin.census import Census
+from shoal.admin.census import ANSWER_SECONDS, Census
 from shoal.admin.collector import CensusCollector
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore, ObjectWrite
@@ -174,6 +178,43 @@ def test_a_shard_that_does_not_answer_is_shown_not_fatal(world: World, run: Any)
     text = exposition(census)
     assert 'shoal_gc_backlog_records{shard="s0"}' in text
     assert 'shard="s2"' not in text
+
+
+def test_a_shard_that_hangs_is_not_waited_for(world: World, run: Any) -> None:
+    """A host that accepts connections and never answers (the kernel completes the
+    handshake of a socket that listens but never accepts)."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        port = hung.getsockname()[1]
+        shards = [
+            replace(s, dsn=f"host=127.0.0.1 port={port} dbname=x user=x") if s.name == "s1" else s
+            for s in world.shards
+        ]
+        started = time.monotonic()
+        cluster = run(Census(world.config, shards).cluster())
+        assert time.monotonic() - started < ANSWER_SECONDS
+    assert [s["reachable"] for s in cluster["shards"]] == [True, False, True]
+    assert "s1" in cluster["shards"][1]["error"]
+
+
+def test_the_census_refreshes_in_the_background_until_stopped(world: World, run: Any) -> None:
+    census = Census(world.config, world.shards, refresh_seconds=0.05)
+
+    async def refresh_a_few_times() -> list[datetime]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(census.keep_refreshing(stop))
+        seen: list[datetime] = []
+        while len(seen) < 3:
+            await asyncio.sleep(0.01)
+            if census.last is not None and census.last.computed_at not in seen:
+                seen.append(census.last.computed_at)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return seen
+
+    seen = run(refresh_a_few_times())
+    assert seen == sorted(seen)
 
 
 def exposition(census: Census) -> str:
