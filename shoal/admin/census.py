@@ -681,6 +681,8 @@ def _format_accounts(accounts: dict[str, Any]) -> str:
         if metered
         else ("accounts (not metered yet: run `shoal pipeline meter`)")
     )
+    if not accounts["accounts"]:
+        return "accounts: none (`shoal account create NAME` makes one)"
     rows = []
     for account in accounts["accounts"]:
         rows.append([account["name"], "", _count(account["objects"]), _bytes(account["bytes"])])
@@ -707,8 +709,9 @@ def _format_gc(gc: dict[str, Any]) -> str:
         for b in gc["backlog"]
     ]
     state = "PAUSED" if gc["paused"] else "running"
+    estimated = " (~: estimated)" if any(b["estimated"] for b in gc["backlog"]) else ""
     lines = [
-        f"gc daemon: {state}; backlog as of {_short(gc['computed_at'])} (~: estimated)",
+        f"gc daemon: {state}; backlog as of {_short(gc['computed_at'])}{estimated}",
         _table(["shard", "records", "bytes", "oldest", "windows"], rows, right={1, 2, 4}),
     ]
     if gc["runs"]:
