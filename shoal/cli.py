@@ -17,12 +17,14 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import shoal.logs
 import shoal.loop
 from shoal import telemetry
+from shoal.admin.census import Census, format_pipeline_runs, format_status, pipeline_run_json
 from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
-from shoal.config import Config, ConfigError, load_config
+from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.gc import Collector, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
@@ -90,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
-    pipeline.add_argument("job", help="gc, audit, orphans, meter, lifecycle or inventory")
+    pipeline.add_argument(
+        "job", help="gc, audit, orphans, meter, lifecycle or inventory; history: the past runs"
+    )
     pipeline.add_argument("--master", help="Spark master URL (default local[*])")
     pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
     pipeline.add_argument("--leeway", help="gc: only garbage older than this (default 24h)")
@@ -98,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--repair", action="store_true", help="audit: copy good replicas")
     pipeline.add_argument("--delete", action="store_true", help="orphans: delete them")
     pipeline.add_argument("--json", action="store_true", help="print the summary as JSON")
+    pipeline.add_argument("--job", dest="history_job", help="history: only this job's runs")
+    pipeline.add_argument(
+        "--limit", type=int, default=20, help="history: this many runs, newest first (20)"
+    )
     pipeline.set_defaults(run=_pipeline)
 
     account = verbs.add_parser("account", help="accounts and their access keys")
@@ -127,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
     node.add_argument("--admin-port", type=int, help="health and metrics port (default: none)")
     node.set_defaults(run=_storage_node)
+
+    status = verbs.add_parser(
+        "status", parents=[common], help="cluster, nodes, accounts, GC and pipeline at a glance"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON (the admin API's)")
+    status.set_defaults(run=_status)
 
     db = verbs.add_parser("db", help="the metadata database").add_subparsers(title="db commands")
     db.add_parser("migrate", parents=[common], help="create or upgrade the schema").set_defaults(
@@ -331,7 +345,11 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
     print("backlog (deletion records, bytes, oldest):")
     for b in backlog:
         oldest = b.oldest.isoformat(timespec="seconds") if b.oldest else "-"
-        print(f"  {b.shard:<12} {b.records:>10,} records {b.bytes:>16,} bytes  oldest {oldest}")
+        estimate = "  (estimated)" if b.estimated else ""
+        print(
+            f"  {b.shard:<12} {b.records:>10,} records {b.bytes:>16,} bytes  oldest {oldest}"
+            f"{estimate}"
+        )
     print("last runs:")
     for r in runs:
         seconds = (r.finished - r.started).total_seconds()
@@ -347,6 +365,8 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
 def _pipeline(config: Config, args: argparse.Namespace) -> int:
     from shoal.pipeline import JOBS, run_job
 
+    if args.job == "history":
+        return _pipeline_history(config, args)
     if args.job not in JOBS:
         raise CommandError(f"unknown job {args.job!r}; jobs are {', '.join(JOBS)}")
     options: dict[str, object] = {"plot": args.plot, "repair": args.repair, "delete": args.delete}
@@ -380,6 +400,25 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
     else:
         print(summary.table())
     return 1 if summary.problems else 0
+
+
+def _pipeline_history(config: Config, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise CommandError("--limit must be 1 or more")
+    runs = _with_store(config, lambda store: store.pipeline_runs.runs(args.history_job, args.limit))
+    report = [pipeline_run_json(run) for run in runs]
+    print(json.dumps(report, indent=2) if args.json else format_pipeline_runs(report))
+    return 0
+
+
+def _status(config: Config, args: argparse.Namespace) -> int:
+    async def read(shards: list[ShardConfig]) -> dict[str, Any]:
+        return await Census(config, shards).status()
+
+    with shard_configs(config) as shards:
+        report = shoal.loop.run(read(shards))
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
+    return 0
 
 
 def _first_line(exc: BaseException) -> str:

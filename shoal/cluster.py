@@ -392,7 +392,7 @@ async def run_gateway(
     async with (
         await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),
-        _gateway_admin(config, admin_port, readiness),
+        _gateway_admin(config, shards, admin_port, readiness, stop),
     ):
         try:
             root = await root_keys(credentials)
@@ -426,13 +426,36 @@ async def run_gateway(
             await in_thread(workers.stop)
 
 
-def _gateway_admin(
-    config: Config, port: int | None, readiness: Readiness
-) -> contextlib.AbstractAsyncContextManager[None]:
-    """The admin listener of `shoal serve`: health, metrics, the admin API and console."""
+@contextlib.asynccontextmanager
+async def _gateway_admin(
+    config: Config,
+    shards: Sequence[ShardConfig],
+    port: int | None,
+    readiness: Readiness,
+    stop: asyncio.Event,
+) -> AsyncIterator[None]:
+    """The admin listener of `shoal serve`: health, metrics, the admin API and console, with
+    the census (GC backlog, last runs) read in the background for the API and metrics."""
+    from shoal.admin.api import api_routes
+    from shoal.admin.census import Census
+    from shoal.admin.collector import CensusCollector
+
     token = AdminToken(load_or_create_token(config.admin_token_file))
-    app = admin_app(readiness, token=token)
-    return serving_admin(app, config.admin.host, port or config.admin.port)
+    census = Census(config, shards, readiness=readiness)
+    app = admin_app(
+        readiness,
+        token=token,
+        collectors=[CensusCollector(census)],
+        routes=[api_routes(census)],
+    )
+    refreshing = asyncio.create_task(census.keep_refreshing(stop))
+    try:
+        async with serving_admin(app, config.admin.host, port or config.admin.port):
+            yield
+    finally:
+        refreshing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refreshing
 
 
 async def keep_windows(store: MetadataStore, ahead: int) -> float:

@@ -137,10 +137,79 @@ class Garbage(Component):
 
 @dataclass(frozen=True)
 class Backlog:
+    """What waits for GC on one shard: deletion records (of objects and of buckets), the
+    bytes the object records name, the oldest deletion, and the deleted tables' windows.
+
+    `oldest` and `windows` are always exact. `records` and `bytes` are exact when
+    `estimated` is false; past EXACT_BACKLOG_LIMIT records (by the statistics) they are
+    estimates: records from PostgreSQL's statistics, bytes from a sample of the records."""
+
     shard: str
     records: int
     bytes: int
     oldest: datetime | None
+    windows: int = 0
+    estimated: bool = False
+
+
+# Up to this many records on a shard (by the statistics), the backlog is counted exactly: a
+# count and a sum over that many rows take milliseconds. Past it, counting would scan every
+# window, so the records come from the statistics and the bytes from a sample.
+EXACT_BACKLOG_LIMIT = 100_000
+# The sample reads about this many records' pages.
+SAMPLED_RECORDS = 10_000
+# Bounds every statement of a backlog reading (a count the statistics misjudged, a shard that
+# is slow): past it the reading falls back to the estimate.
+BACKLOG_STATEMENT_TIMEOUT = "10s"
+
+
+async def read_backlog(
+    conn: psycopg.AsyncConnection[Any],
+    shard: str,
+    vnodes: Sequence[int],
+    exact_limit: int = EXACT_BACKLOG_LIMIT,
+) -> Backlog:
+    """The backlog of the vnodes a shard holds, on a connection to it (autocommit)."""
+    if not vnodes:
+        return Backlog(shard, 0, 0, None)
+    arms = tuple(vnodes)
+    schemas = [vnode_schema(v) for v in vnodes]
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL statement_timeout = '{BACKLOG_STATEMENT_TIMEOUT}'")
+        cur = await conn.execute(queries.GC_WINDOW_STATISTICS, {"schemas": schemas})
+        statistics = {parent: (windows, rows) for parent, windows, rows in await cur.fetchall()}
+        windows = sum(w for w, _ in statistics.values())
+        object_rows = statistics.get("manta_bucket_deleted_object", (0, 0))[1]
+        bucket_rows = statistics.get("manta_bucket_deleted_bucket", (0, 0))[1]
+        cur = await conn.execute(render_arms(queries.GC_OLDEST, queries.GC_OLDEST_ARM, arms))
+        oldest = (await cur.fetchone())[0]  # type: ignore[index]
+        if object_rows + bucket_rows <= exact_limit:
+            try:
+                async with conn.transaction():  # a savepoint: a timeout leaves the rest usable
+                    statement = render_arms(queries.GC_BACKLOG, queries.GC_BACKLOG_ARM, arms)
+                    row = await (await conn.execute(statement)).fetchone()
+                assert row is not None
+                return Backlog(shard, row[0] or 0, row[1] or 0, oldest, windows)
+            except psycopg.errors.QueryCanceled:
+                pass  # more than the statistics said: estimate
+        sampled_bytes = await _sampled_bytes(conn, arms, object_rows)
+        return Backlog(
+            shard, object_rows + bucket_rows, sampled_bytes, oldest, windows, estimated=True
+        )
+
+
+async def _sampled_bytes(
+    conn: psycopg.AsyncConnection[Any], vnodes: tuple[int, ...], object_rows: int
+) -> int:
+    """The bytes of `object_rows` deletion records, from the sizes of a sample of them."""
+    if object_rows <= 0:
+        return 0
+    percent = min(100.0, 100.0 * SAMPLED_RECORDS / object_rows)
+    statement = render_arms(queries.GC_SIZE_SAMPLE, queries.GC_SIZE_SAMPLE_ARM, vnodes)
+    records, size = await (await conn.execute(statement, {"percent": percent})).fetchone()  # type: ignore[misc]
+    if not records:
+        return 0
+    return round(object_rows * size / records)
 
 
 @dataclass(frozen=True)
@@ -168,13 +237,11 @@ class GarbageBook(Component):
     """GC's bookkeeping: backlog, runs, pause switch, and dropping reclaimed windows."""
 
     async def backlog(self) -> list[Backlog]:
+        """Each shard's backlog (read_backlog: exact while small, estimated past that)."""
         results = []
         for shard in self.shards.placed():
-            statement = render_arms(queries.GC_BACKLOG, queries.GC_BACKLOG_ARM, tuple(shard.vnodes))
-            row = (await self.shard_rows(shard, statement, {}))[0]
-            results.append(
-                Backlog(shard.name, row["records"] or 0, row["bytes"] or 0, row["oldest"])
-            )
+            async with shard.pool.reading() as conn:
+                results.append(await read_backlog(conn, shard.name, shard.vnodes))
         return results
 
     async def record_run(self, run: GcRun) -> None:

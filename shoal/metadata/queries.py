@@ -936,3 +936,74 @@ ON CONFLICT (bucket_id) DO UPDATE SET acl = EXCLUDED.acl, updated = current_time
 GET_BUCKET_ACL = "SELECT acl FROM shoal.bucket_acl WHERE bucket_id = %(bucket_id)s"
 
 DELETE_BUCKET_ACL = "DELETE FROM shoal.bucket_acl WHERE bucket_id = %(bucket_id)s"
+
+# -- pipeline run history (catalog shard) ------------------------------------------------------
+
+RECORD_PIPELINE_RUN = """
+INSERT INTO shoal.pipeline_run (job, started, outcome, figures, problems, error, output)
+VALUES (%(job)s, %(started)s, %(outcome)s, %(figures)s, %(problems)s, %(error)s, %(output)s)
+RETURNING id
+"""
+
+PIPELINE_RUN_COLUMNS = "id, job, started, finished, outcome, figures, problems, error, output"
+
+# Newest first; every job when %(job)s is NULL.
+PIPELINE_RUNS = f"""
+SELECT {PIPELINE_RUN_COLUMNS} FROM shoal.pipeline_run
+WHERE %(job)s::text IS NULL OR job = %(job)s
+ORDER BY id DESC LIMIT %(limit)s
+"""
+
+# The newest run of each job (pipeline_run_job_idx).
+LAST_PIPELINE_RUN_PER_JOB = f"""
+SELECT DISTINCT ON (job) {PIPELINE_RUN_COLUMNS} FROM shoal.pipeline_run ORDER BY job, id DESC
+"""
+
+# -- the census (admin API, metrics, `shoal status`): cheap reads of the whole cluster -------
+
+# Every column of the registry (a column added by a later migration comes along), with
+# liveness and the heartbeat's age by the database clock.
+CENSUS_NODES = """
+SELECT n.*, n.heartbeat > current_timestamp - %(deadline)s::interval AS alive,
+       extract(epoch FROM current_timestamp - n.heartbeat)::float8 AS heartbeat_age_seconds
+FROM shoal.storage_node n
+ORDER BY n.name
+"""
+
+ALL_BUCKETS_ARM = "SELECT id, owner, name, created FROM {schema}.manta_bucket"
+
+ALL_BUCKETS = "SELECT id, owner, name, created FROM ({arms}) AS buckets ORDER BY owner, name"
+
+# The windows of each deleted table in some vnode schemas, and the rows the statistics count
+# in them (pg_stat_user_tables.n_live_tup: kept up to date by inserts, deletes and truncates;
+# nothing is scanned).
+GC_WINDOW_STATISTICS = """
+SELECT p.relname AS parent, count(*) AS windows,
+       coalesce(sum(s.n_live_tup), 0)::bigint AS estimated_rows
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relkind = 'r' AND n.nspname = ANY(%(schemas)s)
+GROUP BY p.relname
+"""
+
+# The oldest deletion of a vnode: one probe of the deleted_at index of each window.
+GC_OLDEST_ARM = """
+SELECT min(deleted_at) AS oldest FROM {schema}.manta_bucket_deleted_object
+UNION ALL
+SELECT min(deleted_at) FROM {schema}.manta_bucket_deleted_bucket
+"""
+
+GC_OLDEST = "SELECT min(oldest) AS oldest FROM ({arms}) AS oldest"
+
+# A sample of a vnode's deletion records' sizes: a share of the windows' pages.
+GC_SIZE_SAMPLE_ARM = """
+SELECT count(*) AS records, coalesce(sum(content_length), 0) AS bytes
+FROM {schema}.manta_bucket_deleted_object TABLESAMPLE SYSTEM (%(percent)s)
+"""
+
+GC_SIZE_SAMPLE = """
+SELECT sum(records)::bigint AS records, sum(bytes)::bigint AS bytes FROM ({arms}) AS sample
+"""

@@ -193,6 +193,27 @@ CREATE TABLE shoal.bucket_acl (
 );
 """,
     ),
+    Migration(
+        7,
+        "pipeline run history",
+        """
+-- One row per run of a Spark pipeline job, whatever its outcome, for `shoal pipeline history`
+-- and the admin API. `figures` is the job's summary; `error` the first line of what a failed
+-- run raised.
+CREATE TABLE shoal.pipeline_run (
+    id bigserial PRIMARY KEY,
+    job text NOT NULL,
+    started timestamptz NOT NULL,
+    finished timestamptz DEFAULT current_timestamp NOT NULL,
+    outcome text NOT NULL CHECK (outcome IN ('ok', 'problems', 'failed')),
+    figures jsonb NOT NULL,
+    problems text[] NOT NULL,
+    error text,
+    output text
+);
+CREATE INDEX pipeline_run_job_idx ON shoal.pipeline_run (job, id);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

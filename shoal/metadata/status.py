@@ -76,7 +76,7 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
             name=config.name,
             server_version=conn.info.parameter_status("server_version") or "?",
             vnodes=vnodes,
-            schema_versions=_summarize_versions(versions),
+            schema_versions=summarize_versions(versions),
         )
         tables = [(vnode_schema(v), t) for v in vnodes for t in VNODE_TABLES]
         if with_catalog:
@@ -103,7 +103,7 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
         return status
 
 
-def _summarize_versions(versions: dict[str, int]) -> dict[str, int]:
+def summarize_versions(versions: dict[str, int]) -> dict[str, int]:
     """Shard and catalog versions as they are; vnode schemas as their lowest version."""
     summary = {k: v for k, v in versions.items() if not k.startswith("manta_bucket_")}
     vnode_versions = [v for k, v in versions.items() if k.startswith("manta_bucket_")]

@@ -28,6 +28,7 @@ from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
 from shoal.metadata.objects import Objects
 from shoal.metadata.partitions import ensure_windows, window_width
+from shoal.metadata.pipeline_runs import PipelineBook
 from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
 from shoal.metadata.shards import Shard, ShardSet
@@ -44,6 +45,7 @@ class MetadataStore:
         self.uploads = Uploads(shards, window)
         self.garbage = Garbage(shards, window)
         self.gc_book = GarbageBook(shards, window)
+        self.pipeline_runs = PipelineBook(shards, window)
         self.nodes = Nodes(shards, window)
         self.keys = Keys(shards, window)
         self.under_replicated = UnderReplicated(shards, window)

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from pyspark.sql import SparkSession
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
+from shoal.metadata.pipeline_runs import PipelineRun, record_run
+from shoal.metadata.shards import first_line
 from shoal.pipeline.context import JobContext, Summary
+
+log = logging.getLogger("shoal.pipeline")
 
 JOBS = ("gc", "audit", "orphans", "meter", "lifecycle", "inventory")
 
@@ -31,16 +37,51 @@ def run_job(
     """Run one job on Spark; its detailed output goes under `output/<job>/<timestamp>/`.
 
     With `spark`, the job runs in that session (tests share one); otherwise it makes its own.
+    Every run is recorded in the pipeline history (shoal.pipeline_run), one that raised too.
     """
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}; jobs are {', '.join(JOBS)}")
+    # Before the Spark session starts: a run takes as long as its operator waits for it.
+    started = datetime.now(UTC)
+    root = output or config.data_dir / "pipeline"
+    folder = root / job / started.strftime("%Y%m%dT%H%M%S%fZ")
+    try:
+        summary = _run(job, config, shards, master, root, folder, options, spark, started)
+    except Exception as exc:
+        failed = str(folder.absolute())
+        run = PipelineRun(job, started, "failed", error=first_line(exc), output=failed)
+        _record(shards, run)
+        raise
+    outcome = "problems" if summary.problems else "ok"
+    _record(
+        shards,
+        PipelineRun(
+            job,
+            started,
+            outcome,
+            figures=summary.figures,
+            problems=summary.problems,
+            output=str(summary.output.absolute()),
+        ),
+    )
+    return summary
+
+
+def _run(
+    job: str,
+    config: Config,
+    shards: list[ShardConfig],
+    master: str | None,
+    root: Path,
+    folder: Path,
+    options: dict[str, Any] | None,
+    spark: SparkSession | None,
+    started: datetime,
+) -> Summary:
     from shoal.pipeline.session import spark_session
 
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
     ring = asyncio.run(_ring(shards))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    root = output or config.data_dir / "pipeline"
-    folder = root / job / stamp
     log_file = folder.parent / "spark.log"
     session = spark if spark is not None else spark_session(job, master, log_file)
     try:
@@ -51,12 +92,29 @@ def run_job(
             ring=ring,
             output=folder,
             options=dict(options or {}),
+            started=started,
         )
         return module.run(context)  # type: ignore[no-any-return]
     finally:
         if spark is None:
             session.stop()
         make_private(root, folder.parent)
+
+
+def _record(shards: list[ShardConfig], run: PipelineRun) -> None:
+    """Add the run to the history; a history that cannot be written costs a warning, never
+    the run's own result."""
+
+    async def write() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            shards[0].dsn, autocommit=True, connect_timeout=10
+        ) as conn:
+            await record_run(conn, run)
+
+    try:
+        asyncio.run(write())
+    except Exception as exc:
+        log.warning("pipeline %s: the run was not recorded in the history: %s", run.job, exc)
 
 
 def make_private(*trees: Path) -> None:

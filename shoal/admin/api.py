@@ -1,0 +1,75 @@
+"""The admin API, v1: the census as JSON (docs/operations.md, "Admin API").
+
+Only GETs, each a reading of the census (census.py). Authentication is the admin
+application's (app.py), before any of these handlers runs. A catalog shard that does not
+answer (or a schema older than this code's) makes a call that needs it 503 with
+`{"error": ...}`; a call that reads every shard shows the others and marks the silent one
+(`reachable: false`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from shoal.admin.census import PIPELINE_RUNS_SHOWN, Census, CensusUnavailable
+
+PREFIX = "/admin/v1"
+MAX_PIPELINE_RUNS = 1000
+
+
+def api_routes(census: Census) -> web.RouteTableDef:
+    """Every GET of the contract but /admin/v1/requests (the gateway's rates, not census's)."""
+    routes = web.RouteTableDef()
+
+    @routes.get(f"{PREFIX}/cluster")
+    async def cluster(request: web.Request) -> web.Response:
+        return await _answer(census.cluster)
+
+    @routes.get(f"{PREFIX}/nodes")
+    async def nodes(request: web.Request) -> web.Response:
+        return await _answer(census.nodes)
+
+    @routes.get(f"{PREFIX}/accounts")
+    async def accounts(request: web.Request) -> web.Response:
+        return await _answer(census.accounts)
+
+    @routes.get(f"{PREFIX}/usage")
+    async def usage(request: web.Request) -> web.Response:
+        return await _answer(census.usage)
+
+    @routes.get(f"{PREFIX}/gc")
+    async def gc(request: web.Request) -> web.Response:
+        return await _answer(census.gc)
+
+    @routes.get(f"{PREFIX}/pipeline")
+    async def pipeline(request: web.Request) -> web.Response:
+        """Newest first; `?job=meter` for one job's, `?limit=N` for N of them (default 50)."""
+        job = request.query.get("job") or None
+        limit = request.query.get("limit", str(PIPELINE_RUNS_SHOWN))
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PIPELINE_RUNS:
+            return _json({"error": f"limit must be a number from 1 to {MAX_PIPELINE_RUNS}"}, 400)
+        return await _answer(lambda: census.pipeline(job, int(limit)))
+
+    return routes
+
+
+async def _answer(read: Callable[[], Awaitable[dict[str, Any]]]) -> web.Response:
+    try:
+        return _json(await read())
+    except CensusUnavailable as exc:
+        return _json({"error": str(exc)}, 503, headers={"Retry-After": "5"})
+
+
+def _json(
+    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        text=json.dumps(body, default=str),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
