@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import shoal.loop
 from shoal import telemetry
 from shoal.admin import AdminToken, admin_app, load_or_create_token, serving_admin
+from shoal.admin.console import console_routes
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -431,7 +432,7 @@ def _gateway_admin(
 ) -> contextlib.AbstractAsyncContextManager[None]:
     """The admin listener of `shoal serve`: health, metrics, the admin API and console."""
     token = AdminToken(load_or_create_token(config.admin_token_file))
-    app = admin_app(readiness, token=token)
+    app = admin_app(readiness, token=token, routes=[console_routes()])
     return serving_admin(app, config.admin.host, port or config.admin.port)
 
 
