@@ -53,6 +53,14 @@ def test_an_installed_package_carries_every_console_file() -> None:
         assert any(Path(relative).match(pattern) for pattern in patterns), relative
 
 
+def test_the_console_script_never_writes_html() -> None:
+    """Strings from the API (bucket and account names are user input) reach the page as
+    text: the script has no way to write markup."""
+    script = (FILES / "console.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script, sink
+
+
 @pytest.mark.slow
 def test_a_stranger_gets_the_login_form_and_a_wrong_token_is_refused(
     served: Served, tmp_path: Path

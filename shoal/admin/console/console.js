@@ -66,7 +66,11 @@ async function fill(selector, render) {
   const target = document.querySelector(selector);
   try {
     const nodes = await render();
-    target.replaceChildren(...[nodes].flat(Infinity).filter((node) => node !== null && node !== undefined && node !== false));
+    target.replaceChildren(
+      ...[nodes]
+        .flat(Infinity)
+        .filter((node) => node !== null && node !== undefined && node !== false),
+    );
   } catch (error) {
     target.replaceChildren(el("p", { class: "error" }, `Could not load: ${error.message}`));
   }
@@ -101,7 +105,9 @@ function setAttributes(node, attributes) {
 
 // A table; a heading given as a <th> (numberHeading) stays as it is.
 function table(headings, rows, footer) {
-  const cells = headings.map((heading) => (heading instanceof Node ? heading : el("th", {}, heading)));
+  const cells = headings.map((heading) =>
+    heading instanceof Node ? heading : el("th", {}, heading),
+  );
   return el(
     "table",
     {},
@@ -115,7 +121,9 @@ function row(...cells) {
   return el(
     "tr",
     {},
-    cells.map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell))),
+    cells.map((cell) =>
+      cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell),
+    ),
   );
 }
 
@@ -158,6 +166,11 @@ function count(value) {
   return value === null || value === undefined ? "—" : NUMBERS.format(value);
 }
 
+// "1 bucket", "2 buckets".
+function counted(value, singular, plural = `${singular}s`) {
+  return `${count(value)} ${value === 1 ? singular : plural}`;
+}
+
 function rate(perSecond) {
   if (perSecond === null || perSecond === undefined) return "—";
   const value = Number(perSecond);
@@ -190,8 +203,8 @@ function secondsAgo(seconds) {
 }
 
 // A timestamp of the API as a <time>: relative, the exact moment in its tooltip.
-function when(iso) {
-  if (!iso) return el("span", { class: "muted" }, "never");
+function when(iso, missing = "never") {
+  if (!iso) return el("span", { class: "muted" }, missing);
   const moment = Date.parse(iso);
   if (Number.isNaN(moment)) return String(iso);
   return el("time", { datetime: iso, title: iso }, secondsAgo((Date.now() - moment) / 1000));
@@ -217,7 +230,11 @@ async function showOverview() {
     fill("#overview-ready .body", async () => {
       const ready = await getJson("/ready", [503]);
       const parts = [
-        el("p", { class: `big ${ready.ready ? "ok" : "bad"}` }, ready.ready ? "ready" : "not ready"),
+        el(
+          "p",
+          { class: `big ${ready.ready ? "ok" : "bad"}` },
+          ready.ready ? "ready" : "not ready",
+        ),
       ];
       if (!ready.ready) parts.push(el("p", {}, ready.reason));
       if (ready.storage_nodes_answering !== undefined) {
@@ -241,7 +258,9 @@ async function showOverview() {
       ];
       if (silent.length) parts.push(el("p", {}, `Not answering: ${silent.join(", ")}`));
       if (cluster.ring) {
-        parts.push(note(`ring version ${cluster.ring.version}, ${count(cluster.ring.vnodes)} vnodes`));
+        parts.push(
+          note(`ring version ${cluster.ring.version}, ${count(cluster.ring.vnodes)} vnodes`),
+        );
       }
       return parts;
     }),
@@ -278,7 +297,9 @@ async function showOverview() {
           ? el(
               "ul",
               { class: "plain" },
-              operations.map((op) => el("li", {}, `${op.operation}: ${rate(op.requests_per_second)}`)),
+              operations.map((op) =>
+                el("li", {}, `${op.operation}: ${rate(op.requests_per_second)}`),
+              ),
             )
           : null,
       ];
@@ -322,7 +343,7 @@ async function showNodes() {
               : secondsAgo(node.heartbeat_age_seconds),
           ),
           el("td", { class: "disk" }, fillBar(node)),
-          numberCell(node.blocks === null || node.blocks === undefined ? "—" : count(node.blocks)),
+          numberCell(count(node.blocks)),
         ),
       ),
     );
@@ -330,7 +351,10 @@ async function showNodes() {
 }
 
 function fillBar(node) {
-  const capacity = Number(node.capacity_bytes || 0);
+  if (node.capacity_bytes === null || node.capacity_bytes === undefined) {
+    return el("span", { class: "muted" }, "disk size not reported");
+  }
+  const capacity = Number(node.capacity_bytes);
   const free = Number(node.free_bytes || 0);
   const used = capacity - free;
   const filled = percent(used, capacity);
@@ -351,7 +375,13 @@ async function showBuckets() {
     const accounts = answer.accounts || [];
     const buckets = accounts.reduce((total, account) => total + (account.buckets || []).length, 0);
     const metered = answer.metered_at
-      ? el("p", { class: "muted" }, "Objects and bytes as the meter job counted them ", when(answer.metered_at), ".")
+      ? el(
+          "p",
+          { class: "muted" },
+          "Objects and bytes as the meter job counted them ",
+          when(answer.metered_at),
+          ".",
+        )
       : note("Objects and bytes: not metered yet (the meter pipeline job has not run).");
     const objects = sum(accounts, "objects");
     const bytes = sum(accounts, "bytes");
@@ -360,7 +390,7 @@ async function showBuckets() {
       el(
         "p",
         { class: "summary" },
-        `${count(accounts.length)} accounts, ${count(buckets)} buckets${meteredTotals}`,
+        `${counted(accounts.length, "account")}, ${counted(buckets, "bucket")}${meteredTotals}`,
       ),
       metered,
       accounts.map(accountSection),
@@ -371,7 +401,8 @@ async function showBuckets() {
 function accountSection(account) {
   const buckets = account.buckets || [];
   const unmetered = () => el("span", { class: "muted" }, "not metered yet");
-  const figure = (value, format) => numberCell(value === null || value === undefined ? unmetered() : format(value));
+  const figure = (value, format) =>
+    numberCell(value === null || value === undefined ? unmetered() : format(value));
   return el(
     "section",
     { class: "account" },
@@ -380,10 +411,15 @@ function accountSection(account) {
       ? table(
           ["Bucket", "Created", numberHeading("Objects"), numberHeading("Bytes")],
           buckets.map((bucket) =>
-            row(el("td", { class: "name" }, bucket.name), when(bucket.created), figure(bucket.objects, count), figure(bucket.bytes, size)),
+            row(
+              el("td", { class: "name" }, bucket.name),
+              when(bucket.created),
+              figure(bucket.objects, count),
+              figure(bucket.bytes, size),
+            ),
           ),
           row(
-            el("td", {}, `${buckets.length} ${buckets.length === 1 ? "bucket" : "buckets"}`),
+            el("td", {}, counted(buckets.length, "bucket")),
             "",
             figure(account.objects, count),
             figure(account.bytes, size),
@@ -419,7 +455,11 @@ function usageFigure(account, history) {
     "section",
     { class: "account usage" },
     el("h2", {}, account),
-    el("p", { class: "muted" }, `${size(last.bytes)} in ${count(last.objects)} objects on ${last.date}`),
+    el(
+      "p",
+      { class: "muted" },
+      `${size(last.bytes)} in ${count(last.objects)} objects on ${last.date}`,
+    ),
     bytesPlot(points),
   );
 }
@@ -435,7 +475,8 @@ function bytesPlot(points) {
   const first = Math.min(...times);
   const span = Math.max(...times) - first;
   const top = niceCeiling(Math.max(...points.map((point) => Number(point.bytes)), 1));
-  const x = (time) => margin.left + (span > 0 ? ((time - first) / span) * plotWidth : plotWidth / 2);
+  const x = (time) =>
+    margin.left + (span > 0 ? ((time - first) / span) * plotWidth : plotWidth / 2);
   const y = (bytes) => margin.top + plotHeight - (Number(bytes) / top) * plotHeight;
 
   const chart = svg("svg", {
@@ -446,20 +487,43 @@ function bytesPlot(points) {
   });
   for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
     const level = y(top * fraction);
-    chart.append(svg("line", { x1: margin.left, x2: width - margin.right, y1: level, y2: level, class: "grid" }));
-    chart.append(svg("text", { x: margin.left - 8, y: level + 4, class: "axis", "text-anchor": "end" }, size(top * fraction)));
+    chart.append(
+      svg("line", {
+        x1: margin.left,
+        x2: width - margin.right,
+        y1: level,
+        y2: level,
+        class: "grid",
+      }),
+    );
+    chart.append(
+      svg(
+        "text",
+        { x: margin.left - 8, y: level + 4, class: "axis", "text-anchor": "end" },
+        size(top * fraction),
+      ),
+    );
   }
-  const labelled = points.length > 2 ? [points[0], points[Math.floor(points.length / 2)], points[points.length - 1]] : points;
+  const labelled =
+    points.length > 2
+      ? [points[0], points[Math.floor(points.length / 2)], points[points.length - 1]]
+      : points;
   for (const point of new Set(labelled)) {
     chart.append(
-      svg("text", { x: x(Date.parse(point.date)), y: height - 8, class: "axis", "text-anchor": "middle" }, point.date),
+      svg(
+        "text",
+        { x: x(Date.parse(point.date)), y: height - 8, class: "axis", "text-anchor": "middle" },
+        point.date,
+      ),
     );
   }
   const coordinates = points.map((point, index) => `${x(times[index])},${y(point.bytes)}`);
   chart.append(svg("polyline", { points: coordinates.join(" "), class: "line" }));
   points.forEach((point, index) => {
     const dot = svg("circle", { cx: x(times[index]), cy: y(point.bytes), r: 3.5, class: "dot" });
-    dot.append(svg("title", {}, `${point.date}: ${size(point.bytes)}, ${count(point.objects)} objects`));
+    dot.append(
+      svg("title", {}, `${point.date}: ${size(point.bytes)}, ${count(point.objects)} objects`),
+    );
     chart.append(dot);
   });
   return chart;
@@ -494,9 +558,21 @@ async function showRuns() {
         ),
         backlog.length
           ? table(
-              ["Shard", numberHeading("Records"), numberHeading("Bytes"), "Oldest deleted", numberHeading("Windows")],
+              [
+                "Shard",
+                numberHeading("Records"),
+                numberHeading("Bytes"),
+                "Oldest deleted",
+                numberHeading("Windows"),
+              ],
               backlog.map((shard) =>
-                row(shard.shard, numberCell(count(shard.records)), numberCell(size(shard.bytes)), when(shard.oldest), numberCell(count(shard.windows))),
+                row(
+                  shard.shard,
+                  numberCell(count(shard.records)),
+                  numberCell(size(shard.bytes)),
+                  when(shard.oldest, "—"),
+                  numberCell(count(shard.windows)),
+                ),
               ),
             )
           : note("No backlog reported."),
@@ -506,7 +582,15 @@ async function showRuns() {
               [
                 "Kind",
                 "Started",
-                ...["Took", "Found", "Reclaimed", "Failed", "Blocks deleted", "Bytes reclaimed", "Windows dropped"].map(numberHeading),
+                ...[
+                  "Took",
+                  "Found",
+                  "Reclaimed",
+                  "Failed",
+                  "Blocks deleted",
+                  "Bytes reclaimed",
+                  "Windows dropped",
+                ].map(numberHeading),
               ],
               runs.map((run) =>
                 row(
@@ -515,7 +599,11 @@ async function showRuns() {
                   numberCell(duration(run.duration_seconds)),
                   numberCell(count(run.records_found)),
                   numberCell(count(run.records_reclaimed)),
-                  el("td", { class: run.records_failed ? "number bad" : "number" }, count(run.records_failed)),
+                  el(
+                    "td",
+                    { class: run.records_failed ? "number bad" : "number" },
+                    count(run.records_failed),
+                  ),
                   numberCell(count(run.blocks_deleted)),
                   numberCell(size(run.bytes_reclaimed)),
                   numberCell(count(run.windows_dropped)),
@@ -582,7 +670,8 @@ async function show() {
     await PAGES[name]();
   } finally {
     if (mine === showing) {
-      document.getElementById("refreshed").textContent = `updated ${new Date().toLocaleTimeString()}`;
+      document.getElementById("refreshed").textContent =
+        `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.shown = name;
       refreshTimer = setTimeout(show, REFRESH_MS);
     }
