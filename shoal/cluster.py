@@ -439,6 +439,7 @@ async def _gateway_admin(
     from shoal.admin.api import api_routes
     from shoal.admin.census import Census
     from shoal.admin.collector import CensusCollector
+    from shoal.admin.console import console_routes
 
     token = AdminToken(load_or_create_token(config.admin_token_file))
     census = Census(config, shards, readiness=readiness)
@@ -446,7 +447,7 @@ async def _gateway_admin(
         readiness,
         token=token,
         collectors=[CensusCollector(census)],
-        routes=[api_routes(census)],
+        routes=[api_routes(census), console_routes()],
     )
     refreshing = asyncio.create_task(census.keep_refreshing(stop))
     try:
