@@ -20,8 +20,15 @@ from pathlib import Path
 
 import shoal.logs
 import shoal.loop
-from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
-from shoal.config import Config, ConfigError, load_config
+from shoal.cluster import (
+    LocalNodes,
+    NodeSettings,
+    data_path,
+    root_key,
+    run_gateway,
+    run_storage_node,
+)
+from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.gc import Collector, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
@@ -107,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     accounts.add_parser("list", parents=[common], help="accounts and keys").set_defaults(
         run=_account_list
     )
+    show_root = accounts.add_parser(
+        "show-root", parents=[common], help="the root account's access key and its secret"
+    )
+    show_root.add_argument("--json", action="store_true", help="print JSON")
+    show_root.set_defaults(run=_show_root)
     keys = accounts.add_parser("key", help="access keys").add_subparsers(title="key commands")
     add = keys.add_parser("add", parents=[common], help="another key for an account")
     add.add_argument("name")
@@ -132,9 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     status = db.add_parser("status", parents=[common], help="shards, vnodes, versions, rows")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_db_status)
-    db.add_parser("dsn", parents=[common], help="each shard's DSN, one a line").set_defaults(
-        run=_db_dsn
-    )
+    db.add_parser(
+        "dsn", parents=[common], help="each shard's DSN, password included, one a line (for psql)"
+    ).set_defaults(run=_db_dsn)
     return parser
 
 
@@ -175,6 +187,8 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _db_dsn(config: Config, args: argparse.Namespace) -> int:
+    """The one command that prints shards' passwords: its output is for psql, by the
+    operator who can read the data directory (or the configuration) anyway."""
     with shard_configs(config) as shards:
         for shard in shards:
             print(shard.dsn)
@@ -192,8 +206,12 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         try:
             node_lines = nodes.start()
 
-            def ready(root: KeyPair) -> None:
-                _print_banner(config, port, shards, node_lines, root)
+            def ready(root: KeyPair, made_now: bool) -> None:
+                show_root = " ".join(["shoal account show-root", *_where(config, args)])
+                secret = root.secret_access_key if made_now else None
+                _print_banner(
+                    config, port, shards, node_lines, root.access_key_id, secret, show_root
+                )
 
             async def serve(stop: asyncio.Event) -> None:
                 async with _supervised_postgres(config, stop):
@@ -214,18 +232,30 @@ def _supervised_postgres(config: Config, stop: asyncio.Event) -> AbstractAsyncCo
     return embedded_server(config).supervised(stop)
 
 
-def _print_banner(config: Config, port: int, shards: list, nodes: list[str], root: KeyPair) -> None:  # type: ignore[type-arg]
+def _print_banner(
+    config: Config,
+    port: int,
+    shards: list[ShardConfig],
+    nodes: list[str],
+    access_key_id: str,
+    secret: str | None,
+    show_root: str,
+) -> None:
+    """What `serve` prints once it is ready. The root secret only when this start made it
+    (the first start): a banner is read once, but kept in terminals' scrollback and service
+    managers' logs for long; `show_root` is the command that prints it again."""
     endpoint = f"http://{config.s3.host}:{port}"
+    shown_secret = secret if secret is not None else f"not shown again: `{show_root}` prints it"
     lines = [
         f"Shoal is running (data directory {config.data_dir})",
         f"  S3 endpoint        {endpoint}",
-        f"  access key id      {root.access_key_id}",
-        f"  secret access key  {root.secret_access_key}",
-        *(f"  metadata shard     {shard.name}: {shard.dsn}" for shard in shards),
+        f"  access key id      {access_key_id}",
+        f"  secret access key  {shown_secret}",
+        *(f"  metadata shard     {shard.name}: {shard.shown_dsn}" for shard in shards),
         *(f"  storage node       {line}" for line in nodes),
         "Try:",
-        f"  AWS_ACCESS_KEY_ID={root.access_key_id} "
-        f"AWS_SECRET_ACCESS_KEY={root.secret_access_key} \\",
+        f"  AWS_ACCESS_KEY_ID={access_key_id} "
+        f"AWS_SECRET_ACCESS_KEY={secret or '<secret access key>'} \\",
         f"    aws --endpoint-url {endpoint} s3 mb s3://my-bucket",
         "Press Ctrl-C to stop.",
     ]
@@ -398,6 +428,11 @@ def _key_add(config: Config, args: argparse.Namespace) -> int:
 def _key_revoke(config: Config, args: argparse.Namespace) -> int:
     _with_credentials(config, lambda c: c.store.keys.revoke(args.access_key_id))
     print(f"revoked {args.access_key_id}")
+    return 0
+
+
+def _show_root(config: Config, args: argparse.Namespace) -> int:
+    _print_key(_with_credentials(config, root_key), args.json)
     return 0
 
 

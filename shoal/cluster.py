@@ -24,7 +24,13 @@ import shoal.loop
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
-from shoal.metadata import AccountNotFound, InvalidName, MetadataError, MetadataStore
+from shoal.metadata import (
+    AccessKeyNotFound,
+    AccountNotFound,
+    InvalidName,
+    MetadataError,
+    MetadataStore,
+)
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
 from shoal.storage import (
@@ -352,7 +358,7 @@ async def run_gateway(
     shards: Sequence[ShardConfig],
     port: int,
     stop: asyncio.Event,
-    on_ready: Callable[[KeyPair], None] | None = None,
+    on_ready: Callable[[KeyPair, bool], None] | None = None,
     local_nodes: LocalNodes | None = None,
 ) -> None:
     """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon,
@@ -371,13 +377,13 @@ async def run_gateway(
         _serving_gateway(config, store, sock) as (credentials, path),
     ):
         try:
-            root = await root_keys(credentials)
+            root, made_now = await root_keys(credentials)
             workers.start()
             await wait_for_nodes(
                 store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
             )
             if on_ready is not None:
-                on_ready(root)
+                on_ready(root, made_now)
             collector = Collector(
                 store, path, config.gc.leeway, config.gc.batch_size, config.gc.workers
             )
@@ -480,13 +486,32 @@ async def wait_for_nodes(
     log.warning("only some storage nodes registered within %d s", NODE_START_SECONDS)
 
 
-async def root_keys(credentials: Credentials) -> KeyPair:
-    """The root account's first key, made on first start."""
+async def root_keys(credentials: Credentials) -> tuple[KeyPair, bool]:
+    """The root account's oldest active key, and whether this call made it: on first start,
+    or when every key of root's was revoked. Only a key made now has its secret printed
+    by `shoal serve`; `shoal account show-root` prints it later."""
     try:
         account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
     except AccountNotFound:
         try:
-            return await credentials.create_account(ROOT_ACCOUNT)
+            return await credentials.create_account(ROOT_ACCOUNT), True
         except InvalidName:  # created meanwhile by another process
             account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
-    return await credentials.first_key(account)
+    key = await credentials.oldest_active_key(account)
+    if key is not None:
+        return key, False
+    return await credentials.add_key(account), True
+
+
+async def root_key(credentials: Credentials) -> KeyPair:
+    """The root account's oldest active key, for `shoal account show-root`: nothing made."""
+    try:
+        account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
+    except AccountNotFound:
+        raise AccountNotFound("no root account yet: the first `shoal serve` makes it") from None
+    key = await credentials.oldest_active_key(account)
+    if key is None:
+        raise AccessKeyNotFound(
+            "every key of the root account is revoked: the next `shoal serve` makes one"
+        )
+    return key
