@@ -52,16 +52,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    shoal.logs.configure()
+    shoal.logs.configure()  # until the configuration names the format
     # Whatever Shoal and its children make (data directory, blocks, PostgreSQL's files, Spark's
     # outputs, logs) is readable by its own user only: objects must not leak to other local
     # users who have no S3 credentials.
     os.umask(PRIVATE_UMASK)
     try:
         config = load_config(args.config, args.data_dir)
+        shoal.logs.configure(config.log.format)
         return int(args.run(config, args) or 0)
     except (ConfigError, MetadataError, CommandError) as exc:
-        print(f"shoal: error: {exc}", file=sys.stderr)
+        if shoal.logs.current_format() == "json":  # a log shipper reads stderr
+            logging.getLogger("shoal").error("%s", exc)
+        else:
+            print(f"shoal: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -241,9 +245,9 @@ def _print_banner(
     secret: str | None,
     show_root: str,
 ) -> None:
-    """What `serve` prints once it is ready. The root secret only when this start made it
-    (the first start): a banner is read once, but kept in terminals' scrollback and service
-    managers' logs for long; `show_root` is the command that prints it again."""
+    """What `serve` prints once it is ready. The root secret once, and only when this start
+    made it (the first start): a banner is read once but kept for long, in terminals'
+    scrollback and service managers' logs; `show_root` is the command that prints it again."""
     endpoint = f"http://{config.s3.host}:{port}"
     shown_secret = secret if secret is not None else f"not shown again: `{show_root}` prints it"
     lines = [
@@ -254,8 +258,7 @@ def _print_banner(
         *(f"  metadata shard     {shard.name}: {shard.shown_dsn}" for shard in shards),
         *(f"  storage node       {line}" for line in nodes),
         "Try:",
-        f"  AWS_ACCESS_KEY_ID={access_key_id} "
-        f"AWS_SECRET_ACCESS_KEY={secret or '<secret access key>'} \\",
+        f"  AWS_ACCESS_KEY_ID={access_key_id} AWS_SECRET_ACCESS_KEY=<secret access key> \\",
         f"    aws --endpoint-url {endpoint} s3 mb s3://my-bucket",
         "Press Ctrl-C to stop.",
     ]

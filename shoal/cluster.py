@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from shoal.metadata import (
 )
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
+from shoal.restarts import Restarts
 from shoal.storage import (
     BlockClient,
     BlockStore,
@@ -60,12 +61,8 @@ MIN_FREE_BYTES = 256 * 1024 * 1024
 WINDOW_MAINTENANCE_SECONDS = 600.0
 WINDOW_RETRY_SECONDS = 10.0
 # How often `shoal serve` looks for a gateway worker or local storage node that died, to
-# restart it.
+# restart it (when: shoal.restarts).
 WORKER_CHECK_SECONDS = 1.0
-# A local storage node that exits sooner than this after its start is restarted after a
-# pause, doubled each time in a row, up to the maximum.
-NODE_STEADY_SECONDS = 30.0
-NODE_RESTART_MAX_PAUSE = 60.0
 ROOT_ACCOUNT = "root"
 # How long `shoal serve` waits for its local storage nodes' first heartbeat.
 NODE_START_SECONDS = 60
@@ -255,32 +252,23 @@ class _LocalNode:
     name: str
     port: int
     process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    quick_exits: int = 0  # exits in a row, each soon after its start
-    restart_at: float | None = None  # when a node that exited is started again
-
-
-def _restart_pause(quick_exits: int) -> float:
-    """0 s after a node's first exit, then 1, 2, 4, ... up to the maximum while it keeps
-    exiting soon after each start."""
-    if quick_exits <= 1:
-        return 0.0
-    return min(NODE_RESTART_MAX_PAUSE, 2.0 ** (quick_exits - 2))
+    restarts: Restarts = field(default_factory=Restarts)
 
 
 class LocalNodes:
     """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes.
 
     A node that exits (a crash, `kill -9`, the OOM killer) is reaped and started again on its
-    folder and port by `restart_dead`, which the serve loop calls every second: at once the
-    first time, then after a pause that doubles (1 s, 2 s, ... up to a minute) while it keeps
-    exiting soon after each start, so that a node that cannot start does not spin.
+    folder and port by `restart_dead`, which the serve loop calls every second, when
+    shoal.restarts says: at once the first time, then after a pause that doubles while it
+    keeps exiting soon after each start.
     """
 
     def __init__(self, config: Config, config_args: list[str]) -> None:
         self.config = config
         self.config_args = config_args
         self.nodes: list[_LocalNode] = []
+        self.restarts = 0  # nodes started again after an exit, since this serve started
 
     def start(self) -> list[str]:
         """Start the nodes (from the main thread: they die with it, see children.py)."""
@@ -297,17 +285,13 @@ class LocalNodes:
 
     def restart_dead(self) -> None:
         """Reap any node that exited and start it again, now or after its back-off."""
-        now = time.monotonic()
         for node in self.nodes:
-            if node.restart_at is None:
+            if not node.restarts.waiting:
                 assert node.process is not None
                 code = node.process.poll()  # reaps it
                 if code is None:
                     continue
-                lived = now - node.started_at
-                node.quick_exits = node.quick_exits + 1 if lived < NODE_STEADY_SECONDS else 0
-                node.restart_at = now + _restart_pause(node.quick_exits)
-                pause = node.restart_at - now
+                lived, pause = node.restarts.exited()
                 log.error(
                     "storage node %s exited with %s after %.0f s; restarting it in %.0f s",
                     node.name,
@@ -315,8 +299,9 @@ class LocalNodes:
                     lived,
                     pause,
                 )
-            if now >= node.restart_at:
+            if node.restarts.due():
                 self._launch(node)
+                self.restarts += 1
 
     def stop(self) -> None:
         children = [n.process for n in self.nodes if n.process is not None]
@@ -349,8 +334,7 @@ class LocalNodes:
         node.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
         )
-        node.started_at = time.monotonic()
-        node.restart_at = None
+        node.restarts.started()
 
 
 async def run_gateway(
