@@ -90,7 +90,7 @@ class JsonFormatter(logging.Formatter):
             entry["exc"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry)
+        return json.dumps(entry, separators=(",", ":"))  # as the access lines have it
 
 
 def _log_uncaught(
