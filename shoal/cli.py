@@ -13,10 +13,13 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+
+from psycopg.conninfo import conninfo_to_dict
 
 import shoal.logs
 import shoal.loop
@@ -203,6 +206,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
+    _warn_of_readable_secrets(config, args.config)
     port = args.port or config.s3.port
     nodes = LocalNodes(config, _where(config, args))
     with _serve_lock(config.data_dir), shard_configs(config) as shards:
@@ -226,6 +230,23 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
             nodes.stop()
     print("Shoal stopped.", flush=True)
     return 0
+
+
+def _warn_of_readable_secrets(config: Config, config_file: Path | None) -> None:
+    """A warning for each file holding a secret that other users may read: Shoal makes its
+    own 0600, but a secret file named in the configuration, or the configuration itself when
+    its DSNs carry passwords, is the operator's."""
+    files = [config.secret_file, config.credentials_key_file]
+    if config_file is not None and any(
+        conninfo_to_dict(shard.dsn).get("password") for shard in config.metadata.shards
+    ):
+        files.append(config_file)
+    for path in files:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
+                logging.getLogger("shoal").warning(
+                    "%s holds a secret and other users may read it: chmod 600 it", path
+                )
 
 
 def _supervised_postgres(config: Config, stop: asyncio.Event) -> AbstractAsyncContextManager[None]:

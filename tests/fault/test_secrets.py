@@ -4,6 +4,7 @@ data directory (docs/operations.md, "Secrets")."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import psutil
@@ -65,6 +66,9 @@ def test_the_root_secret_is_printed_once_by_the_first_start_and_no_secret_anywhe
             if name != "the root secret":
                 assert secret not in output, f"{name} in serve's output"
         assert "***" in first.banner  # the shard's DSN, shown without its password
+        # The configuration holds the shard's password, and the test made it 0644.
+        assert tree.config.stat().st_mode & stat.S_IROTH
+        assert f"{tree.config} holds a secret and other users may read it" in output
 
         logged_before = len(tree.log.read_text())
         again = tree.start()  # the fixture asks `shoal account show-root` for the secret
