@@ -11,7 +11,7 @@ import secrets
 import string
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -29,7 +29,7 @@ CACHE_SECONDS = 30.0
 class KeyPair:
     account: Account
     access_key_id: str
-    secret_access_key: str
+    secret_access_key: str = field(repr=False)  # printed on purpose only (cli._print_key)
 
 
 class Credentials:
