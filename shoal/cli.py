@@ -13,17 +13,27 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
+
 import shoal.logs
 import shoal.loop
 from shoal import telemetry
 from shoal.admin.census import Census, format_pipeline_runs, format_status, pipeline_run_json
-from shoal.cluster import LocalNodes, NodeSettings, data_path, run_gateway, run_storage_node
+from shoal.cluster import (
+    LocalNodes,
+    NodeSettings,
+    data_path,
+    root_key,
+    run_gateway,
+    run_storage_node,
+)
 from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.gc import Collector, parse_leeway
@@ -48,16 +58,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    shoal.logs.configure()
+    shoal.logs.configure()  # until the configuration names the format
     # Whatever Shoal and its children make (data directory, blocks, PostgreSQL's files, Spark's
     # outputs, logs) is readable by its own user only: objects must not leak to other local
     # users who have no S3 credentials.
     os.umask(PRIVATE_UMASK)
     try:
         config = load_config(args.config, args.data_dir)
+        shoal.logs.configure(config.log.format)
         return int(args.run(config, args) or 0)
     except (ConfigError, MetadataError, CommandError) as exc:
-        print(f"shoal: error: {exc}", file=sys.stderr)
+        if shoal.logs.current_format() == "json":  # a log shipper reads stderr
+            logging.getLogger("shoal").error("%s", exc)
+        else:
+            print(f"shoal: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -117,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
     accounts.add_parser("list", parents=[common], help="accounts and keys").set_defaults(
         run=_account_list
     )
+    show_root = accounts.add_parser(
+        "show-root", parents=[common], help="the root account's access key and its secret"
+    )
+    show_root.add_argument("--json", action="store_true", help="print JSON")
+    show_root.set_defaults(run=_show_root)
     keys = accounts.add_parser("key", help="access keys").add_subparsers(title="key commands")
     add = keys.add_parser("add", parents=[common], help="another key for an account")
     add.add_argument("name")
@@ -149,9 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     status = db.add_parser("status", parents=[common], help="shards, vnodes, versions, rows")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_db_status)
-    db.add_parser("dsn", parents=[common], help="each shard's DSN, one a line").set_defaults(
-        run=_db_dsn
-    )
+    db.add_parser(
+        "dsn", parents=[common], help="each shard's DSN, password included, one a line (for psql)"
+    ).set_defaults(run=_db_dsn)
     return parser
 
 
@@ -192,6 +211,8 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _db_dsn(config: Config, args: argparse.Namespace) -> int:
+    """The one command that prints shards' passwords: its output is for psql, by the
+    operator who can read the data directory (or the configuration) anyway."""
     with shard_configs(config) as shards:
         for shard in shards:
             print(shard.dsn)
@@ -202,6 +223,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
+    _warn_of_readable_secrets(config, args.config)
     port = args.port or config.s3.port
     admin_port = args.admin_port or config.admin.port
     nodes = LocalNodes(config, _where(config, args))
@@ -212,8 +234,19 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         try:
             node_lines = nodes.start()
 
-            def ready(root: KeyPair) -> None:
-                _print_banner(config, port, admin_port, shards, node_lines, root)
+            def ready(root: KeyPair, made_now: bool) -> None:
+                show_root = " ".join(["shoal account show-root", *_where(config, args)])
+                secret = root.secret_access_key if made_now else None
+                _print_banner(
+                    config,
+                    port,
+                    admin_port,
+                    shards,
+                    node_lines,
+                    root.access_key_id,
+                    secret,
+                    show_root,
+                )
 
             async def serve(stop: asyncio.Event) -> None:
                 async with _supervised_postgres(config, stop):
@@ -234,6 +267,23 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_of_readable_secrets(config: Config, config_file: Path | None) -> None:
+    """A warning for each file holding a secret that other users may read: Shoal makes its
+    own 0600, but a secret file named in the configuration, or the configuration itself when
+    its DSNs carry passwords, is the operator's."""
+    files = [config.secret_file, config.credentials_key_file]
+    if config_file is not None and any(
+        conninfo_to_dict(shard.dsn).get("password") for shard in config.metadata.shards
+    ):
+        files.append(config_file)
+    for path in files:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
+                logging.getLogger("shoal").warning(
+                    "%s holds a secret and other users may read it: chmod 600 it", path
+                )
+
+
 def _supervised_postgres(config: Config, stop: asyncio.Event) -> AbstractAsyncContextManager[None]:
     """`serve` restarts the embedded PostgreSQL if it dies; external shards are their
     operator's."""
@@ -246,23 +296,28 @@ def _print_banner(
     config: Config,
     port: int,
     admin_port: int,
-    shards: list,  # type: ignore[type-arg]
+    shards: list[ShardConfig],
     nodes: list[str],
-    root: KeyPair,
+    access_key_id: str,
+    secret: str | None,
+    show_root: str,
 ) -> None:
+    """What `serve` prints once it is ready. The root secret once, and only when this start
+    made it (the first start): a banner is read once but kept for long, in terminals'
+    scrollback and service managers' logs; `show_root` is the command that prints it again."""
     endpoint = f"http://{config.s3.host}:{port}"
+    shown_secret = secret if secret is not None else f"not shown again: `{show_root}` prints it"
     lines = [
         f"Shoal is running (data directory {config.data_dir})",
         f"  S3 endpoint        {endpoint}",
         f"  admin and console  http://{config.admin.host}:{admin_port}/console/"
         f" (token in {config.admin_token_file})",
-        f"  access key id      {root.access_key_id}",
-        f"  secret access key  {root.secret_access_key}",
-        *(f"  metadata shard     {shard.name}: {shard.dsn}" for shard in shards),
+        f"  access key id      {access_key_id}",
+        f"  secret access key  {shown_secret}",
+        *(f"  metadata shard     {shard.name}: {shard.shown_dsn}" for shard in shards),
         *(f"  storage node       {line}" for line in nodes),
         "Try:",
-        f"  AWS_ACCESS_KEY_ID={root.access_key_id} "
-        f"AWS_SECRET_ACCESS_KEY={root.secret_access_key} \\",
+        f"  AWS_ACCESS_KEY_ID={access_key_id} AWS_SECRET_ACCESS_KEY=<secret access key> \\",
         f"    aws --endpoint-url {endpoint} s3 mb s3://my-bucket",
         "Press Ctrl-C to stop.",
     ]
@@ -461,6 +516,11 @@ def _key_add(config: Config, args: argparse.Namespace) -> int:
 def _key_revoke(config: Config, args: argparse.Namespace) -> int:
     _with_credentials(config, lambda c: c.store.keys.revoke(args.access_key_id))
     print(f"revoked {args.access_key_id}")
+    return 0
+
+
+def _show_root(config: Config, args: argparse.Namespace) -> int:
+    _print_key(_with_credentials(config, root_key), args.json)
     return 0
 
 

@@ -13,12 +13,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 import shoal.loop
 from shoal import telemetry
@@ -26,9 +29,16 @@ from shoal.admin import AdminToken, admin_app, load_or_create_token, serving_adm
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
-from shoal.metadata import AccountNotFound, InvalidName, MetadataError, MetadataStore
+from shoal.metadata import (
+    AccessKeyNotFound,
+    AccountNotFound,
+    InvalidName,
+    MetadataError,
+    MetadataStore,
+)
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
+from shoal.restarts import Restarts
 from shoal.storage import (
     BlockClient,
     BlockStore,
@@ -57,12 +67,8 @@ MIN_FREE_BYTES = 256 * 1024 * 1024
 WINDOW_MAINTENANCE_SECONDS = 600.0
 WINDOW_RETRY_SECONDS = 10.0
 # How often `shoal serve` looks for a gateway worker or local storage node that died, to
-# restart it.
+# restart it (when: shoal.restarts).
 WORKER_CHECK_SECONDS = 1.0
-# A local storage node that exits sooner than this after its start is restarted after a
-# pause, doubled each time in a row, up to the maximum.
-NODE_STEADY_SECONDS = 30.0
-NODE_RESTART_MAX_PAUSE = 60.0
 ROOT_ACCOUNT = "root"
 # How long `shoal serve` waits for its local storage nodes' first heartbeat.
 NODE_START_SECONDS = 60
@@ -267,32 +273,23 @@ class _LocalNode:
     port: int
     admin_port: int
     process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    quick_exits: int = 0  # exits in a row, each soon after its start
-    restart_at: float | None = None  # when a node that exited is started again
-
-
-def _restart_pause(quick_exits: int) -> float:
-    """0 s after a node's first exit, then 1, 2, 4, ... up to the maximum while it keeps
-    exiting soon after each start."""
-    if quick_exits <= 1:
-        return 0.0
-    return min(NODE_RESTART_MAX_PAUSE, 2.0 ** (quick_exits - 2))
+    restarts: Restarts = field(default_factory=Restarts)
 
 
 class LocalNodes:
     """The storage nodes `shoal serve` runs as child processes under <data_dir>/nodes.
 
     A node that exits (a crash, `kill -9`, the OOM killer) is reaped and started again on its
-    folder and port by `restart_dead`, which the serve loop calls every second: at once the
-    first time, then after a pause that doubles (1 s, 2 s, ... up to a minute) while it keeps
-    exiting soon after each start, so that a node that cannot start does not spin.
+    folder and port by `restart_dead`, which the serve loop calls every second, when
+    shoal.restarts says: at once the first time, then after a pause that doubles while it
+    keeps exiting soon after each start.
     """
 
     def __init__(self, config: Config, config_args: list[str]) -> None:
         self.config = config
         self.config_args = config_args
         self.nodes: list[_LocalNode] = []
+        self.restarts = 0  # nodes started again after an exit, since this serve started
 
     def start(self) -> list[str]:
         """Start the nodes (from the main thread: they die with it, see children.py)."""
@@ -310,17 +307,13 @@ class LocalNodes:
 
     def restart_dead(self) -> None:
         """Reap any node that exited and start it again, now or after its back-off."""
-        now = time.monotonic()
         for node in self.nodes:
-            if node.restart_at is None:
+            if not node.restarts.waiting:
                 assert node.process is not None
                 code = node.process.poll()  # reaps it
                 if code is None:
                     continue
-                lived = now - node.started_at
-                node.quick_exits = node.quick_exits + 1 if lived < NODE_STEADY_SECONDS else 0
-                node.restart_at = now + _restart_pause(node.quick_exits)
-                pause = node.restart_at - now
+                lived, pause = node.restarts.exited()
                 log.error(
                     "storage node %s exited with %s after %.0f s; restarting it in %.0f s",
                     node.name,
@@ -328,8 +321,9 @@ class LocalNodes:
                     lived,
                     pause,
                 )
-            if now >= node.restart_at:
+            if node.restarts.due():
                 self._launch(node)
+                self.restarts += 1
 
     def stop(self) -> None:
         children = [n.process for n in self.nodes if n.process is not None]
@@ -364,8 +358,7 @@ class LocalNodes:
         node.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
         )
-        node.started_at = time.monotonic()
-        node.restart_at = None
+        node.restarts.started()
 
 
 async def run_gateway(
@@ -373,7 +366,7 @@ async def run_gateway(
     shards: Sequence[ShardConfig],
     port: int,
     stop: asyncio.Event,
-    on_ready: Callable[[KeyPair], None] | None = None,
+    on_ready: Callable[[KeyPair, bool], None] | None = None,
     local_nodes: LocalNodes | None = None,
     admin_port: int | None = None,
 ) -> None:
@@ -392,16 +385,16 @@ async def run_gateway(
     async with (
         await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),
-        _gateway_admin(config, shards, admin_port, readiness, stop),
+        _gateway_admin(config, shards, admin_port, readiness, stop, workers),
     ):
         try:
-            root = await root_keys(credentials)
+            root, made_now = await root_keys(credentials)
             workers.start()
             await wait_for_nodes(
                 store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
             )
             if on_ready is not None:
-                on_ready(root)
+                on_ready(root, made_now)
             collector = Collector(
                 store, path, config.gc.leeway, config.gc.batch_size, config.gc.workers
             )
@@ -433,6 +426,7 @@ async def _gateway_admin(
     port: int | None,
     readiness: Readiness,
     stop: asyncio.Event,
+    workers: WorkerProcesses,
 ) -> AsyncIterator[None]:
     """The admin listener of `shoal serve`: health, metrics, the admin API and console, with
     the census (GC backlog, last runs) read in the background for the API and metrics."""
@@ -446,7 +440,7 @@ async def _gateway_admin(
     app = admin_app(
         readiness,
         token=token,
-        collectors=[CensusCollector(census)],
+        collectors=[CensusCollector(census), RestartCollector(workers)],
         routes=[api_routes(census), console_routes()],
     )
     refreshing = asyncio.create_task(census.keep_refreshing(stop))
@@ -457,6 +451,20 @@ async def _gateway_admin(
         refreshing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await refreshing
+
+
+class RestartCollector(Collector):
+    """`shoal_gateway_worker_restarts_total`: the gateway workers this serve restarted."""
+
+    def __init__(self, workers: WorkerProcesses) -> None:
+        self.workers = workers
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "shoal_gateway_worker_restarts",
+            "Gateway worker processes restarted after they died",
+            value=self.workers.restarts,
+        )
 
 
 async def keep_windows(store: MetadataStore, ahead: int) -> float:
@@ -537,13 +545,32 @@ async def wait_for_nodes(
     log.warning("only some storage nodes registered within %d s", NODE_START_SECONDS)
 
 
-async def root_keys(credentials: Credentials) -> KeyPair:
-    """The root account's first key, made on first start."""
+async def root_keys(credentials: Credentials) -> tuple[KeyPair, bool]:
+    """The root account's oldest active key, and whether this call made it: on first start,
+    or when every key of root's was revoked. Only a key made now has its secret printed
+    by `shoal serve`; `shoal account show-root` prints it later."""
     try:
         account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
     except AccountNotFound:
         try:
-            return await credentials.create_account(ROOT_ACCOUNT)
+            return await credentials.create_account(ROOT_ACCOUNT), True
         except InvalidName:  # created meanwhile by another process
             account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
-    return await credentials.first_key(account)
+    key = await credentials.oldest_active_key(account)
+    if key is not None:
+        return key, False
+    return await credentials.add_key(account), True
+
+
+async def root_key(credentials: Credentials) -> KeyPair:
+    """The root account's oldest active key, for `shoal account show-root`: nothing made."""
+    try:
+        account = await credentials.store.accounts.get_by_name(ROOT_ACCOUNT)
+    except AccountNotFound:
+        raise AccountNotFound("no root account yet: the first `shoal serve` makes it") from None
+    key = await credentials.oldest_active_key(account)
+    if key is None:
+        raise AccessKeyNotFound(
+            "every key of the root account is revoked: the next `shoal serve` makes one"
+        )
+    return key

@@ -7,11 +7,14 @@ under the data directory. A TOML file names external shards instead (see docs/co
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
 
 DEFAULT_DATA_DIR = Path("shoal-data")
 DEFAULT_VNODES = 64
@@ -27,7 +30,61 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class ShardConfig:
     name: str
-    dsn: str
+    # The whole connection string, password included: for connecting only. What is shown
+    # (banner, logs, errors, repr) is `shown_dsn`.
+    dsn: str = field(repr=False)
+
+    @property
+    def shown_dsn(self) -> str:
+        return redact_dsn(self.dsn)
+
+
+# libpq settings whose values are secrets: the password, and the passphrase of the client key.
+SECRET_DSN_KEYS = frozenset({"password", "sslpassword"})
+HIDDEN = "***"
+_URI = re.compile(r"(?P<scheme>postgres(?:ql)?://)(?P<rest>.*)", re.DOTALL)
+# The credentials of a URI end at the first '@' before any '/', as libpq reads them.
+_URI_USERINFO = re.compile(r"(?P<user>[^:@/]*):[^@/]*@")
+_URI_PARAMETER = re.compile(r"(?P<key>[^&=?]+)=(?P<value>[^&]*)")
+# A key=value setting: a bare value ends at white space; a quoted one may hold anything,
+# with \\ and \' escaped (libpq's rules).
+_SETTING = re.compile(r"\s*(?P<key>\w+)\s*=\s*(?P<value>'(?:[^'\\]|\\.)*'|(?:[^\s\\]|\\.)+)\s*")
+
+
+def redact_dsn(dsn: str) -> str:
+    """A libpq connection string (URI or key=value form) with its password and other
+    secrets replaced by ***, to be shown in a banner, a log line or an error.
+
+    A string libpq would not parse is not shown at all: where its secret ends is unknown.
+    """
+    uri = _URI.fullmatch(dsn.strip())
+    if uri is not None:
+        return uri["scheme"] + _redact_uri(uri["rest"])
+    shown = []
+    position = 0
+    while position < len(dsn.rstrip()):
+        setting = _SETTING.match(dsn, position)
+        if setting is None:
+            return "(a connection string Shoal cannot read, not shown)"
+        value = HIDDEN if setting["key"].lower() in SECRET_DSN_KEYS else setting["value"]
+        shown.append(f"{setting['key']}={value}")
+        position = setting.end()
+    return " ".join(shown)
+
+
+def _redact_uri(rest: str) -> str:
+    """The part of a URI after its scheme, its credentials' password and secret query
+    parameters hidden."""
+    rest = _URI_USERINFO.sub(lambda m: f"{m['user']}:{HIDDEN}@", rest, count=1)
+    where, question, query = rest.partition("?")
+    if not question:
+        return where
+
+    def hide(parameter: re.Match[str]) -> str:
+        secret = parameter["key"].lower() in SECRET_DSN_KEYS
+        return f"{parameter['key']}={HIDDEN if secret else parameter['value']}"
+
+    return f"{where}?{_URI_PARAMETER.sub(hide, query)}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +179,16 @@ class GcConfig:
     batch_size: int = 100
 
 
+# How every Shoal process writes its log lines on stderr (shoal.logs): "text", one line a
+# record for people, or "json", one JSON object a line for log shippers.
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: str = "text"
+
+
 @dataclass(frozen=True)
 class AdminConfig:
     # The admin listener of `shoal serve` (health, metrics, admin API, console:
@@ -140,6 +207,7 @@ class Config:
     s3: S3Config = field(default_factory=S3Config)
     gc: GcConfig = field(default_factory=GcConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def secret_file(self) -> Path:
@@ -168,7 +236,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata", "storage", "s3", "gc", "admin"}
+    known = {"data_dir", "metadata", "storage", "s3", "gc", "admin", "log"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -204,7 +272,16 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         s3=_parse_s3(raw.get("s3", {}), base),
         gc=_parse_gc(raw.get("gc", {})),
         admin=_parse_admin(raw.get("admin", {}), base),
+        log=_parse_log(raw.get("log", {})),
     )
+
+
+def _parse_log(raw: Any) -> LogConfig:
+    _reject_unknown(raw, {"format"}, "[log]")
+    value = raw.get("format", LogConfig.format)
+    if value not in LOG_FORMATS:
+        raise ConfigError(f'[log] format must be "text" or "json", not {value!r}')
+    return LogConfig(format=value)
 
 
 def _parse_gc(raw: Any) -> GcConfig:
@@ -341,7 +418,17 @@ def _parse_shard(index: int, raw: Any) -> ShardConfig:
     name = raw.get("name", f"shard{index}")
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"shard name {name!r} must be letters, digits and underscores")
+    _check_dsn(raw["dsn"], f"[[metadata.shards]] {name}")
     return ShardConfig(name=name, dsn=raw["dsn"])
+
+
+def _check_dsn(dsn: str, where: str) -> None:
+    """A DSN libpq cannot parse is refused here, without libpq's message: that quotes the
+    string where parsing failed, which may be in the password."""
+    try:
+        conninfo_to_dict(dsn)
+    except Exception:
+        raise ConfigError(f"{where}: the dsn is not a connection string libpq reads") from None
 
 
 def _positive_int(raw: dict[str, Any], key: str, default: int, where: str = "[metadata]") -> int:

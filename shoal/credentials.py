@@ -11,7 +11,7 @@ import secrets
 import string
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -29,7 +29,7 @@ CACHE_SECONDS = 30.0
 class KeyPair:
     account: Account
     access_key_id: str
-    secret_access_key: str
+    secret_access_key: str = field(repr=False)  # printed on purpose only (cli._print_key)
 
 
 class Credentials:
@@ -48,13 +48,14 @@ class Credentials:
         await self.store.keys.add(account.id, access_key_id, self._encrypt(access_key_id, secret))
         return KeyPair(account, access_key_id, secret)
 
-    async def first_key(self, account: Account) -> KeyPair:
-        """The account's oldest active key, decrypted (for `shoal serve` to print root's)."""
+    async def oldest_active_key(self, account: Account) -> KeyPair | None:
+        """The account's oldest active key, decrypted (root's is the one `shoal serve` and
+        `shoal account show-root` name); None if every key is revoked."""
         for key in await self.store.keys.list(account.id):
             if key.revoked is None:
                 secret = self._decrypt(key.access_key_id, key.secret_encrypted)
                 return KeyPair(account, key.access_key_id, secret)
-        return await self.add_key(account)
+        return None
 
     async def secret_of(self, access_key_id: str) -> tuple[uuid.UUID, str]:
         """(account id, secret) of an active key; AccessKeyNotFound otherwise."""

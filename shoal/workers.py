@@ -7,7 +7,8 @@ SO_REUSEPORT would hide) and each worker inherits it: the kernel hands a new con
 whichever process accepts it first, which favours the idle ones.
 
 Workers are spawned, not forked (the parent has an event loop and threads, which fork does
-not copy), die with their parent (a `kill -9` included), and are restarted when they die.
+not copy), die with their parent (a `kill -9` included), and are restarted when they die
+(when: shoal.restarts). They log as their parent does (shoal.logs).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import shoal.logs
 from shoal.children import die_with_parent
+from shoal.restarts import Restarts
 
 log = logging.getLogger("shoal")
 
@@ -61,22 +64,36 @@ class WorkerProcesses:
         self.target = target
         self.args = args
         self.processes: list[SpawnProcess | None] = [None] * count
+        self.schedules = [Restarts() for _ in range(count)]
+        self.restarts = 0  # workers started again after they exited
 
     def start(self) -> None:
         for index in range(len(self.processes)):
             self._start(index)
 
     def restart_dead(self) -> None:
-        """Start again any worker that died (the others keep serving meanwhile)."""
-        for index, process in enumerate(self.processes):
-            if process is not None and not process.is_alive():
+        """Start again any worker that died, now or after its back-off (the others keep
+        serving meanwhile). Called every second or so by the parent's loop."""
+        for index, (process, schedule) in enumerate(
+            zip(self.processes, self.schedules, strict=True)
+        ):
+            if process is None:
+                continue
+            if not schedule.waiting:
+                if process.is_alive():
+                    continue
+                lived, pause = schedule.exited()
                 log.error(
-                    "%s worker %d exited with %s; restarting it",
+                    "%s worker %d exited with %s after %.0f s; restarting it in %.0f s",
                     self.name,
                     index + 1,
                     process.exitcode,
+                    lived,
+                    pause,
                 )
+            if schedule.due():
                 self._start(index)
+                self.restarts += 1
 
     def stop(self) -> None:
         running = [p for p in self.processes if p is not None and p.is_alive()]
@@ -92,14 +109,21 @@ class WorkerProcesses:
         # Worker numbers start at 1: the parent process is worker 0.
         process = _CONTEXT.Process(
             target=_worker_main,
-            args=(os.getpid(), self.target, index + 1, *self.args),
+            args=(os.getpid(), shoal.logs.current_format(), self.target, index + 1, *self.args),
             name=f"{self.name}-worker-{index + 1}",
         )
         process.start()
         self.processes[index] = process
+        self.schedules[index].started()
 
 
-def _worker_main(parent: int, target: Callable[..., None], worker: int, *args: Any) -> None:
+def _worker_main(
+    parent: int, log_format: str, target: Callable[..., None], worker: int, *args: Any
+) -> None:
     die_with_parent(parent, signal.SIGKILL)
-    shoal.logs.configure()
-    target(worker, *args)
+    shoal.logs.configure(log_format)
+    try:
+        target(worker, *args)
+    except Exception:  # logged in the process's format, not printed by multiprocessing
+        log.exception("worker %d failed", worker)
+        sys.exit(1)

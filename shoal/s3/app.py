@@ -343,13 +343,18 @@ def _log_access(
     # short (the client left, or an error after the head).
     account = "-" if call is None else "anonymous" if call.account == ANONYMOUS else call.account
     operation = call.endpoint.name if call else _operation_of(gateway, request)
-    status = response.status if response is not None else "-"
+    status = response.status if response is not None else None
     sent = response.body_bytes_sent if response is not None else 0
     cut = isinstance(response, http.StreamResponse) and response.prepared and not response.finished
-    access_log.line(
-        f"{request_id} account={account} op={operation} status={status} "
-        f"bytes_in={request.body.received} bytes_out={sent} "
-        f"ms={(time.monotonic() - started) * 1000:.1f}{' cut' if cut else ''}"
+    access_log.request(
+        request_id,
+        account=str(account),
+        operation=operation,
+        status=status,
+        bytes_in=request.body.received,
+        bytes_out=sent,
+        seconds=time.monotonic() - started,
+        cut=cut,
     )
 
 

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -30,6 +31,10 @@ import httptools
 from shoal import httpdate
 from shoal.workers import LISTEN_BACKLOG
 
+# Query parameters of presigned URLs (SigV4, SigV2) that let whoever holds the URL send it.
+_QUERY_SECRET = re.compile(
+    r"(?<![^&])(?P<name>X-Amz-Signature|Signature|X-Amz-Security-Token)=[^&]*", re.IGNORECASE
+)
 log = logging.getLogger("shoal.http")
 
 # A connection stops reading from its socket while this much of a request body waits to be
@@ -205,6 +210,15 @@ class Request:
     def path(self) -> str:
         """The path, percent-decoded."""
         return unquote(self.raw_path.partition("?")[0])
+
+    @property
+    def shown_path(self) -> str:
+        """The path and query for a log line: a presigned URL's signature (and session
+        token) hidden, since the URL is a credential of its own until it expires."""
+        path, question, query = self.raw_path.partition("?")
+        if not question:
+            return path
+        return f"{path}?{_QUERY_SECRET.sub(lambda m: m['name'] + '=***', query)}"
 
     @property
     def content_length(self) -> int | None:
@@ -509,7 +523,7 @@ class _Connection(asyncio.Protocol):
                 # The handler logged it; a half-sent body can only be cut off.
                 _tell_answered(request, request.stream)
                 return None
-            log.exception("%s %s failed", request.method, request.raw_path)
+            log.exception("%s %s failed", request.method, request.shown_path)
             response = Response(500)
             request.keep_alive = False
         if isinstance(response, StreamResponse) and response.prepared:
@@ -534,7 +548,7 @@ class _Connection(asyncio.Protocol):
         try:
             head = self.head(request, response)
         except ValueError:
-            log.exception("%s %s: response not sent", request.method, request.raw_path)
+            log.exception("%s %s: response not sent", request.method, request.shown_path)
             request.keep_alive = False
             response = Response(500, {"Connection": "close"})
             head = self.head(request, response)
@@ -692,7 +706,7 @@ def _tell_answered(request: Request, response: Response | None) -> None:
         try:
             request.answered(response)
         except Exception:
-            log.exception("%s %s: after its answer", request.method, request.raw_path)
+            log.exception("%s %s: after its answer", request.method, request.shown_path)
 
 
 async def _drained(body: Body) -> bool:
@@ -739,7 +753,7 @@ class Server:
             try:
                 self.unanswered(request)
             except Exception:
-                log.exception("%s %s: unanswered", request.method, request.raw_path)
+                log.exception("%s %s: unanswered", request.method, request.shown_path)
 
     async def close(self, grace: float = SHUTDOWN_GRACE_SECONDS) -> None:
         """Stop accepting, let requests in progress finish (up to `grace`), close the rest."""

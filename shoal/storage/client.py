@@ -16,7 +16,7 @@ import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
@@ -209,7 +209,7 @@ class ClientSettings:
     """What a process needs to make a BlockClient: the cluster secret and the CA that signed
     the nodes' certificates. Picklable, for the pipeline's executors."""
 
-    secret: bytes
+    secret: bytes = field(repr=False)  # in no log line or error, should one show these
     tls_ca: Path | None = None
 
     def client(self, connections_per_node: int = 32) -> BlockClient:

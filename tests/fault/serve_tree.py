@@ -32,6 +32,7 @@ class ServeTree:
     port: int = 0
     process: subprocess.Popen[str] | None = None
     served: Served | None = None
+    more_config: str = ""  # TOML tables added to the configuration ([log], say)
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -40,7 +41,7 @@ class ServeTree:
             'data_dir = "data"\n\n'
             "[metadata]\npool_max_size = 4\n"
             f'[[metadata.shards]]\nname = "{self.shard.name}"\ndsn = "{self.shard.dsn}"\n\n'
-            "[s3]\nworkers = 2\n"
+            f"[s3]\nworkers = 2\n\n{self.more_config}"
         )
         self.log = self.folder / "serve.log"
 
@@ -56,6 +57,12 @@ class ServeTree:
     def children(self) -> list[psutil.Process]:
         assert self.process is not None
         return psutil.Process(self.process.pid).children()
+
+    def tree(self) -> list[psutil.Process]:
+        """serve and every process under it (workers of workers included)."""
+        assert self.process is not None
+        serve = psutil.Process(self.process.pid)
+        return [serve, *serve.children(recursive=True)]
 
     def gateway_workers(self) -> list[psutil.Process]:
         return [p for p in self.children() if _command_has(p, "multiprocessing.spawn")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 
@@ -124,6 +126,7 @@ def check_serving(serve: subprocess.Popen[str], data: str) -> None:
         if "Press Ctrl-C" in line or not line:
             break
     assert any("Press Ctrl-C" in line for line in lines), lines
+    check_secrets_out_of_sight("".join(lines), Path(data))
 
     dsn = shoal("db", "dsn", "--data-dir", data).stdout.splitlines()[0]
     psql = subprocess.run(
@@ -153,6 +156,31 @@ def check_serving(serve: subprocess.Popen[str], data: str) -> None:
     assert not processes_matching("storage-node", data)
 
 
+def check_secrets_out_of_sight(banner: str, data: Path) -> None:
+    """The first start's banner shows the root secret once and the shard's DSN without its
+    password; no process has a secret on its command line (the embedded PostgreSQL's
+    included: pg_ctl gets the password from a file)."""
+    root = shoal("account", "show-root", "--json", "--data-dir", str(data)).stdout
+    root_secret = json.loads(root)["secret_access_key"]
+    assert banner.count(root_secret) == 1
+    password = (data / "postgres" / "password").read_text().strip()
+    assert password not in banner and ":***@/shard0?" in banner
+    secrets = {
+        "the root secret": root_secret,
+        "the shard password": password,
+        "the cluster secret": (data / "cluster.secret").read_text().strip(),
+        "the credentials key": (data / "credentials.key").read_text().strip(),
+    }
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or ())
+        for name, secret in secrets.items():
+            assert secret not in command, f"{name} in the command line of {process.info['pid']}"
+    assert any(
+        f"-D {data}/postgres/data" in " ".join(p.info["cmdline"] or ())
+        for p in psutil.process_iter(["cmdline"])
+    ), "the embedded PostgreSQL was looked at"
+
+
 def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str) -> None:
     shards = create_databases(admin_dsn, 2)
     config = tmp_path / "shoal.toml"
@@ -177,6 +205,11 @@ def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str
         ("[metadata]\nvnodes = 0\n", "vnodes must be a positive integer"),
         ("[metadata]\ncolour = 'blue'\n", "unknown setting(s) in [metadata]: colour"),
         ("[s3]\ninline_max_bytes = 1048576\n", "inline_max_bytes must be at most 262144"),
+        ('[log]\nformat = "xml"\n', '[log] format must be "text" or "json", not \'xml\''),
+        (
+            '[[metadata.shards]]\ndsn = "host=db password=top secret"\n',
+            "shard0: the dsn is not a connection string libpq reads",
+        ),
         (
             '[[metadata.shards]]\ndsn = "postgresql://nobody@127.0.0.1:1/x"\n',
             "cannot connect to shard shard0",
@@ -188,6 +221,8 @@ def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str
         "zero-vnodes",
         "unknown-key",
         "inline-too-large",
+        "bad-log-format",
+        "unreadable-dsn",
         "unreachable-shard",
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,9 +11,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from shoal.config import load_config
 from shoal.metadata.ring import vnode_schema
@@ -423,3 +426,23 @@ def test_expiry_rounds_up_to_midnight_utc() -> None:
     created = datetime(2024, 3, 1, 15, 30, tzinfo=UTC)
     assert expires_at(created, 1) == datetime(2024, 3, 3, tzinfo=UTC)
     assert expires_at(datetime(2024, 3, 1, tzinfo=UTC), 1) == datetime(2024, 3, 2, tzinfo=UTC)
+
+
+@pytest.mark.slow
+def test_no_secret_is_on_the_command_line_of_any_spark_process(
+    cluster: StorageCluster, spark: Any, tmp_path: Path
+) -> None:
+    """Spark's JVM gets its settings as `--conf` arguments (visible in `ps`): none of them
+    is a secret. DSNs and the cluster secret reach executors inside their tasks."""
+    job(cluster, spark, "meter", tmp_path)  # the JVM and its Python workers have run a job
+    config = load_config(cluster.config_file, None)
+    secrets = [conninfo_to_dict(shard.dsn)["password"] for shard in config.metadata.shards]
+    secrets.append(config.secret_file.read_text().strip())
+    assert all(secrets)
+    commands = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            commands.append(" ".join(process.cmdline()))
+    assert any("org.apache.spark" in command for command in commands), commands
+    for command in commands:
+        assert not [secret for secret in secrets if secret in command], command

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from shoal.config import ConfigError, default_gateway_workers, parse_config, usable_cores
+from shoal.config import (
+    ConfigError,
+    default_gateway_workers,
+    parse_config,
+    redact_dsn,
+    usable_cores,
+)
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)])
@@ -58,3 +64,55 @@ def test_the_admin_listener_defaults_to_loopback_9001_and_a_token_in_the_data_di
         parse_config({"admin": {"port": 0}}, base=tmp_path)
     with pytest.raises(ConfigError, match="unknown setting"):
         parse_config({"admin": {"listen": "x"}}, base=tmp_path)
+
+
+def test_the_log_format_is_text_unless_set_to_json_and_nothing_else(tmp_path: Path) -> None:
+    assert parse_config({}, tmp_path).log.format == "text"
+    assert parse_config({"log": {"format": "json"}}, tmp_path).log.format == "json"
+    for wrong in ("xml", 1, ["json"]):
+        with pytest.raises(ConfigError, match=r"\[log\] format"):
+            parse_config({"log": {"format": wrong}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"\[log\]: level"):
+        parse_config({"log": {"level": "debug"}}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        (
+            "postgresql://shoal:pa%40ss@/shard0?host=%2Frun%2Fpg&port=5432",
+            "postgresql://shoal:***@/shard0?host=%2Frun%2Fpg&port=5432",
+        ),
+        (
+            "postgres://u:pw@h1:5432,h2/db?password=pw2&sslmode=require",
+            "postgres://u:***@h1:5432,h2/db?password=***&sslmode=require",
+        ),
+        ("postgresql://u@h/db?sslpassword=pw", "postgresql://u@h/db?sslpassword=***"),
+        ("postgresql://h/db", "postgresql://h/db"),
+        ("host=h user=u password=pw dbname=d", "host=h user=u password=*** dbname=d"),
+        ("host=h  password = 'p w\\' d'  dbname=d", "host=h password=*** dbname=d"),
+        ("host=h PASSWORD=pw", "host=h PASSWORD=***"),
+        ("host=h sslpassword=pw", "host=h sslpassword=***"),
+        ("not a dsn pw", "(a connection string Shoal cannot read, not shown)"),
+    ],
+)
+def test_a_shown_dsn_has_no_password(dsn: str, shown: str) -> None:
+    assert redact_dsn(dsn) == shown
+
+
+def test_a_shard_shows_its_dsn_without_its_password_and_its_repr_has_none(
+    tmp_path: Path,
+) -> None:
+    shard = {"name": "s0", "dsn": "postgresql://shoal:topsecret@db/shoal"}
+    config = parse_config({"metadata": {"shards": [shard]}}, tmp_path)
+    (parsed,) = config.metadata.shards
+    assert parsed.dsn == shard["dsn"]  # the whole DSN, to connect with
+    assert parsed.shown_dsn == "postgresql://shoal:***@db/shoal"
+    assert "topsecret" not in repr(parsed) and "topsecret" not in repr(config)
+
+
+def test_a_dsn_libpq_cannot_read_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    shard = {"name": "s0", "dsn": "host=db password=top secret"}
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"metadata": {"shards": [shard]}}, tmp_path)
+    assert "s0" in str(refused.value) and "secret" not in str(refused.value)
