@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.e2e.test_admin_listener import admin_get
 from tests.fault.serve_tree import ServeTree, wait_for_new_process
 from tests.fixtures.postgres import create_databases
 from tests.fixtures.serve import raw_request
@@ -76,6 +77,10 @@ def test_a_gateway_worker_that_keeps_dying_is_restarted_after_a_growing_pause(
     assert served is not None
     for _ in range(10):
         assert raw_request(served, "GET", "/").status == 200
+    # Counted where Prometheus sees it.
+    status, _, metrics = admin_get(served.admin_port, "/metrics")
+    assert status == 200
+    assert "shoal_gateway_worker_restarts_total 3.0" in metrics.decode()
 
 
 def test_every_stderr_line_of_serve_is_json_and_access_lines_carry_their_fields(
