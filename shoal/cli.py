@@ -173,7 +173,8 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
     for n in status.nodes:
         state = "alive" if n.alive else "SILENT"
         free = f"{(n.free_bytes or 0) / 2**30:,.1f} GiB free"
-        print(f"  {n.shark:<24} {state:<7} {n.url}  {free}")
+        blocks = "blocks not reported" if n.blocks is None else f"{n.blocks:,} blocks"
+        print(f"  {n.shark:<24} {state:<7} {n.url}  {free}  {blocks}")
     return 0
 
 

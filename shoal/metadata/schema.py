@@ -193,6 +193,16 @@ CREATE TABLE shoal.bucket_acl (
 );
 """,
     ),
+    # 7 is the pipeline runs' migration, on its own branch until the two are merged: the
+    # runner applies every version a scope lacks, in this order, so a gap is harmless.
+    Migration(
+        8,
+        "storage nodes' block counts and admin listeners",
+        """
+-- Both heartbeated: the blocks a node holds, and where its /ready and /metrics answer.
+ALTER TABLE shoal.storage_node ADD COLUMN blocks bigint, ADD COLUMN admin_url text;
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

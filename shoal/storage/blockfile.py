@@ -22,6 +22,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
 import xxhash
+
+from shoal.storage.metrics import metrics
 
 T = TypeVar("T")
 
@@ -197,7 +200,10 @@ class BlockStore:
         with self._spares_lock:
             if len(self._spares) >= SPARE_FILES:
                 return
-        spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+        try:
+            spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+        except OSError:
+            return  # the disk takes no new file now (read-only, full): the next write says so
         with self._spares_lock:
             self._spares.append(spare)
 
@@ -375,7 +381,7 @@ class _TempBlock:
             view = view[os.write(self.fd, view) :]
 
     def finish(self) -> None:
-        os.fsync(self.fd)
+        _fsync(self.fd)
 
     def discard(self) -> None:
         """Close and remove: after a link the block lives on under its final name."""
@@ -428,6 +434,13 @@ def checksum_of(data: bytes) -> str:
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync(fd: int) -> None:
+    """fsync, timed: its latency is the disk's under the node (shoal_node_fsync_duration)."""
+    started = time.perf_counter()
+    os.fsync(fd)
+    metrics().fsync_seconds.observe(time.perf_counter() - started)
