@@ -85,6 +85,10 @@ class BlockCorrupt(BlockError):
     """The file on disk does not hold what its header says."""
 
 
+class DiskNotWritable(BlockError):
+    """The disk takes no new file now: read-only (a file system with errors), out of inodes."""
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     name: str
@@ -166,7 +170,7 @@ class BlockStore:
         if size > MAX_BLOCK_BYTES:
             raise BlockError(f"block of {size} bytes is over the {MAX_BLOCK_BYTES} limit")
         self._check_space(size)
-        temp = self._take_spare() or _TempBlock(self.tmp / uuid.uuid4().hex)
+        temp = self._take_spare() or self._new_temp()
         buffer = self._buffers.take(min(size, WRITE_PIECE_BYTES))
         try:
             temp.write(HEADER.pack(MAGIC, size, bytes.fromhex(checksum)))
@@ -262,6 +266,12 @@ class BlockStore:
         """(capacity, free) bytes of the file system holding the blocks."""
         stats = os.statvfs(self.blocks)
         return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+    def _new_temp(self) -> _TempBlock:
+        try:
+            return _TempBlock(self.tmp / uuid.uuid4().hex)
+        except OSError as exc:
+            raise DiskNotWritable(f"the disk does not take writes: {exc.strerror or exc}") from None
 
     def _take_spare(self) -> _TempBlock | None:
         with self._spares_lock:

@@ -50,6 +50,7 @@ from shoal.storage.blockfile import (
     BlockReader,
     BlockStore,
     ChecksumMismatch,
+    DiskNotWritable,
     InvalidBlockName,
     OutOfSpace,
 )
@@ -132,6 +133,7 @@ _STATUS_OF_ERROR: list[tuple[type[BlockError], int]] = [
     (BlockExists, 409),
     (ChecksumMismatch, 422),
     (OutOfSpace, 507),
+    (DiskNotWritable, 503),  # writers go to another node; the node's /ready says the same
     (BlockCorrupt, 500),
     (BlockError, 400),
 ]

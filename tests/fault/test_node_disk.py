@@ -20,7 +20,7 @@ import pytest
 
 from shoal.cluster import MIN_FREE_BYTES
 from shoal.ids import uuid7
-from shoal.storage import block_name
+from shoal.storage import NodeUnavailable, block_name
 from tests.fixtures.storage import (
     HEARTBEAT_DEADLINE,
     MakeStorage,
@@ -58,6 +58,10 @@ def test_a_node_whose_disk_turns_read_only_takes_no_new_blocks_and_serves_reads(
         assert report["blocks_folder"] == str(sick.root)
         assert sample(sick.metrics(), "shoal_ready") == 0
         assert run(cluster.client.get_block(sick.url, name)) == data  # reads go on
+        # A writer that chose it before the registry said so: a 503 that names the cause,
+        # on which the data path writes the block to another node.
+        with pytest.raises(NodeUnavailable, match="503 the disk does not take writes"):
+            run(cluster.client.put_block(sick.url, block_name(uuid7(), 0), data))
 
         wait_for(lambda: free_bytes(cluster, sick, run) == 0, 5)
         path = cluster.data_path(replicas=2)  # a new view of the registry: three nodes alive
