@@ -93,7 +93,6 @@ def test_a_nodes_metrics_move_by_exactly_its_block_operations(
 SIZES = (1000, 70_000, 1024 * 1024)
 
 
-@pytest.mark.slow
 def test_a_node_with_worker_processes_sums_their_metrics(
     make_storage: MakeStorage, run: Callable[..., Any]
 ) -> None:
