@@ -206,7 +206,8 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
     for n in status.nodes:
         state = "alive" if n.alive else "SILENT"
         free = f"{(n.free_bytes or 0) / 2**30:,.1f} GiB free"
-        print(f"  {n.shark:<24} {state:<7} {n.url}  {free}")
+        blocks = "blocks not reported" if n.blocks is None else f"{n.blocks:,} blocks"
+        print(f"  {n.shark:<24} {state:<7} {n.url}  {free}  {blocks}")
     return 0
 
 
@@ -227,9 +228,9 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     port = args.port or config.s3.port
     admin_port = args.admin_port or config.admin.port
     nodes = LocalNodes(config, _where(config, args))
-    with _serve_lock(config.data_dir), shard_configs(config) as shards:
-        # Before any gateway worker or metric exists (telemetry.py).
-        telemetry.share_between_processes(config.data_dir / "metrics")
+    metrics = telemetry.folder_for(config.data_dir, "gateway")
+    # The metrics folder is shared before any gateway worker or metric exists (telemetry.py).
+    with _serve_lock(config.data_dir), shard_configs(config) as shards, telemetry.sharing(metrics):
         shoal.loop.run(migrate(shards, config.metadata))
         try:
             node_lines = nodes.start()

@@ -50,6 +50,7 @@ from shoal.storage import (
 from shoal.storage.auth import ReplayCache, load_or_create_secret
 from shoal.storage.blockfile import in_thread
 from shoal.storage.health import DiskHealth
+from shoal.storage.metrics import metrics
 from shoal.storage.server import BlockCount
 from shoal.storage.tls import ServerFiles
 from shoal.storage.workers import node_workers
@@ -203,13 +204,30 @@ class NodeSettings:
     def public_url(self) -> str:
         return self.url or f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
+    @property
+    def admin_url(self) -> str | None:
+        """Where its admin listener answers, as the registry shows it: on `host`, or on the
+        public URL's host when it listens on every address."""
+        if self.admin_port is None:
+            return None
+        host = self.host
+        if host in ("", "0.0.0.0", "::"):
+            host = urlsplit(self.public_url).hostname or host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.admin_port}"
+
 
 async def run_storage_node(
     config: Config, shards: Sequence[ShardConfig], node: NodeSettings, stop: asyncio.Event
 ) -> None:
     """Serve a node's blocks and heartbeat to the registry until `stop` is set; with
     `[storage] node_workers` above 1, worker processes serve beside this one."""
-    telemetry.share_between_processes(node.root / "metrics")  # before any worker starts
+    with telemetry.sharing(telemetry.folder_for(node.root, "node")):  # before any worker
+        await _serve_node(config, shards, node, stop)
+
+
+async def _serve_node(
+    config: Config, shards: Sequence[ShardConfig], node: NodeSettings, stop: asyncio.Event
+) -> None:
     store = BlockStore(node.root)
     identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
     secret = load_or_create_secret(config.secret_file)
@@ -227,9 +245,10 @@ async def run_storage_node(
     server.serve_in_thread()
     try:
         workers.start()
+        health = DiskHealth(store)
         async with (
             await MetadataStore.open(shards, pool_max_size=2) as metadata,
-            _node_admin(node, store),
+            _node_admin(node, health),
         ):
             print(
                 f"storage node {identity.shark} serving {node.root} at {node.public_url}",
@@ -237,11 +256,8 @@ async def run_storage_node(
             )
             while not stop.is_set():
                 workers.restart_dead()
-                capacity, free = await in_thread(store.usage)
                 try:
-                    await metadata.nodes.heartbeat(
-                        node.name, node.datacenter, node.public_url, capacity, free
-                    )
+                    await _heartbeat(metadata, node, health, count)
                 except Exception as exc:  # the node keeps serving while the registry is away
                     log.warning("heartbeat failed: %s", exc)
                 with contextlib.suppress(TimeoutError):
@@ -253,13 +269,38 @@ async def run_storage_node(
         await in_thread(server.stop)
 
 
+async def _heartbeat(
+    metadata: MetadataStore, node: NodeSettings, health: DiskHealth, count: BlockCount
+) -> None:
+    """Tell the registry the node lives, with its free space and blocks, and set the disk
+    gauges. A disk that takes no writes now offers no free space: gateways choose nodes with
+    room for new blocks (MIN_FREE_BYTES), so they write elsewhere until it takes writes
+    again, and still read from it."""
+    writable, _ = await health.check()
+    capacity, free = await in_thread(health.store.usage)
+    blocks = count.value
+    node_metrics = metrics()
+    node_metrics.disk_used.set(capacity - free)
+    node_metrics.disk_free.set(free)
+    node_metrics.blocks.set(blocks)
+    await metadata.nodes.heartbeat(
+        node.name,
+        node.datacenter,
+        node.public_url,
+        capacity,
+        free if writable else 0,
+        blocks=blocks,
+        admin_url=node.admin_url,
+    )
+
+
 def _node_admin(
-    node: NodeSettings, store: BlockStore
+    node: NodeSettings, health: DiskHealth
 ) -> contextlib.AbstractAsyncContextManager[None]:
     """A node's admin listener (health and metrics; a node has no admin API)."""
     if node.admin_port is None:
         return contextlib.nullcontext()
-    return serving_admin(admin_app(DiskHealth(store)), node.host, node.admin_port)
+    return serving_admin(admin_app(health), node.host, node.admin_port)
 
 
 def _server_tls(config: Config) -> ServerFiles | None:

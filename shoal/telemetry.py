@@ -13,9 +13,12 @@ component's `metrics()` accessor), never at import time.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
@@ -47,6 +50,20 @@ LATENCY_BUCKETS = (
 )
 
 
+def folder_for(root: Path, service: str) -> Path:
+    """Where the processes of the `service` working on `root` (a data directory, a node's
+    folder) keep their metrics: in the temporary folder (TMPDIR), under a name of their own
+    that a restart empties again.
+
+    Not beside the data: the metrics are memory-mapped files written on every request, and a
+    process that writes a mapped page its file system cannot take (a full disk) is killed
+    (SIGBUS); and a file system with such files open for writing cannot be remounted
+    read-only by hand.
+    """
+    digest = hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"shoal-{service}-metrics-{os.getuid()}-{digest}"
+
+
 def share_between_processes(folder: Path) -> None:
     """In a service's first process, before any metric is made: keep this process's metrics,
     and those of every process it starts from now on, in `folder`, emptied first (what a
@@ -57,6 +74,17 @@ def share_between_processes(folder: Path) -> None:
     os.environ[FOLDER_VARIABLE] = str(folder)
     # prometheus_client chose its value class when it was imported; choose it again.
     values.ValueClass = values.MultiProcessValue()
+
+
+@contextlib.contextmanager
+def sharing(folder: Path) -> Iterator[None]:
+    """share_between_processes(folder) for the duration of the block, the folder removed at
+    its end (a service killed outright leaves it to its next start, which empties it)."""
+    share_between_processes(folder)
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def shared() -> bool:

@@ -659,20 +659,27 @@ DATABASE_NAMES = "SELECT datname FROM pg_database"
 # -- storage node registry (catalog shard) ----------------------------------------------------
 
 HEARTBEAT_NODE = """
-INSERT INTO shoal.storage_node (name, datacenter, url, capacity_bytes, free_bytes, heartbeat)
-VALUES (%(name)s, %(datacenter)s, %(url)s, %(capacity_bytes)s, %(free_bytes)s, current_timestamp)
+INSERT INTO shoal.storage_node (
+    name, datacenter, url, capacity_bytes, free_bytes, blocks, admin_url, heartbeat
+)
+VALUES (
+    %(name)s, %(datacenter)s, %(url)s, %(capacity_bytes)s, %(free_bytes)s, %(blocks)s,
+    %(admin_url)s, current_timestamp
+)
 ON CONFLICT (name) DO UPDATE SET
     datacenter = EXCLUDED.datacenter,
     url = EXCLUDED.url,
     capacity_bytes = EXCLUDED.capacity_bytes,
     free_bytes = EXCLUDED.free_bytes,
+    blocks = EXCLUDED.blocks,
+    admin_url = EXCLUDED.admin_url,
     heartbeat = current_timestamp
 """
 
 # Liveness is judged by the database clock, so nodes and readers need not agree on time.
 LIST_NODES = """
-SELECT name, datacenter, url, capacity_bytes, free_bytes, heartbeat, registered,
-       heartbeat > current_timestamp - %(deadline)s::interval AS alive
+SELECT name, datacenter, url, capacity_bytes, free_bytes, blocks, admin_url, heartbeat,
+       registered, heartbeat > current_timestamp - %(deadline)s::interval AS alive
 FROM shoal.storage_node
 ORDER BY name
 """

@@ -214,6 +214,14 @@ CREATE TABLE shoal.pipeline_run (
 CREATE INDEX pipeline_run_job_idx ON shoal.pipeline_run (job, id);
 """,
     ),
+    Migration(
+        8,
+        "storage nodes' block counts and admin listeners",
+        """
+-- Both heartbeated: the blocks a node holds, and where its /ready and /metrics answer.
+ALTER TABLE shoal.storage_node ADD COLUMN blocks bigint, ADD COLUMN admin_url text;
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

@@ -23,6 +23,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
 import xxhash
+
+from shoal.storage.metrics import metrics
 
 T = TypeVar("T")
 
@@ -82,6 +85,10 @@ class OutOfSpace(BlockError):
 
 class BlockCorrupt(BlockError):
     """The file on disk does not hold what its header says."""
+
+
+class DiskNotWritable(BlockError):
+    """The disk takes no new file now: read-only (a file system with errors), out of inodes."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,7 @@ class BlockStore:
         if size > MAX_BLOCK_BYTES:
             raise BlockError(f"block of {size} bytes is over the {MAX_BLOCK_BYTES} limit")
         self._check_space(size)
-        temp = self._take_spare() or _TempBlock(self.tmp / uuid.uuid4().hex)
+        temp = self._take_spare() or self._new_temp()
         buffer = self._buffers.take(min(size, WRITE_PIECE_BYTES))
         try:
             temp.write(HEADER.pack(MAGIC, size, bytes.fromhex(checksum)))
@@ -200,7 +207,10 @@ class BlockStore:
         with self._spares_lock:
             if len(self._spares) >= SPARE_FILES:
                 return
-        spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+        try:
+            spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+        except OSError:
+            return  # the disk takes no new file now (read-only, full): the next write says so
         with self._spares_lock:
             self._spares.append(spare)
 
@@ -259,6 +269,12 @@ class BlockStore:
         """(capacity, free) bytes of the file system holding the blocks."""
         stats = os.statvfs(self.blocks)
         return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+
+    def _new_temp(self) -> _TempBlock:
+        try:
+            return _TempBlock(self.tmp / uuid.uuid4().hex)
+        except OSError as exc:
+            raise DiskNotWritable(f"the disk does not take writes: {exc.strerror or exc}") from None
 
     def _take_spare(self) -> _TempBlock | None:
         with self._spares_lock:
@@ -378,7 +394,7 @@ class _TempBlock:
             view = view[os.write(self.fd, view) :]
 
     def finish(self) -> None:
-        os.fsync(self.fd)
+        _fsync(self.fd)
 
     def discard(self) -> None:
         """Close and remove: after a link the block lives on under its final name."""
@@ -431,6 +447,13 @@ def checksum_of(data: bytes) -> str:
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync(fd: int) -> None:
+    """fsync, timed: its latency is the disk's under the node (shoal_node_fsync_duration)."""
+    started = time.perf_counter()
+    os.fsync(fd)
+    metrics().fsync_seconds.observe(time.perf_counter() - started)

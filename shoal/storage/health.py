@@ -2,17 +2,23 @@
 
 A disk can turn read-only under a running node (the kernel remounts a file system that has
 errors read-only), fill up, or hang. A node's /ready checks by doing what a block write does,
-on a tiny file: create it in the node's tmp folder, write, fsync, remove.
+on a tiny file: create it in the node's tmp folder, write, fsync, remove. The node's heartbeat
+asks the same question, and while the answer is no it offers the registry no free space, so
+that gateways place new blocks on other nodes; reads go on meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
 
 from shoal.storage.blockfile import RESERVED_FREE_BYTES, BlockStore, in_thread
+from shoal.storage.metrics import ready_gauge
+
+log = logging.getLogger("shoal.storage")
 
 # A probe that has not finished within this finds the disk not writable (a hung disk).
 PROBE_SECONDS = 2.0
@@ -22,7 +28,11 @@ REUSE_SECONDS = 1.0
 
 
 class DiskHealth:
-    """A node's readiness: its disk takes a write and has room for a block."""
+    """A node's readiness: its disk takes a write and has room for a block.
+
+    Each probe also sets the process's `shoal_ready` gauge, and a change either way is
+    logged.
+    """
 
     def __init__(self, store: BlockStore) -> None:
         self.store = store
@@ -33,20 +43,34 @@ class DiskHealth:
     async def check(self) -> tuple[bool, dict[str, Any]]:
         async with self._lock:
             if self._last is None or time.monotonic() - self._checked_at >= REUSE_SECONDS:
+                was_ready = self._last[0] if self._last is not None else True
                 self._last = await self._probe()
                 self._checked_at = time.monotonic()
+                self._report(was_ready, *self._last)
             return self._last
 
+    def _report(self, was_ready: bool, ready: bool, details: dict[str, Any]) -> None:
+        ready_gauge().set(1 if ready else 0)
+        if was_ready and not ready:
+            log.error(
+                "the disk under %s takes no new blocks: %s", self.store.root, details["reason"]
+            )
+        elif ready and not was_ready:
+            log.warning("the disk under %s takes new blocks again", self.store.root)
+
     async def _probe(self) -> tuple[bool, dict[str, Any]]:
+        folder = {"blocks_folder": str(self.store.root)}
         try:
             async with asyncio.timeout(PROBE_SECONDS):
                 await in_thread(self._write_probe)
                 capacity, free = await in_thread(self.store.usage)
         except TimeoutError:
-            return False, {"reason": f"the disk did not take a write within {PROBE_SECONDS} s"}
+            reason = f"the disk did not take a write within {PROBE_SECONDS} s"
+            return False, {"reason": reason, **folder}
         except OSError as exc:
-            return False, {"reason": f"the disk does not take writes: {exc.strerror or exc}"}
-        details: dict[str, Any] = {"capacity_bytes": capacity, "free_bytes": free}
+            reason = f"the disk does not take writes: {exc.strerror or exc}"
+            return False, {"reason": reason, **folder}
+        details: dict[str, Any] = {"capacity_bytes": capacity, "free_bytes": free, **folder}
         if free < RESERVED_FREE_BYTES:
             return False, {"reason": "the disk is full", **details}
         return True, {"reason": "ready", **details}

@@ -10,7 +10,9 @@
 
 Every request carries a token signed with the cluster secret that binds the whole request and
 is accepted once (auth.py). With a certificate and key (tls.py) the node speaks HTTPS. The HTTP
-layer only translates: the disk is blockfile.BlockStore's business.
+layer only translates: the disk is blockfile.BlockStore's business. Each process counts the
+blocks it reads, writes and deletes, and the checksum failures it meets, in the node's
+metrics (metrics.py).
 
 A thread per connection, not an event loop: every request ends in blocking disk work (a write
 and two fsyncs, an open and a sendfile), so the thread that parsed the request does it, where
@@ -49,9 +51,11 @@ from shoal.storage.blockfile import (
     BlockReader,
     BlockStore,
     ChecksumMismatch,
+    DiskNotWritable,
     InvalidBlockName,
     OutOfSpace,
 )
+from shoal.storage.metrics import metrics
 from shoal.storage.tls import ServerFiles
 
 log = logging.getLogger("shoal.storage")
@@ -130,6 +134,7 @@ _STATUS_OF_ERROR: list[tuple[type[BlockError], int]] = [
     (BlockExists, 409),
     (ChecksumMismatch, 422),
     (OutOfSpace, 507),
+    (DiskNotWritable, 503),  # writers go to another node; the node's /ready says the same
     (BlockCorrupt, 500),
     (BlockError, 400),
 ]
@@ -171,6 +176,7 @@ class NodeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.addresses = frozenset(addresses) | own_addresses(sock)
         self.replays = replays or auth.ReplayCache(None)  # this process's alone
         self.tls = tls.context() if tls is not None else None
+        self.metrics = metrics()
         self._in_progress = 0
         self._idle = threading.Condition()
 
@@ -293,6 +299,8 @@ class _Handler(socketserver.StreamRequestHandler):
             self._refuse(refusal.status, str(refusal), refusal.headers)
         except BlockError as exc:
             status = next(s for kind, s in _STATUS_OF_ERROR if isinstance(exc, kind))
+            if isinstance(exc, (ChecksumMismatch, BlockCorrupt)):
+                self.server.metrics.checksum_failures.inc()
             if isinstance(exc, BlockCorrupt):
                 log.error("corrupt block on this node: %s", exc)
             self._refuse(status, str(exc) if status != 404 else f"no block {exc}")
@@ -374,6 +382,8 @@ class _Handler(socketserver.StreamRequestHandler):
         created = self.server.store.write(name, self.body, self.body.length, checksum)
         if created:
             self.server.count.add(1)
+        self.server.metrics.writes.inc()
+        self.server.metrics.bytes_written.inc(self.body.length)
         self._reply(201 if created else 200)
 
     def _get_block(self, name: str) -> None:
@@ -383,10 +393,13 @@ class _Handler(socketserver.StreamRequestHandler):
             self._reply_headers(206 if partial else 200, _block_headers(reader, partial))
             if self.command == "GET":
                 reader.send(self.connection)
+                self.server.metrics.reads.inc()
+                self.server.metrics.bytes_read.inc(reader.end - reader.start)
 
     def _delete_block(self, name: str) -> None:
         if self.server.store.delete(name):
             self.server.count.add(-1)
+        self.server.metrics.deletes.inc()
         self._reply(204)
 
     def _delete_blocks(self) -> None:
@@ -397,6 +410,7 @@ class _Handler(socketserver.StreamRequestHandler):
             self.server.store.path_of(name)  # refuse the whole batch if any name is invalid
         deleted = sum(self.server.store.delete(name) for name in names)
         self.server.count.add(-deleted)
+        self.server.metrics.deletes.inc(len(names))
         self._reply_json({"deleted": deleted, "missing": len(names) - deleted})
 
     def _inventory(self, query: dict[str, list[str]]) -> None:
