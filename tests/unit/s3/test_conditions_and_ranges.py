@@ -175,6 +175,13 @@ def test_ranges(header: str | None, expected: tuple[int, int] | None) -> None:
     assert byte_range(header, SIZE) == expected
 
 
+def test_a_suffix_range_of_an_empty_object_is_the_whole_empty_object() -> None:
+    # A 206 would need a Content-Range of no bytes ("bytes 0--1/0"), which HTTP cannot say.
+    assert byte_range("bytes=-5", 0) is None
+    with pytest.raises(InvalidRange):
+        byte_range("bytes=-0", 0)
+
+
 @pytest.mark.parametrize(
     ("header", "size"),
     [
