@@ -3,6 +3,9 @@ operation a method, an address and a query are)."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
+import botocore.session
 import pytest
 
 from shoal.s3.errors import MethodNotAllowed, NotImplementedByShoal
@@ -279,3 +282,38 @@ def test_operations_shoal_lacks_are_logged_by_their_s3_names(
     method: str, where: Address, query: dict[str, str], expected: str
 ) -> None:
     assert operation_name(method, where, query, copy_source=False) == expected
+
+
+def _botocore_operations() -> list[tuple[str, str, bool, dict[str, str]]]:
+    """(name, method, names a key, query) of each S3 operation in botocore's model whose
+    request URI names a sub-resource: S3's own list of what must not be misrouted."""
+    model = botocore.session.get_session().get_service_model("s3")
+    found = []
+    for name in model.operation_names:
+        http = model.operation_model(name).http
+        path, _, query = http["requestUri"].partition("?")
+        if query and "{Bucket}" in path:
+            found.append((name, http["method"], "{Key+}" in path, dict(parse_qsl(query, True))))
+    return found
+
+
+# Operations S3 has under two names, Shoal serving them under the newer one.
+_SAME_OPERATION = {
+    "GetBucketLifecycle": "GetBucketLifecycleConfiguration",
+    "PutBucketLifecycle": "PutBucketLifecycleConfiguration",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "keyed", "query"), _botocore_operations(), ids=lambda v: str(v)
+)
+def test_every_s3_sub_resource_routes_to_its_operation_or_is_not_implemented(
+    name: str, method: str, keyed: bool, query: dict[str, str]
+) -> None:
+    where = OBJECT if keyed else BUCKET
+    for copy_source in (False, True):
+        try:
+            routed = route(method, where, query, copy_source).name
+        except NotImplementedByShoal:
+            continue
+        assert routed == _SAME_OPERATION.get(name, name)
