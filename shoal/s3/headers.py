@@ -202,6 +202,8 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
         length = range_number(last)
         if length == 0:
             raise InvalidRange(ActualObjectSize=str(size))
+        if size == 0:
+            return None  # an empty object's last bytes are all of it: no Content-Range fits
         return max(0, size - length), size
     start = range_number(first)
     end = size if last == "" else min(size, range_number(last) + 1)

@@ -82,6 +82,18 @@ UNSUPPORTED = frozenset(
         "select",
         "torrent",
         "attributes",
+        # Newer ones, which would otherwise be taken for the plain operation: a DELETE of a
+        # bucket's metadata configuration for DeleteBucket, a rename or an annotation of an
+        # object for a PutObject or DeleteObject of it.
+        "metadataTable",
+        "metadataConfiguration",
+        "metadataInventoryTable",
+        "metadataJournalTable",
+        "metadataAnnotationTable",
+        "annotation",
+        "renameObject",
+        "abac",
+        "session",
     }
 )
 
@@ -140,8 +152,15 @@ _OPERATION_NOUNS = {
     "inventory": "InventoryConfiguration",
     "metrics": "MetricsConfiguration",
     "accelerate": "AccelerateConfiguration",
+    "metadataTable": "MetadataTableConfiguration",
+    "metadataConfiguration": "MetadataConfiguration",
 }
-_OPERATION_NAMES = {"restore": "RestoreObject", "select": "SelectObjectContent"}
+_OPERATION_NAMES = {
+    "restore": "RestoreObject",
+    "select": "SelectObjectContent",
+    "renameObject": "RenameObject",
+    "session": "CreateSession",
+}
 _VERBS = {"GET": "Get", "PUT": "Put", "DELETE": "Delete", "HEAD": "Head", "POST": "Post"}
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from shoal.metadata import MetadataUnavailable, prepared
 from shoal.metadata.batched import ReadBatcher
+from tests.fixtures.backends import until_a_backend_waits
 from tests.fixtures.postgres import MakeStore
 
 ADD = b"SELECT $1::int + 1 AS answer"
@@ -23,6 +24,11 @@ SLEEP = b"SELECT pg_sleep($1::float8) IS NULL AS slept"
 def batcher_of(make_store: MakeStore, **kwargs: Any) -> ReadBatcher:
     pool = make_store(shards=1, vnodes=2, pool_max_size=4).shards.placed()[0].pool
     return ReadBatcher(pool, **kwargs)
+
+
+async def watcher_of(reads: ReadBatcher) -> psycopg.AsyncConnection[Any]:
+    """A connection to look at the batches' backends with (until_a_backend_waits)."""
+    return await psycopg.AsyncConnection.connect(reads.pool.conninfo, autocommit=True)
 
 
 def test_reads_waiting_together_share_a_pipeline(make_store: MakeStore, run: Any) -> None:
@@ -82,8 +88,10 @@ def test_a_caller_that_gives_up_leaves_the_others_their_answers(
     reads = batcher_of(make_store, batches_at_once=1)
 
     async def one_gives_up() -> list[Any]:
+        watcher = await watcher_of(reads)
         first = asyncio.create_task(reads.fetch(SLEEP, [0.2]))  # holds the only sender
-        await asyncio.sleep(0.05)
+        await until_a_backend_waits(watcher, "PgSleep")
+        await watcher.close()
         quitter = asyncio.create_task(reads.fetch(ADD, [1]))
         stayers = [asyncio.create_task(reads.fetch(ADD, [n])) for n in (2, 3)]
         await asyncio.sleep(0.01)
@@ -116,11 +124,9 @@ def test_a_lost_connection_fails_its_batch_and_the_next_reads_reconnect(
 
     async def killed() -> list[Any]:
         pid = (await reads.fetch(backend, [0]))[0]["pid"]
-        doomed = asyncio.create_task(reads.fetch(backend, [5]))
-        await asyncio.sleep(0.2)
-        async with await psycopg.AsyncConnection.connect(
-            reads.pool.conninfo, autocommit=True
-        ) as admin:
+        async with await watcher_of(reads) as admin:
+            doomed = asyncio.create_task(reads.fetch(backend, [5]))
+            await until_a_backend_waits(admin, "PgSleep", pid=pid)
             await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
         with pytest.raises(MetadataUnavailable):  # a read: nothing of it can have committed
             await asyncio.wait_for(doomed, 10)
@@ -152,8 +158,9 @@ def test_closing_fails_the_waiting_reads_and_refuses_new_ones(
     reads = batcher_of(make_store, batches_at_once=1)
 
     async def close_under_reads() -> list[Any]:
-        out = asyncio.create_task(reads.fetch(SLEEP, [0.5]))
-        await asyncio.sleep(0.1)  # the only sender is in its pipeline
+        async with await watcher_of(reads) as watcher:
+            out = asyncio.create_task(reads.fetch(SLEEP, [0.5]))
+            await until_a_backend_waits(watcher, "PgSleep")  # the only sender is in its pipeline
         queued = [asyncio.create_task(reads.fetch(ADD, [n])) for n in range(3)]
         await asyncio.sleep(0.01)
         await reads.close()
@@ -170,8 +177,9 @@ def test_a_value_that_cannot_be_sent_fails_alone(make_store: MakeStore, run: Any
     reads = batcher_of(make_store, batches_at_once=1)
 
     async def batch_with_a_nul() -> list[Any]:
-        out = asyncio.create_task(reads.fetch(SLEEP, [0.2]))
-        await asyncio.sleep(0.05)
+        async with await watcher_of(reads) as watcher:
+            out = asyncio.create_task(reads.fetch(SLEEP, [0.2]))
+            await until_a_backend_waits(watcher, "PgSleep")  # the only sender is in its pipeline
         statements = [(ADD, [1]), (b"SELECT length($1::text) AS n", ["a\x00b"]), (ADD, [2])]
         together = [reads.fetch(s, v) for s, v in statements]
         return (await asyncio.gather(out, *together, return_exceptions=True))[1:]
@@ -214,6 +222,7 @@ def test_a_cancelled_prepare_fails_alone(make_store: MakeStore, run: Any) -> Non
             await conn.execute("CREATE TABLE locked (n int)")
         pid = (await reads.fetch(pid_of, []))[0]["pid"]
         await reads.fetch(ADD, [0])
+        watcher = await watcher_of(reads)
         async with await psycopg.AsyncConnection.connect(reads.pool.conninfo) as locker:
             await locker.execute("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")
             together = [
@@ -221,7 +230,8 @@ def test_a_cancelled_prepare_fails_alone(make_store: MakeStore, run: Any) -> Non
                 asyncio.create_task(reads.fetch(b"SELECT n FROM locked WHERE n = $1::int", [1])),
                 asyncio.create_task(reads.fetch(ADD, [2])),
             ]
-            await asyncio.sleep(0.3)  # the sender's PREPARE waits for the lock
+            await until_a_backend_waits(watcher, "Lock", pid=pid)  # the sender's PREPARE
+            await watcher.close()
             await locker.execute("SELECT pg_cancel_backend(%s)", [pid])
             answers = await asyncio.gather(*together, return_exceptions=True)
         same_backend = (await reads.fetch(pid_of, []))[0]["pid"] == pid

@@ -31,6 +31,7 @@ from shoal.metadata.partitions import (
 )
 from shoal.metadata.ring import vnode_schema
 from shoal.storage import block_runs
+from tests.fixtures.backends import until_a_backend_waits
 from tests.fixtures.garbage import (
     World,
     block_ids,
@@ -342,9 +343,14 @@ def test_a_record_written_into_the_window_meanwhile_survives(
             with psycopg.connect(dsn, autocommit=True) as conn:
                 result.append(clear_window(conn, vnode, window, list(reclaimed)))
 
+        async def until_gc_waits_for_the_lock() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+                await until_a_backend_waits(watcher, "Lock")
+
         clearing = threading.Thread(target=clear)
         clearing.start()
-        time.sleep(writer_seconds)
+        run(until_gc_waits_for_the_lock())
+        time.sleep(writer_seconds)  # GC waits this long: less, or more, than its lock timeout
         writer.commit()
         clearing.join(30)
     finally:

@@ -224,9 +224,11 @@ def test_bad_requests_are_refused_and_the_connection_closed(sent: bytes, status:
 
 def test_a_lost_connection_fails_the_body_reader() -> None:
     outcome: asyncio.Future[str] | None = None
+    reading = asyncio.Event()
 
     async def reader_of_body(request: http.Request) -> http.Response:
         assert outcome is not None
+        reading.set()
         try:
             async for _ in request.body:
                 pass
@@ -240,7 +242,7 @@ def test_a_lost_connection_fails_the_body_reader() -> None:
         outcome = asyncio.get_running_loop().create_future()
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"PUT /cut HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\nonly part")
-        await asyncio.sleep(0.1)
+        await reading.wait()  # cut while its handler reads the body
         writer.close()
         return await outcome
 
@@ -249,8 +251,11 @@ def test_a_lost_connection_fails_the_body_reader() -> None:
 
 
 def test_close_waits_for_requests_in_progress() -> None:
+    in_progress = asyncio.Event()
+
     async def slow(request: http.Request) -> http.Response:
-        await asyncio.sleep(0.3)
+        in_progress.set()
+        await asyncio.sleep(0.3)  # the work the close must wait for
         return http.Response(body=b"done")
 
     async def main() -> bytes:
@@ -258,7 +263,7 @@ def test_close_waits_for_requests_in_progress() -> None:
         server = await http.serve(slow, sock)
         reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
         writer.write(request_bytes("GET", "/slow"))
-        await asyncio.sleep(0.1)
+        await in_progress.wait()
         closing = asyncio.create_task(server.close(grace=5))
         answer = (await read_response(reader))[2]
         await closing
@@ -394,8 +399,15 @@ def test_a_client_that_pipelines_and_never_reads_holds_bounded_memory() -> None:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.transport.set_write_buffer_limits(high=1 << 30)  # send it all regardless
         writer.write(request_bytes("GET", "/x") * 20000)  # ~0.8 MiB of requests, never read
-        await asyncio.sleep(1.0)
-        (connection,) = server_connections()
+        # Until the server holds back on both sides: answers wait for the socket to drain,
+        # and reading waits for the queue of requests to shrink.
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (connections := server_connections()) or not all(
+            (c._write_paused, c._reading_paused) for c in connections
+        ):
+            assert asyncio.get_running_loop().time() < deadline, "the server never held back"
+            await asyncio.sleep(0.01)
+        (connection,) = connections
         assert connection._transport is not None
         queued, buffered = len(connection._waiting), connection._transport.get_write_buffer_size()
         writer.close()

@@ -13,6 +13,7 @@ import pytest
 from shoal.config import ShardConfig
 from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache, prepared
 from shoal.metadata.shards import LastInFirstOutPool
+from tests.fixtures.backends import until_a_backend_waits
 from tests.fixtures.postgres import MakeStore, unique
 
 
@@ -156,11 +157,14 @@ def test_a_cancelled_caller_cancels_its_statement_and_leaves_the_connection_usab
     wait does both), so the next statement on the connection runs at once."""
 
     async def cancelled_then_reused() -> tuple[bool, list[Any], float, Any]:
-        async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        async with (
+            await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn,
+            await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as watcher,
+        ):
             sleeper = asyncio.ensure_future(
                 prepared.fetch(conn, b"SELECT pg_sleep($1::float8) AS slept", [30])
             )
-            await asyncio.sleep(0.3)
+            await until_a_backend_waits(watcher, "PgSleep", pid=conn.info.backend_pid)
             sleeper.cancel()
             try:
                 await sleeper

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,64 @@ def test_a_token_opens_its_request() -> None:
 def test_a_token_opens_no_other_request(change: dict[str, str]) -> None:
     with pytest.raises(InvalidToken, match="bad signature"):
         verify(SECRET, dataclasses.replace(DELETE, **change), sign(SECRET, DELETE))
+
+
+def _with_field(token: str, index: int, value: str) -> str:
+    scheme, fields = token.split(" ", 1)
+    parts = fields.split(":")
+    parts[index] = value
+    return f"{scheme} {':'.join(parts)}"
+
+
+@pytest.mark.parametrize(
+    ("index", "change"),
+    [
+        (0, lambda expires: str(int(expires) + 1)),  # a longer life
+        (0, lambda expires: str(int(expires) - 1)),
+        (1, lambda nonce: ("0" if nonce[0] != "0" else "1") + nonce[1:]),  # a fresh nonce
+        (2, lambda mac: ("0" if mac[0] != "0" else "1") + mac[1:]),
+        (2, lambda mac: mac.upper()),
+    ],
+    ids=["later-expiry", "earlier-expiry", "nonce", "mac", "mac-spelling"],
+)
+def test_a_token_whose_fields_are_changed_opens_nothing(
+    index: int, change: Callable[[str], str]
+) -> None:
+    token = sign(SECRET, DELETE)
+    original = token.split(" ", 1)[1].split(":")[index]
+    with pytest.raises(InvalidToken, match="bad signature"):
+        verify(SECRET, DELETE, _with_field(token, index, change(original)))
+
+
+def test_a_replayed_token_is_refused_even_for_the_request_it_was_made_for(
+    tmp_path: Path,
+) -> None:
+    replays = ReplayCache(tmp_path / "replay.lock", slots=1024)
+    token = sign(SECRET, DELETE)
+    verify(SECRET, DELETE, token, replays)
+    # Turned into another request, it fails on its signature before the nonce is looked at.
+    other = dataclasses.replace(DELETE, path="/blocks/other")
+    with pytest.raises(InvalidToken, match="bad signature"):
+        verify(SECRET, other, token, replays)
+    with pytest.raises(InvalidToken, match="already used"):
+        verify(SECRET, DELETE, token, replays)
+
+
+def test_a_refused_token_is_not_remembered(tmp_path: Path) -> None:
+    """A token refused for its signature uses up no nonce: the genuine request still passes."""
+    replays = ReplayCache(tmp_path / "replay.lock", slots=1024)
+    token = sign(SECRET, DELETE)
+    with pytest.raises(InvalidToken):
+        verify(SECRET, dataclasses.replace(DELETE, method="GET"), token, replays)
+    verify(SECRET, DELETE, token, replays)
+
+
+def test_a_token_lives_until_its_expiry_second() -> None:
+    now = 1_000_000.0
+    token = sign(SECRET, DELETE, now=now)
+    verify(SECRET, DELETE, token, now=now + TOKEN_LIFETIME_SECONDS)
+    with pytest.raises(InvalidToken, match="expired"):
+        verify(SECRET, DELETE, token, now=now + TOKEN_LIFETIME_SECONDS + 0.001)
 
 
 def test_a_block_put_binds_the_checksum_and_the_length() -> None:

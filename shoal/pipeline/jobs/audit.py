@@ -16,6 +16,7 @@ import uuid
 import zlib
 from typing import Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from shoal.pipeline import io
@@ -49,11 +50,7 @@ def run(ctx: JobContext) -> Summary:
         )
         blocks_checked = expected.count()
     inventory = io.read_inventories(ctx.spark, urls, access)
-    joined = expected.join(
-        inventory.select("shark", "name", F.col("size").alias("found_size")),
-        ["shark", "name"],
-        "left",
-    )
+    joined = compared(expected, inventory)
     present = joined.where("found_size = size")
     # Executors read the blocks from the nodes directly: each node's blocks are spread over
     # a few tasks (by name), and each task keeps many reads in flight.
@@ -69,17 +66,7 @@ def run(ctx: JobContext) -> Summary:
         .mapPartitions(lambda rows: io.verify_blocks(rows, access))
         .toDF("shark string, name string, verdict string")
     )
-    candidates = (
-        joined.where("found_size IS NULL")
-        .withColumn("problem", F.lit("missing"))
-        .unionByName(joined.where("found_size != size").withColumn("problem", F.lit("wrong size")))
-        .unionByName(
-            present.join(verdicts.where("verdict != 'ok'"), ["shark", "name"])
-            .withColumn("problem", F.col("verdict"))
-            .drop("verdict")
-        )
-    )
-    findings = [r.asDict() for r in candidates.collect()]
+    findings = [r.asDict() for r in problems(joined, verdicts).collect()]
     confirmed = ctx.with_store(lambda store: _still_live(store, findings))
     repaired = restored = 0
     if ctx.options.get("repair") and confirmed:
@@ -112,6 +99,33 @@ def run(ctx: JobContext) -> Summary:
             "blocks per second": round(blocks_checked / max(seconds, 1e-9)),
         },
         ctx.output,
+    )
+
+
+def compared(expected: DataFrame, inventory: DataFrame) -> DataFrame:
+    """Each expected block with the size its node's inventory lists (`found_size`, null for
+    a block the node does not have)."""
+    return expected.join(
+        inventory.select("shark", "name", F.col("size").alias("found_size")),
+        ["shark", "name"],
+        "left",
+    )
+
+
+def problems(joined: DataFrame, verdicts: DataFrame) -> DataFrame:
+    """The blocks of `compared` that are missing, of the wrong size, or that reading found
+    bad (`verdicts` of the blocks present: shark, name, verdict), each with its `problem`.
+    Pure DataFrame work, testable on inline rows."""
+    present = joined.where("found_size = size")
+    return (
+        joined.where("found_size IS NULL")
+        .withColumn("problem", F.lit("missing"))
+        .unionByName(joined.where("found_size != size").withColumn("problem", F.lit("wrong size")))
+        .unionByName(
+            present.join(verdicts.where("verdict != 'ok'"), ["shark", "name"])
+            .withColumn("problem", F.col("verdict"))
+            .drop("verdict")
+        )
     )
 
 

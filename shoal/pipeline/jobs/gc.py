@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from pyspark import RDD
 from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -72,12 +73,7 @@ def run(ctx: JobContext) -> Summary:
         .mapPartitions(lambda rows: io.delete_blocks(rows, access))
         .cache()
     )
-    outcomes = batches.flatMap(lambda b: [(key, b[1]) for key in b[0]]).reduceByKey(
-        lambda a, b: a and b
-    )
-    # A record without blocks (an empty object) has nothing to wait for.
-    status = keyed.leftOuterJoin(outcomes).map(lambda kv: (kv[1][0], kv[1][1] is not False))
-    status = status.cache()
+    status = reclaim_status(keyed, batches).cache()
     status.count()
     sent, replicas_deleted, replicas_kept = batches.map(
         lambda b: (len(b[0]), b[2], 0 if b[1] else len(b[0]))
@@ -153,6 +149,17 @@ def run(ctx: JobContext) -> Summary:
     figures["seconds: total"] = round(time.monotonic() - clock, 2)
     figures["records per second"] = round(found / max(time.monotonic() - clock, 1e-9))
     return Summary("gc", figures, ctx.output)
+
+
+def reclaim_status(keyed: RDD[Any], batches: RDD[Any]) -> RDD[Any]:
+    """(record, whether it may go) for each ((shard, vnode, kind, id), record) of `keyed`,
+    from the outcomes of the delete batches (record keys, succeeded, count): a record may go
+    unless a batch holding one of its blocks failed. Pure RDD work, testable on inline rows."""
+    outcomes = batches.flatMap(lambda b: [(key, b[1]) for key in b[0]]).reduceByKey(
+        lambda a, b: a and b
+    )
+    # A record without blocks (an empty object) has nothing to wait for.
+    return keyed.leftOuterJoin(outcomes).map(lambda kv: (kv[1][0], kv[1][1] is not False))
 
 
 def _removal(row: Row, width: timedelta) -> tuple[Any, ...]:

@@ -15,6 +15,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -40,14 +41,7 @@ def run(ctx: JobContext) -> Summary:
         referenced = ctx.spark.createDataFrame(named.map(lambda v: (v,)), "version string")
         referenced = referenced.distinct().cache()
         referenced.count()
-    cutoff_seconds = cutoff.timestamp()
-    candidates = inventory.withColumn("version", F.split("name", r"\.").getItem(0))
-    orphans = (
-        candidates.join(referenced, "version", "left_anti")
-        .withColumn("made", _uuid_seconds("version"))
-        .where((F.col("made") < cutoff_seconds) & (F.col("mtime") < cutoff_seconds))
-        .cache()
-    )
+    orphans = orphan_blocks(inventory, referenced, cutoff.timestamp()).cache()
     found = orphans.count()
     found_bytes = orphans.agg(F.sum("size")).first()[0] or 0
     deleted = 0
@@ -73,6 +67,18 @@ def run(ctx: JobContext) -> Summary:
             "blocks per second": round(blocks / max(seconds, 1e-9)),
         },
         ctx.output,
+    )
+
+
+def orphan_blocks(inventory: DataFrame, referenced: DataFrame, cutoff_seconds: float) -> DataFrame:
+    """The blocks of `inventory` whose version id no row of `referenced` (version) names, made
+    (by their UUIDv7) and written (mtime) before `cutoff_seconds`. Pure DataFrame work,
+    testable on inline rows."""
+    candidates = inventory.withColumn("version", F.split("name", r"\.").getItem(0))
+    return (
+        candidates.join(referenced, "version", "left_anti")
+        .withColumn("made", _uuid_seconds("version"))
+        .where((F.col("made") < cutoff_seconds) & (F.col("mtime") < cutoff_seconds))
     )
 
 

@@ -1,0 +1,164 @@
+"""The pipeline jobs' DataFrame and RDD transforms on small inline rows: the session's local
+Spark (tests/fixtures/spark.py), no database and no storage node."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pyspark.sql import Row
+
+from shoal.ids import uuid7_time
+from shoal.pipeline.jobs import audit, gc, inventory, orphans
+
+pytestmark = pytest.mark.slow  # the first of them starts the session's Spark
+
+EXPECTED = "shark string, name string, size long, owner string, bucket_id string, key string, "
+EXPECTED += "version string"
+INVENTORY = "shark string, name string, size long, checksum string, mtime double"
+
+
+def made_at(ms: int) -> uuid.UUID:
+    """A UUIDv7 of the given time (uuid7() never goes back in time within a process)."""
+    random = uuid.uuid4().int
+    value = (
+        (ms << 80) | (0x7 << 76) | (random & (0xFFF << 64)) | (0b10 << 62) | (random & (2**62 - 1))
+    )
+    made = uuid.UUID(int=value)
+    assert uuid7_time(made).timestamp() == ms / 1000
+    return made
+
+
+def test_gc_keeps_a_record_while_any_batch_holding_its_blocks_failed(spark: Any) -> None:
+    context = spark.sparkContext
+    keys = {name: ("s1", 0, "record", name) for name in ("all-gone", "one-failed", "no-blocks")}
+    keyed = context.parallelize([(key, f"row {name}") for name, key in keys.items()])
+    batches = context.parallelize(
+        [  # (record keys, succeeded, blocks deleted), as io.delete_blocks yields them
+            ([keys["all-gone"], keys["one-failed"]], True, 2),
+            ([keys["all-gone"]], True, 1),
+            ([keys["one-failed"]], False, 0),
+        ]
+    )
+    status = dict(gc.reclaim_status(keyed, batches).collect())
+    assert status == {"row all-gone": True, "row one-failed": False, "row no-blocks": True}
+
+
+def test_audit_finds_missing_wrong_size_and_bad_blocks(spark: Any) -> None:
+    expected = spark.createDataFrame(
+        [
+            (shark, name, 10, "o", "b", "k", "v")
+            for shark, name in (("n1", "ok"), ("n1", "gone"), ("n1", "short"), ("n1", "rotten"))
+        ]
+        + [("n2", "ok", 10, "o", "b", "k", "v")],  # on n2 too, where it is missing
+        EXPECTED,
+    )
+    listed = spark.createDataFrame(
+        [
+            ("n1", "ok", 10, "c", 0.0),
+            ("n1", "short", 9, "c", 0.0),
+            ("n1", "rotten", 10, "c", 0.0),
+            ("n1", "stray", 10, "c", 0.0),  # no row names it: an orphan, not the audit's
+        ],
+        INVENTORY,
+    )
+    joined = audit.compared(expected, listed)
+    verdicts = spark.createDataFrame(
+        [("n1", "ok", "ok"), ("n1", "rotten", "corrupt")],
+        "shark string, name string, verdict string",
+    )
+    found = {
+        (r.shark, r.name): (r.found_size, r.problem)
+        for r in audit.problems(joined, verdicts).collect()
+    }
+    assert found == {
+        ("n1", "gone"): (None, "missing"),
+        ("n2", "ok"): (None, "missing"),
+        ("n1", "short"): (9, "wrong size"),
+        ("n1", "rotten"): (10, "corrupt"),
+    }
+
+
+def test_orphans_are_unnamed_blocks_older_than_the_cutoff_by_id_and_by_file(spark: Any) -> None:
+    cutoff = datetime(2024, 6, 1, tzinfo=UTC).timestamp()
+    old, young = int(cutoff * 1000) - 60_000, int(cutoff * 1000) + 60_000
+    named, unnamed, new_file, new_id = made_at(old), made_at(old), made_at(old), made_at(young)
+    listed = spark.createDataFrame(
+        [
+            ("n1", f"{named}.0", 10, "c", cutoff - 60),
+            ("n1", f"{unnamed}.0", 10, "c", cutoff - 60),
+            ("n2", f"{unnamed}.1", 5, "c", cutoff - 60),
+            ("n1", f"{new_id}.0", 10, "c", cutoff - 60),  # a write still in progress
+            ("n1", f"{new_file}.0", 10, "c", cutoff + 60),  # a file written since
+            ("n1", f"{uuid.uuid4()}.0", 10, "c", cutoff - 60),  # not a UUIDv7: never an orphan
+        ],
+        INVENTORY,
+    )
+    referenced = spark.createDataFrame([(str(named),)], "version string")
+    found = orphans.orphan_blocks(listed, referenced, cutoff).collect()
+    assert sorted((r.shark, r.name, r.version) for r in found) == [
+        ("n1", f"{unnamed}.0", str(unnamed)),
+        ("n2", f"{unnamed}.1", str(unnamed)),
+    ]
+
+
+def test_inventory_reports_each_live_object_of_a_known_bucket(spark: Any) -> None:
+    md5 = bytes.fromhex("00ff" * 8)
+    created = datetime(2024, 6, 1, 12, 0)
+    objects = spark.createDataFrame(
+        [
+            Row(
+                bucket_id="b1",
+                name="plain.txt",
+                content_length=10,
+                content_md5=md5,
+                created=created,
+                content_type="text/plain",
+                sharks=["n1", "n2"],
+                properties=json.dumps({"tags": {"team": "a"}}),
+            ),
+            Row(
+                bucket_id="b1",
+                name="big.bin",
+                content_length=20,
+                content_md5=md5,
+                created=created,
+                content_type=None,
+                sharks=[],
+                properties=json.dumps({"parts": [{"size": 10}, {"size": 10}]}),
+            ),
+            Row(
+                bucket_id="gone",  # its bucket is not in the listing of buckets
+                name="lost",
+                content_length=1,
+                content_md5=md5,
+                created=created,
+                content_type=None,
+                sharks=["n1"],
+                properties=None,
+            ),
+        ],
+        "bucket_id string, name string, content_length long, content_md5 binary, "
+        "created timestamp, content_type string, sharks array<string>, properties string",
+    )
+    buckets = spark.createDataFrame(
+        [("b1", "o1", "photos")], "bucket_id string, owner string, bucket string"
+    )
+    report = {r.key: r.asDict() for r in inventory.inventory(objects, buckets).collect()}
+    assert set(report) == {"plain.txt", "big.bin"}
+    assert report["plain.txt"] == {
+        "bucket": "photos",
+        "key": "plain.txt",
+        "size": 10,
+        "etag": "00ff" * 8,
+        "last_modified": created,
+        "content_type": "text/plain",
+        "storage_nodes": "n1 n2",
+        "tags": '{"team":"a"}',
+    }
+    assert report["big.bin"]["etag"] == "00ff" * 8 + "-2"
+    assert report["big.bin"]["storage_nodes"] == ""
+    assert report["big.bin"]["tags"] == ""
