@@ -23,10 +23,12 @@ from urllib.parse import urlsplit
 import shoal.loop
 from shoal import telemetry
 from shoal.admin import AdminToken, admin_app, load_or_create_token, serving_admin
+from shoal.admin.rates import RequestRates, rates_routes
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.metadata import AccountNotFound, InvalidName, MetadataError, MetadataStore
+from shoal.metadata.metrics import sampling_pools
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
 from shoal.storage import (
@@ -426,13 +428,16 @@ async def run_gateway(
             await in_thread(workers.stop)
 
 
-def _gateway_admin(
+@contextlib.asynccontextmanager
+async def _gateway_admin(
     config: Config, port: int | None, readiness: Readiness
-) -> contextlib.AbstractAsyncContextManager[None]:
+) -> AsyncIterator[None]:
     """The admin listener of `shoal serve`: health, metrics, the admin API and console."""
     token = AdminToken(load_or_create_token(config.admin_token_file))
-    app = admin_app(readiness, token=token)
-    return serving_admin(app, config.admin.host, port or config.admin.port)
+    rates = RequestRates()
+    app = admin_app(readiness, token=token, routes=[rates_routes(rates)])
+    async with rates.sampling(), serving_admin(app, config.admin.host, port or config.admin.port):
+        yield
 
 
 async def keep_windows(store: MetadataStore, ahead: int) -> float:
@@ -462,7 +467,7 @@ async def _serving_gateway(
     gateway = Gateway(
         store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness
     )
-    async with readiness.checking():
+    async with readiness.checking(), sampling_pools(store.shards):
         server = await http.serve(
             make_handler(gateway),
             sock,

@@ -18,7 +18,14 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+    values,
+)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -73,15 +80,41 @@ def forget_process(pid: int) -> None:
 def exposition(extra: Iterable[Collector] = ()) -> tuple[bytes, str]:
     """The text a scrape gets: every process's metrics and those `extra` collectors make
     when asked, and its content type."""
-    if shared():
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry)
-    else:  # one process (tests, a tool): its own registry
-        registry = CollectorRegistry()
-        registry.register(_Everything())
+    registry = _everyones()
     for collector in extra:
         registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def families() -> list[Metric]:
+    """Every process's metrics, summed as a scrape sees them, for a reader in this process
+    (admin/rates.py)."""
+    return list(_everyones().collect())
+
+
+def _everyones() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    if shared():
+        MultiProcessCollector(registry)
+    else:  # one process (tests, a tool): its own registry
+        registry.register(_Everything())
+    return registry
+
+
+_ready: Gauge | None = None
+
+
+def set_ready(ready: bool) -> None:
+    """`shoal_ready`: 1 while this process can do its work, 0 when not. A service's value is
+    the smallest of its live processes' (livemin): 1 only when every one of them is ready."""
+    global _ready
+    if _ready is None:
+        _ready = Gauge(
+            "shoal_ready",
+            "1 when every live process of the service is ready, else 0.",
+            multiprocess_mode="livemin",
+        )
+    _ready.set(1 if ready else 0)
 
 
 class _Everything(Collector):

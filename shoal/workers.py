@@ -23,6 +23,7 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import shoal.logs
+from shoal import telemetry
 from shoal.children import die_with_parent
 
 log = logging.getLogger("shoal")
@@ -76,6 +77,7 @@ class WorkerProcesses:
                     index + 1,
                     process.exitcode,
                 )
+                telemetry.forget_process(process.pid)  # its requests in flight are gone
                 self._start(index)
 
     def stop(self) -> None:

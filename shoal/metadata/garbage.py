@@ -101,7 +101,9 @@ class Garbage(Component):
         params = {"owner": owner, "bucket_id": bucket_id, "limit": limit}
         results = await asyncio.gather(
             *(
-                self.shard_rows(shard, render_arms("{arms}", arm, tuple(shard.vnodes)), params)
+                self.shard_rows(
+                    shard, render_arms("{arms}", arm, tuple(shard.vnodes)), params, template=arm
+                )
                 for shard in self.shards.placed()
                 for arm in (queries.BUCKET_OBJECTS_ARM, queries.BUCKET_PARTS_ARM)
             )
@@ -171,7 +173,7 @@ class GarbageBook(Component):
         results = []
         for shard in self.shards.placed():
             statement = render_arms(queries.GC_BACKLOG, queries.GC_BACKLOG_ARM, tuple(shard.vnodes))
-            row = (await self.shard_rows(shard, statement, {}))[0]
+            row = (await self.shard_rows(shard, statement, {}, template=queries.GC_BACKLOG))[0]
             results.append(
                 Backlog(shard.name, row["records"] or 0, row["bytes"] or 0, row["oldest"])
             )
