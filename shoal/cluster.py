@@ -387,10 +387,14 @@ async def run_gateway(
     processes and `local_nodes` that die are started again."""
     from shoal.gc import Collector
     from shoal.replication import Rereplicator
+    from shoal.s3 import metrics as s3_metrics
 
     sock = listening_socket(config.s3.host, port)
     extra = config.s3.workers - 1
-    workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
+    restarts = s3_metrics.gateway().restarts
+    workers = WorkerProcesses(
+        "gateway", extra, _serve_gateway, config, shards, sock, on_restart=restarts.inc
+    )
     async with (
         await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),

@@ -57,10 +57,18 @@ class WorkerProcesses:
     a socket in `args` reaches the worker as a duplicate of the parent's.
     """
 
-    def __init__(self, name: str, count: int, target: Callable[..., None], *args: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        count: int,
+        target: Callable[..., None],
+        *args: Any,
+        on_restart: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self.target = target
         self.args = args
+        self.on_restart = on_restart  # told of each restart (a metric counts them)
         self.processes: list[SpawnProcess | None] = [None] * count
 
     def start(self) -> None:
@@ -78,6 +86,8 @@ class WorkerProcesses:
                     process.exitcode,
                 )
                 telemetry.forget_process(process.pid)  # its requests in flight are gone
+                if self.on_restart is not None:
+                    self.on_restart()
                 self._start(index)
 
     def stop(self) -> None:

@@ -93,6 +93,7 @@ class GatewayMetrics:
     sent: Counter
     in_flight: Gauge
     auth_failures: Counter
+    restarts: Counter
     _operations: dict[str, _Operation] = field(default_factory=dict)
 
     @classmethod
@@ -128,6 +129,10 @@ class GatewayMetrics:
                 "shoal_s3_auth_failures",
                 "Requests refused for their signature, by reason.",
                 ["reason"],
+            ),
+            restarts=Counter(
+                "shoal_gateway_worker_restarts",
+                "Gateway worker processes that died and were started again.",
             ),
         )
 

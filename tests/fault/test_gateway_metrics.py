@@ -35,6 +35,8 @@ FAST_503_SECONDS = 3.0
 # From PostgreSQL accepting connections again to /ready saying 200.
 RECOVERY_SECONDS = 10.0
 IN_FLIGHT = "shoal_s3_requests_in_flight"
+# Stalled requests a test opens at most while waiting for both gateway processes to hold some.
+MAX_STALLED = 40
 
 
 @pytest.fixture(scope="module")
@@ -59,24 +61,25 @@ def served(
 
 
 def test_a_killed_workers_requests_in_flight_stop_counting(served: Served) -> None:
-    before = value(scrape(served), IN_FLIGHT)
-    assert before == 0
-    with _stalled_puts(served, 8) as clients:
-        settled(served, lambda s: value(s, IN_FLIGHT) == 8)
-        (worker,) = _gateway_workers(served)
-        # Each connection was taken by whichever gateway process accepted it first: with 8,
-        # the worker holds some of them but for a chance of 1 in 256.
-        ports = {c.getsockname()[1] for c in clients}
-        held = [
-            c
-            for c in worker.net_connections("tcp")
-            if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
-        ]
-        assert held, "the worker holds none of the stalled requests"
+    before = scrape(served)
+    assert value(before, IN_FLIGHT) == 0
+    (worker,) = _gateway_workers(served)
+    with _stalled_puts(served) as stall:
+        # Each connection is taken by whichever gateway process accepts it first (a worker
+        # that has just started may not listen yet): stall requests until both hold some.
+        stalled = held = 0
+        while not 0 < held < stalled:
+            assert stalled < MAX_STALLED, "one process took every connection"
+            stall.add()
+            stalled = len(stall.clients)
+            settled(served, lambda s, n=stalled: value(s, IN_FLIGHT) == n)  # each accepted
+            held = len(stall.held_by(worker))
         os.kill(worker.pid, signal.SIGKILL)
         wait_for_new_process(lambda: _gateway_workers(served)[0], worker.pid)
-        series = settled(served, lambda s: value(s, IN_FLIGHT) == 8 - len(held))
-        assert value(series, IN_FLIGHT) == 8 - len(held)
+        series = settled(served, lambda s: value(s, IN_FLIGHT) == stalled - held)
+        assert value(series, IN_FLIGHT) == stalled - held
+        restarts = "shoal_gateway_worker_restarts_total"
+        assert value(series, restarts) - value(before, restarts) == 1
     # The clients left: the requests the parent still had end, and stop counting too.
     series = settled(served, lambda s: value(s, IN_FLIGHT) == 0)
     assert value(series, IN_FLIGHT) == 0
@@ -109,22 +112,40 @@ def test_ready_and_the_s3_port_say_503_while_postgres_is_stopped(
     assert value(series, "shoal_ready") == 1
 
 
+class _StalledPuts:
+    """Connections, each with a PUT whose head was sent and whose body stops after its first
+    bytes."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.clients: list[socket.socket] = []
+
+    def add(self) -> None:
+        path = f"/{BUCKET}/stalled-{len(self.clients)}"
+        headers = signed_headers(self.served, "PUT", path, {"Content-Length": "1000"})
+        head = f"PUT {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        client = socket.create_connection(("127.0.0.1", self.served.port), timeout=10)
+        self.clients.append(client)
+        client.sendall(head.encode() + b"\r\n" + b"x" * 10)
+
+    def held_by(self, process: psutil.Process) -> list[int]:
+        """The client ports whose connections `process` accepted."""
+        ports = {client.getsockname()[1] for client in self.clients}
+        return [
+            c.raddr.port
+            for c in process.net_connections("tcp")
+            if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+        ]
+
+
 @contextlib.contextmanager
-def _stalled_puts(served: Served, count: int) -> Iterator[list[socket.socket]]:
-    """`count` connections, each with a PUT whose head was sent and whose body stops after
-    its first bytes; closed at the end."""
-    clients: list[socket.socket] = []
+def _stalled_puts(served: Served) -> Iterator[_StalledPuts]:
+    """Stalled PUTs (none at first: `add` them), their connections closed at the end."""
+    stall = _StalledPuts(served)
     try:
-        for n in range(count):
-            path = f"/{BUCKET}/stalled-{n}"
-            headers = signed_headers(served, "PUT", path, {"Content-Length": "1000"})
-            head = f"PUT {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            client = socket.create_connection(("127.0.0.1", served.port), timeout=10)
-            clients.append(client)
-            client.sendall(head.encode() + b"\r\n" + b"x" * 10)
-        yield clients
+        yield stall
     finally:
-        for client in clients:
+        for client in stall.clients:
             client.close()
 
 
