@@ -471,7 +471,7 @@ async def _serving_gateway(
     gateway = Gateway(
         store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness
     )
-    async with readiness.checking(), sampling_pools(store.shards):
+    async with readiness.checking(), sampling_pools(store.shards), telemetry.flushing():
         server = await http.serve(
             make_handler(gateway),
             sock,

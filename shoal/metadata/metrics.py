@@ -2,16 +2,16 @@
 batched reads and group-committed writes, and the latency of statements by name
 (docs/operations.md, "Metrics").
 
-Made at first use (telemetry.py says why never at import). In a gateway process they join
-the gateway's shared metrics; in a process that opened a store without `shoal serve` (a
-test, a CLI command) they stay in that process's own registry, where nobody reads them.
+Made at first use (telemetry.py says why never at import). Statement latencies and batch
+sizes are kept in plain numbers (telemetry.Tallies) and written with the pools' sample,
+every second, by the gateway process's `telemetry.flushing` task. In a process that opened a
+store without `shoal serve` (a test, a CLI command) nothing writes them, and they stay in
+that process's own registry, where nobody reads them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,15 +24,10 @@ from shoal.metadata import queries
 if TYPE_CHECKING:
     from shoal.metadata.shards import ShardSet
 
-log = logging.getLogger("shoal.metadata")
-
-# How often each gateway process samples its pools: often enough for a dashboard, not per
-# request.
-POOL_SAMPLE_SECONDS = 1.0
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 READ = "read"
 WRITE = "write"
-# The name of a statement that is not one of queries.py's (none is, today).
+# The name of a statement made from none of queries.py's (a shard_rows call that names none).
 OTHER_STATEMENT = "other"
 
 
@@ -42,8 +37,8 @@ class MetadataMetrics:
     waiting: Gauge
     batch_size: Histogram
     statement_duration: Histogram
-    _statements: dict[str, Histogram] = field(default_factory=dict)
-    _batches: dict[str, Histogram] = field(default_factory=dict)
+    _statements: dict[str, telemetry.HistogramTally] = field(default_factory=dict)
+    _batches: dict[str, telemetry.HistogramTally] = field(default_factory=dict)
 
     @classmethod
     def make(cls) -> MetadataMetrics:
@@ -76,17 +71,18 @@ class MetadataMetrics:
 
     def statement_took(self, template: str, seconds: float) -> None:
         """One statement of queries.py (its template, as base.py runs it) took `seconds`."""
-        histogram = self._statements.get(template)
-        if histogram is None:
-            histogram = self.statement_duration.labels(statement_name(template))
-            self._statements[template] = histogram
-        histogram.observe(seconds)
+        tally = self._statements.get(template)
+        if tally is None:
+            child = self.statement_duration.labels(statement_name(template))
+            tally = self._statements[template] = telemetry.tallies().histogram(child)
+        tally.observe(seconds)
 
     def batch_sent(self, kind: str, size: int) -> None:
-        histogram = self._batches.get(kind)
-        if histogram is None:
-            histogram = self._batches[kind] = self.batch_size.labels(kind)
-        histogram.observe(size)
+        tally = self._batches.get(kind)
+        if tally is None:
+            tally = telemetry.tallies().histogram(self.batch_size.labels(kind))
+            self._batches[kind] = tally
+        tally.observe(size)
 
     def sample_pools(self, shards: ShardSet) -> None:
         for name, shard in shards.shards.items():
@@ -125,20 +121,15 @@ def statement_name(template: str) -> str:
 
 @contextlib.asynccontextmanager
 async def sampling_pools(shards: ShardSet) -> AsyncIterator[None]:
-    """Sample the pools of `shards` every POOL_SAMPLE_SECONDS while the context lasts."""
-    task = asyncio.create_task(_sample_forever(shards))
+    """Sample the pools of `shards` each time the process's metrics are written (every
+    second, telemetry.flushing) while the context lasts."""
+    tallies = telemetry.tallies()
+
+    def sample() -> None:
+        metadata().sample_pools(shards)
+
+    tallies.before_flush.append(sample)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _sample_forever(shards: ShardSet) -> None:
-    while True:
-        try:
-            metadata().sample_pools(shards)
-        except Exception as exc:  # a metric must never stop the gateway
-            log.warning("sampling the metadata pools failed: %r", exc)
-        await asyncio.sleep(POOL_SAMPLE_SECONDS)
+        tallies.before_flush.remove(sample)

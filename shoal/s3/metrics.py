@@ -7,8 +7,10 @@ request the gateway never answered (its client left before its turn) is in neith
 request counts nor the latencies.
 
 The metric objects are made at first use, by `gateway()` (telemetry.py says why never at
-import), and the labelled children of each operation are kept in a dict: a request then
-costs a dict lookup and a few increments of memory-mapped values (bench/metrics_bench.py).
+import). A request adds to plain numbers, each operation's in a dict (telemetry.Tallies),
+which a task of each gateway process writes to the shared metrics every second: an
+increment of a shared value costs about a microsecond, and a request made several
+(bench/metrics_bench.py). So a scrape sees a request up to a second after its answer.
 """
 
 from __future__ import annotations
@@ -77,12 +79,12 @@ def auth_failure_reason(error: Exception) -> str | None:
 
 @dataclass
 class _Operation:
-    """One operation's labelled children, made once."""
+    """One operation's tallies, made at its first request."""
 
-    statuses: dict[int, Counter]  # by status // 100
-    duration: Histogram
-    received: Counter
-    sent: Counter
+    statuses: dict[int, telemetry.CounterTally]  # by status // 100
+    duration: telemetry.HistogramTally
+    received: telemetry.CounterTally
+    sent: telemetry.CounterTally
 
 
 @dataclass
@@ -95,6 +97,7 @@ class GatewayMetrics:
     auth_failures: Counter
     restarts: Counter
     _operations: dict[str, _Operation] = field(default_factory=dict)
+    _in_flight: int = 0  # set on the gauge when the tallies are written
 
     @classmethod
     def make(cls) -> GatewayMetrics:
@@ -137,44 +140,48 @@ class GatewayMetrics:
         )
 
     def started(self) -> None:
-        self.in_flight.inc()
+        self._in_flight += 1
 
     def finished(self) -> None:
-        self.in_flight.dec()
+        self._in_flight -= 1
 
     def answered(
         self, operation: str, status: int, received: int, sent: int, seconds: float
     ) -> None:
         """Count one answered request."""
-        children = self._operations.get(operation)
-        if children is None:
-            children = self._operation(operation)
-        counter = children.statuses.get(status // 100)
-        if counter is None:
-            counter = self.requests.labels(operation, f"{status // 100}xx")
-            children.statuses[status // 100] = counter
-        counter.inc()
-        children.duration.observe(seconds)
-        if received:
-            children.received.inc(received)
-        if sent:
-            children.sent.inc(sent)
+        tallies = self._operations.get(operation)
+        if tallies is None:
+            tallies = self._operation(operation)
+        requests = tallies.statuses.get(status // 100)
+        if requests is None:
+            requests = telemetry.tallies().counter(
+                self.requests.labels(operation, f"{status // 100}xx")
+            )
+            tallies.statuses[status // 100] = requests
+        requests.inc()
+        tallies.duration.observe(seconds)
+        tallies.received.inc(received)
+        tallies.sent.inc(sent)
 
     def refused(self, error: Exception) -> None:
-        """Count `error` if it refused a request's signature."""
+        """Count `error` if it refused a request's signature (rare: counted at once)."""
         reason = auth_failure_reason(error)
         if reason is not None:
             self.auth_failures.labels(reason).inc()
 
     def _operation(self, operation: str) -> _Operation:
-        children = _Operation(
+        tallies = telemetry.tallies()
+        made = _Operation(
             statuses={},
-            duration=self.duration.labels(operation),
-            received=self.received.labels(operation),
-            sent=self.sent.labels(operation),
+            duration=tallies.histogram(self.duration.labels(operation)),
+            received=tallies.counter(self.received.labels(operation)),
+            sent=tallies.counter(self.sent.labels(operation)),
         )
-        self._operations[operation] = children
-        return children
+        self._operations[operation] = made
+        return made
+
+    def _set_in_flight(self) -> None:
+        self.in_flight.set(self._in_flight)
 
 
 _metrics: GatewayMetrics | None = None
@@ -185,4 +192,5 @@ def gateway() -> GatewayMetrics:
     global _metrics
     if _metrics is None:
         _metrics = GatewayMetrics.make()
+        telemetry.tallies().before_flush.append(_metrics._set_in_flight)
     return _metrics

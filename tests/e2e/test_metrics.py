@@ -34,8 +34,8 @@ def value(series: Series, name: str, **labels: str) -> float:
 
 
 def settled(served: Served, done: Callable[[Series], bool], seconds: float = 10) -> Series:
-    """A scrape once `done` holds: a request is counted just after its answer is out, so
-    the client may have its answer a moment before the counters move."""
+    """A scrape once `done` holds (or the last one after `seconds`): each gateway process
+    writes what it counted once a second."""
     deadline = time.monotonic() + seconds
     while True:
         series = scrape(served)
@@ -66,38 +66,40 @@ def test_a_known_workload_moves_each_counter_by_exactly_its_share(
     assert [r.status for r in refused] == [403, 403]
     error_bytes = sum(len(r.body) for r in missing + refused)
 
-    def moved(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+    requests, duration = "shoal_s3_requests_total", "shoal_s3_request_duration_seconds_count"
+    expected = {
+        (requests, (("operation", "PutObject"), ("status_class", "2xx"))): len(sizes),
+        (requests, (("operation", "GetObject"), ("status_class", "2xx"))): 3,
+        (requests, (("operation", "GetObject"), ("status_class", "4xx"))): 4 + 2,
+        (requests, (("operation", "GetObject"), ("status_class", "5xx"))): 0,
+        (duration, (("operation", "PutObject"),)): len(sizes),
+        (duration, (("operation", "GetObject"),)): 3 + 4 + 2,
+        ("shoal_s3_received_bytes_total", (("operation", "PutObject"),)): sum(sizes),
+        ("shoal_s3_sent_bytes_total", (("operation", "GetObject"),)): sum(got) + error_bytes,
+        ("shoal_s3_auth_failures_total", (("reason", "signature_mismatch"),)): 1,
+        ("shoal_s3_auth_failures_total", (("reason", "unknown_key"),)): 1,
+    }
 
-    def all_counted(series: Series) -> bool:
-        got_count = "shoal_s3_request_duration_seconds_count"
-        return (
-            value(series, got_count, operation="GetObject")
-            - value(before, got_count, operation="GetObject")
-            >= 3 + 4 + 2
-        ) and value(series, "shoal_s3_requests_in_flight") == 0
+    def moved(series: Series, name: str, **labels: str) -> float:
+        return value(series, name, **labels) - value(before, name, **labels)
 
-    after = settled(served, all_counted)
-    requests = "shoal_s3_requests_total"
-    assert moved(requests, operation="PutObject", status_class="2xx") == len(sizes)
-    assert moved(requests, operation="GetObject", status_class="2xx") == 3
-    assert moved(requests, operation="GetObject", status_class="4xx") == 4 + 2
-    assert moved(requests, operation="GetObject", status_class="5xx") == 0
-    duration = "shoal_s3_request_duration_seconds_count"
-    assert moved(duration, operation="PutObject") == len(sizes)
-    assert moved(duration, operation="GetObject") == 3 + 4 + 2
-    assert moved("shoal_s3_received_bytes_total", operation="PutObject") == sum(sizes)
-    assert moved("shoal_s3_sent_bytes_total", operation="GetObject") == sum(got) + error_bytes
+    def movements(series: Series) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {key: moved(series, key[0], **dict(key[1])) for key in expected}
+
+    # Each gateway process writes its counts every second: wait until both have.
+    after = settled(
+        served,
+        lambda s: movements(s) == expected and value(s, "shoal_s3_requests_in_flight") == 0,
+    )
+    assert movements(after) == expected
     assert sum(got) == sum(sizes[:3])
-    auth = "shoal_s3_auth_failures_total"
-    assert moved(auth, reason="signature_mismatch") == 1
-    assert moved(auth, reason="unknown_key") == 1
     assert value(after, "shoal_s3_requests_in_flight") == 0
     # Every GET read its object's row, alone or in a batch.
     statement = statement_name(SELECT_OBJECT_WITH_DATA)
-    assert moved("shoal_metadata_statement_duration_seconds_count", statement=statement) >= 3 + 4
-    assert moved("shoal_metadata_batch_size_count", kind="read") >= 1
-    assert moved("shoal_metadata_batch_size_count", kind="write") >= 1
+    statements = "shoal_metadata_statement_duration_seconds_count"
+    assert moved(after, statements, statement=statement) >= 3 + 4
+    assert moved(after, "shoal_metadata_batch_size_count", kind="read") >= 1
+    assert moved(after, "shoal_metadata_batch_size_count", kind="write") >= 1
     assert value(after, "shoal_ready") == 1
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres
 from tests.e2e.test_admin_listener import admin_get
-from tests.e2e.test_metrics import scrape, settled, value
+from tests.e2e.test_metrics import settled, value
 from tests.fault.load import wait_until
 from tests.fault.serve_tree import wait_for_new_process
 from tests.fault.serving import own_serve
@@ -61,7 +61,7 @@ def served(
 
 
 def test_a_killed_workers_requests_in_flight_stop_counting(served: Served) -> None:
-    before = scrape(served)
+    before = settled(served, lambda s: value(s, IN_FLIGHT) == 0)  # written every second
     assert value(before, IN_FLIGHT) == 0
     (worker,) = _gateway_workers(served)
     with _stalled_puts(served) as stall:
