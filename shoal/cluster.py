@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 import shoal.loop
 from shoal import telemetry
 from shoal.admin import AdminToken, admin_app, load_or_create_token, serving_admin
+from shoal.admin.rates import RequestRates, rates_routes
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
@@ -36,6 +37,7 @@ from shoal.metadata import (
     MetadataError,
     MetadataStore,
 )
+from shoal.metadata.metrics import sampling_pools
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
 from shoal.restarts import Restarts
@@ -478,15 +480,19 @@ async def _gateway_admin(
 
     token = AdminToken(load_or_create_token(config.admin_token_file))
     census = Census(config, shards, readiness=readiness)
+    rates = RequestRates()
     app = admin_app(
         readiness,
         token=token,
         collectors=[CensusCollector(census), RestartCollector(workers)],
-        routes=[api_routes(census), console_routes()],
+        routes=[api_routes(census), rates_routes(rates), console_routes()],
     )
     refreshing = asyncio.create_task(census.keep_refreshing(stop))
     try:
-        async with serving_admin(app, config.admin.host, port or config.admin.port):
+        async with (
+            rates.sampling(),
+            serving_admin(app, config.admin.host, port or config.admin.port),
+        ):
             yield
     finally:
         refreshing.cancel()
@@ -535,7 +541,7 @@ async def _serving_gateway(
     gateway = Gateway(
         store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness
     )
-    async with readiness.checking():
+    async with readiness.checking(), sampling_pools(store.shards), telemetry.flushing():
         server = await http.serve(
             make_handler(gateway),
             sock,

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
 
+from shoal import telemetry
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import StorageNode
 from shoal.storage import BlockClient
@@ -128,6 +129,7 @@ class Readiness:
             log.warning("gateway not ready: %s", reason)
         self.ready = reason is None
         self.reason = reason or "ready"
+        telemetry.set_ready(self.ready)
         self._been_ready = self._been_ready or self.ready
         # Once ready, a silent shard is the pool's business (it refuses that shard's calls).
         self.serving = self.ready or (self._been_ready and not shards_answer and self._nodes_ok)

@@ -13,17 +13,32 @@ component's `metrics()` accessor), never at import time.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import contextlib
+import glob
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
+
+log = logging.getLogger("shoal")
 
 # prometheus_client's name for the folder; the processes a service starts inherit it.
 FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
@@ -101,15 +116,170 @@ def forget_process(pid: int) -> None:
 def exposition(extra: Iterable[Collector] = ()) -> tuple[bytes, str]:
     """The text a scrape gets: every process's metrics and those `extra` collectors make
     when asked, and its content type."""
-    if shared():
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry)
-    else:  # one process (tests, a tool): its own registry
-        registry = CollectorRegistry()
-        registry.register(_Everything())
+    registry = _everyones()
     for collector in extra:
         registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def families() -> list[Metric]:
+    """Every process's metrics, summed as a scrape sees them, for a reader in this process
+    (admin/rates.py)."""
+    return list(_everyones().collect())
+
+
+def _everyones() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    if shared():
+        _SharedFiles(registry)
+    else:  # one process (tests, a tool): its own registry
+        registry.register(_Everything())
+    return registry
+
+
+_ready: Gauge | None = None
+
+
+def set_ready(ready: bool) -> None:
+    """`shoal_ready`: 1 while this process can do its work, 0 when not. A service's value is
+    the smallest of its live processes' (livemin): 1 only when every one of them is ready."""
+    global _ready
+    if _ready is None:
+        _ready = Gauge(
+            "shoal_ready",
+            "1 when every live process of the service is ready, else 0.",
+            multiprocess_mode="livemin",
+        )
+    _ready.set(1 if ready else 0)
+
+
+# How often the counts of the request path reach the shared files (`Tallies`).
+FLUSH_SECONDS = 1.0
+
+
+class CounterTally:
+    """Increments of one (labelled) counter, kept in a plain number until `flush`: in
+    multiprocess mode every increment takes a lock and writes a memory-mapped file, about a
+    microsecond, which the request path pays several times per request
+    (bench/metrics_bench.py)."""
+
+    __slots__ = ("counter", "pending")
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.pending = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.pending += amount
+
+    def flush(self) -> None:
+        if self.pending:
+            amount, self.pending = self.pending, 0.0
+            self.counter.inc(amount)
+
+
+class HistogramTally:
+    """Observations of one (labelled) histogram, kept as plain bucket counts and a sum until
+    `flush`, which adds them to the histogram's values as `observe` would have one by one.
+    prometheus_client has no public call that adds many observations at once, so this uses
+    the histogram's own attributes (`_upper_bounds`, `_buckets`, `_sum`);
+    tests/e2e/test_metrics.py checks the counts and sums a scrape shows."""
+
+    __slots__ = ("bounds", "counts", "histogram", "total")
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self.bounds: list[float] = histogram._upper_bounds  # ends with +Inf
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+
+    def observe(self, amount: float) -> None:
+        # The first bucket whose bound is at least `amount`, as Histogram.observe finds it.
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+        self.total += amount
+
+    def flush(self) -> None:
+        if not any(self.counts):
+            return
+        counts, self.counts = self.counts, [0] * len(self.bounds)
+        total, self.total = self.total, 0.0
+        self.histogram._sum.inc(total)
+        for index, count in enumerate(counts):
+            if count:
+                self.histogram._buckets[index].inc(count)
+
+
+class Tallies:
+    """A process's tallies, written to the shared files every FLUSH_SECONDS (`flushing`)."""
+
+    def __init__(self) -> None:
+        self.tallies: list[CounterTally | HistogramTally] = []
+        self.before_flush: list[Callable[[], None]] = []  # gauges set from plain numbers
+
+    def counter(self, counter: Counter) -> CounterTally:
+        tally = CounterTally(counter)
+        self.tallies.append(tally)
+        return tally
+
+    def histogram(self, histogram: Histogram) -> HistogramTally:
+        tally = HistogramTally(histogram)
+        self.tallies.append(tally)
+        return tally
+
+    def flush(self) -> None:
+        for update in self.before_flush:
+            update()
+        for tally in self.tallies:
+            tally.flush()
+
+
+_tallies = Tallies()
+
+
+def tallies() -> Tallies:
+    """This process's tallies: the metrics of the request path register theirs here."""
+    return _tallies
+
+
+@contextlib.asynccontextmanager
+async def flushing(seconds: float = FLUSH_SECONDS) -> AsyncIterator[None]:
+    """Write this process's tallies to its metrics every `seconds` while the context lasts,
+    and once more at its end."""
+
+    async def flush_forever() -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            _flush()
+
+    task = asyncio.create_task(flush_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        _flush()
+
+
+def _flush() -> None:
+    try:
+        _tallies.flush()
+    except Exception as exc:  # a metric must never stop the process
+        log.warning("writing the metrics failed: %r", exc)
+
+
+class _SharedFiles(MultiProcessCollector):
+    """prometheus_client's collector of the folder's files, but for a file a process is
+    creating at that moment (empty until sized; reading it failed the whole scrape, which a
+    worker restarted while Prometheus scrapes would meet)."""
+
+    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(FileNotFoundError):  # a dead process's, just removed
+                if os.path.getsize(path) > 0:
+                    files.append(path)
+        return self.merge(files, accumulate=True)
 
 
 class _Everything(Collector):

@@ -25,6 +25,7 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import shoal.logs
+from shoal import telemetry
 from shoal.children import die_with_parent
 from shoal.restarts import Restarts
 
@@ -59,7 +60,13 @@ class WorkerProcesses:
     a socket in `args` reaches the worker as a duplicate of the parent's.
     """
 
-    def __init__(self, name: str, count: int, target: Callable[..., None], *args: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        count: int,
+        target: Callable[..., None],
+        *args: Any,
+    ) -> None:
         self.name = name
         self.target = target
         self.args = args
@@ -91,6 +98,7 @@ class WorkerProcesses:
                     lived,
                     pause,
                 )
+                telemetry.forget_process(process.pid)  # its requests in flight are gone
             if schedule.due():
                 self._start(index)
                 self.restarts += 1

@@ -3,6 +3,7 @@ turning rows into models, and creating a missing deleted-table window on demand.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -13,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from shoal.metadata import prepared
 from shoal.metadata.errors import BucketNotFound
+from shoal.metadata.metrics import metadata as metrics
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
 from shoal.metadata.partitions import ensure_window_for_now
@@ -39,6 +41,7 @@ class Component:
         statement text. These are the writes that are not one object's row (buckets,
         uploads); those go through write_row, and point reads through read_rows.
         """
+        started = time.perf_counter()
         statement, values = _bound(template, vnode, params, upper_bound)
         shard = self.shards.of_vnode(vnode)
 
@@ -54,23 +57,34 @@ class Component:
                         raise
                     raise failure from exc
 
-        return await self.retrying_window(vnode, attempt)
+        try:
+            return await self.retrying_window(vnode, attempt)
+        finally:
+            metrics().statement_took(template, time.perf_counter() - started)
 
     async def write_row(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement of queries.py that writes the object row of `params` (owner,
         bucket_id, name) in a vnode, and return its rows once committed: in one transaction
         with the other such writes of the vnode's shard that wait at the same time
         (batched.py's group commit)."""
+        started = time.perf_counter()
         statement, values = _bound(template, vnode, params)
         writes = self.shards.of_vnode(vnode).writes
         order = (vnode, params["owner"], params["bucket_id"], params["name"])
-        return await self.retrying_window(vnode, lambda: writes.write(statement, values, order))
+        try:
+            return await self.retrying_window(vnode, lambda: writes.write(statement, values, order))
+        finally:
+            metrics().statement_took(template, time.perf_counter() - started)
 
     async def read_rows(self, vnode: int, template: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one read-only statement of queries.py on a vnode and return its rows: batched
         with the other reads of the vnode's shard that wait at the same time (batched.py)."""
+        started = time.perf_counter()
         statement, values = _bound(template, vnode, params)
-        return await self.shards.of_vnode(vnode).reads.fetch(statement, values)
+        try:
+            return await self.shards.of_vnode(vnode).reads.fetch(statement, values)
+        finally:
+            metrics().statement_took(template, time.perf_counter() - started)
 
     async def shard_rows(
         self,
@@ -78,19 +92,27 @@ class Component:
         statement: str,
         params: Mapping[str, Any],
         rows: prepared.RowMaker = prepared.dict_rows,
+        *,
+        template: str = "",
     ) -> list[Any]:
         """Run a statement over the vnodes of a shard (shards.render_arms). Rows are dicts
-        unless `rows` makes them otherwise (a listing makes its entries straight away)."""
+        unless `rows` makes them otherwise (a listing makes its entries straight away).
+        `template`: the statement of queries.py it was made from, which names it in the
+        metrics."""
+        started = time.perf_counter()
         text, names = positional(statement)
-        async with shard.statement_connection() as conn:
-            values = [params[name] for name in names]
-            try:
-                return await prepared.fetch(conn, text, values, rows=rows)
-            except Exception as exc:
-                failure = shard.pool.failure(exc, may_have_committed=False)
-                if failure is exc:
-                    raise
-                raise failure from exc
+        try:
+            async with shard.statement_connection() as conn:
+                values = [params[name] for name in names]
+                try:
+                    return await prepared.fetch(conn, text, values, rows=rows)
+                except Exception as exc:
+                    failure = shard.pool.failure(exc, may_have_committed=False)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+        finally:
+            metrics().statement_took(template, time.perf_counter() - started)
 
     async def retrying_window(
         self, vnode: int, attempt: Callable[[], Awaitable[T]], *more_vnodes: int

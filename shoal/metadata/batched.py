@@ -42,7 +42,7 @@ import psycopg
 from psycopg import errors, generators
 from psycopg.pq import ExecStatus
 
-from shoal.metadata import prepared
+from shoal.metadata import metrics, prepared
 from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.outage import classified, connection_failed
 
@@ -212,6 +212,7 @@ class _Batcher:
             sent.append(_Sent(queued, name, parameters))
         if not sent:
             return
+        metrics.metadata().batch_sent(metrics.WRITE if self.writes else metrics.READ, len(sent))
         pgconn = conn.pgconn
         pgconn.enter_pipeline_mode()
         for statement in sent:

@@ -73,6 +73,7 @@ class Buckets(Component):
                         upper is not None,
                     ),
                     params,
+                    template=queries.LIST_BUCKETS_MERGE,
                 )
                 for shard in self.shards.placed()
             )
@@ -219,6 +220,7 @@ class Buckets(Component):
                     shard,
                     render_arms(queries.BUCKET_HAS_CONTENT, arm, tuple(shard.vnodes)),
                     params,
+                    template=queries.BUCKET_HAS_CONTENT,
                 )
                 for shard in self.shards.placed()
             )

@@ -101,7 +101,9 @@ class Garbage(Component):
         params = {"owner": owner, "bucket_id": bucket_id, "limit": limit}
         results = await asyncio.gather(
             *(
-                self.shard_rows(shard, render_arms("{arms}", arm, tuple(shard.vnodes)), params)
+                self.shard_rows(
+                    shard, render_arms("{arms}", arm, tuple(shard.vnodes)), params, template=arm
+                )
                 for shard in self.shards.placed()
                 for arm in (queries.BUCKET_OBJECTS_ARM, queries.BUCKET_PARTS_ARM)
             )

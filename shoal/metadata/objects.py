@@ -365,7 +365,8 @@ class Objects(Component):
             "limit": limit,
         }
         statement = listing_statement(tuple(shard.vnodes), reading)
-        return await self.shard_rows(shard, statement, params, rows=rows)
+        merge, _ = listing_templates(reading)
+        return await self.shard_rows(shard, statement, params, rows=rows, template=merge)
 
     async def _exists(self, vnode: int, owner: uuid.UUID, bucket_id: uuid.UUID, name: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id, "name": name}
@@ -388,13 +389,17 @@ def listing_statement(vnodes: tuple[int, ...], reading: Reading) -> str:
     """The statement a round of objects.list sends to the shard that holds `vnodes`: rows in
     name order without a delimiter; with one, rows in order keeping one per entry, or skip
     scans once prefixes proved to hold many keys."""
-    bounded = reading.bounds[1] is not None
+    merge, arm = listing_templates(reading)
+    return render_arms(merge, arm, vnodes, reading.bounds[1] is not None)
+
+
+def listing_templates(reading: Reading) -> tuple[str, str]:
+    """The statements of queries.py that listing_statement joins: its merge and its arm."""
     if not reading.delimiter:
-        return render_arms(queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM, vnodes, bounded)
+        return queries.LIST_NAMES_MERGE, queries.LIST_NAMES_ARM
     if reading.skip_scan:
-        arm = queries.LIST_OBJECTS_SKIP_SCAN_ARM
-        return render_arms(queries.LIST_OBJECTS_MERGE, arm, vnodes, bounded)
-    return render_arms(queries.LIST_PREFIXES_MERGE, queries.LIST_PREFIXES_ARM, vnodes, bounded)
+        return queries.LIST_OBJECTS_MERGE, queries.LIST_OBJECTS_SKIP_SCAN_ARM
+    return queries.LIST_PREFIXES_MERGE, queries.LIST_PREFIXES_ARM
 
 
 # A write's condition: ETag bytes, or ANY_VERSION (`*`), or None (no condition).

@@ -123,7 +123,8 @@ class UnderReplicated(Component):
         for shard in self.shards.placed():
             arm = queries.UNDER_REPLICATED_VNODE_ARM
             statement = render_arms("{arms}", arm, tuple(shard.vnodes))
-            found += [row["vnode"] for row in await self.shard_rows(shard, statement, {})]
+            rows = await self.shard_rows(shard, statement, {}, template=arm)
+            found += [row["vnode"] for row in rows]
         return sorted(found)
 
     async def count(self) -> int:
@@ -135,6 +136,8 @@ class UnderReplicated(Component):
                 queries.UNDER_REPLICATED_COUNT_ARM,
                 tuple(shard.vnodes),
             )
-            rows = await self.shard_rows(shard, statement, {})
+            rows = await self.shard_rows(
+                shard, statement, {}, template=queries.UNDER_REPLICATED_COUNT
+            )
             total += int(rows[0]["notes"])
         return total

@@ -181,6 +181,7 @@ class Uploads(Component):
                         upper is not None,
                     ),
                     params,
+                    template=queries.LIST_UPLOADS_MERGE,
                 )
                 for shard in self.shards.placed()
             )

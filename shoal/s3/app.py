@@ -28,7 +28,7 @@ from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
 from shoal.readiness import Readiness
-from shoal.s3 import http, sigv2, sigv4
+from shoal.s3 import http, metrics, sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import (
     AccessDenied,
@@ -173,8 +173,11 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
     request.response_headers["x-amz-request-id"] = request_id
     started = time.monotonic()
     call: Call | None = None
+    counted = metrics.gateway()
+    counted.started()
 
     def log_access(response: http.Response | None) -> None:
+        counted.finished()
         _log_access(gateway, request, request_id, call, response, started)
 
     request.answered = log_access
@@ -210,6 +213,7 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
         if request.response_started:
             log.error("request %s failed after its response started: %r", request_id, exc)
             raise
+        counted.refused(exc)
         response = _error_response(request, request_id, _as_s3_error(exc, request_id))
     return response
 
@@ -340,20 +344,25 @@ def _log_access(
     # Body bytes (not the head), as S3's access logs count them: what arrived of the request
     # body (read or drained; aws-chunked framing included, HTTP chunked framing not), and
     # what was written of the response body, however far it got. `cut`: the answer was cut
-    # short (the client left, or an error after the head).
+    # short (the client left, or an error after the head). The metrics count the same.
+    seconds = time.monotonic() - started
     account = "-" if call is None else "anonymous" if call.account == ANONYMOUS else call.account
     operation = call.endpoint.name if call else _operation_of(gateway, request)
+    received = request.body.received
     status = response.status if response is not None else None
     sent = response.body_bytes_sent if response is not None else 0
+    if response is not None:
+        counted_as = operation if operation != "-" else metrics.UNKNOWN_OPERATION
+        metrics.gateway().answered(counted_as, response.status, received, sent, seconds)
     cut = isinstance(response, http.StreamResponse) and response.prepared and not response.finished
     access_log.request(
         request_id,
         account=str(account),
         operation=operation,
         status=status,
-        bytes_in=request.body.received,
+        bytes_in=received,
         bytes_out=sent,
-        seconds=time.monotonic() - started,
+        seconds=seconds,
         cut=cut,
     )
 

@@ -15,8 +15,8 @@ import os
 import time
 from typing import Any
 
+from shoal import telemetry
 from shoal.storage.blockfile import RESERVED_FREE_BYTES, BlockStore, in_thread
-from shoal.storage.metrics import ready_gauge
 
 log = logging.getLogger("shoal.storage")
 
@@ -50,7 +50,7 @@ class DiskHealth:
             return self._last
 
     def _report(self, was_ready: bool, ready: bool, details: dict[str, Any]) -> None:
-        ready_gauge().set(1 if ready else 0)
+        telemetry.set_ready(ready)
         if was_ready and not ready:
             log.error(
                 "the disk under %s takes no new blocks: %s", self.store.root, details["reason"]

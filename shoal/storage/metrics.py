@@ -81,7 +81,6 @@ class NodeMetrics:
 
 
 _made: NodeMetrics | None = None
-_ready: Gauge | None = None
 _making = threading.Lock()  # a node's request threads may all reach the first use at once
 
 
@@ -93,21 +92,3 @@ def metrics() -> NodeMetrics:
             if _made is None:
                 _made = NodeMetrics()
     return _made
-
-
-def ready_gauge() -> Gauge:
-    """`shoal_ready` of a node: set by the node's first process, which checks its disk.
-
-    Apart from the other metrics because only a node process makes it: a test or tool that
-    runs a node's BlockStore beside a gateway in one process must not make it twice.
-    """
-    global _ready
-    if _ready is None:
-        with _making:
-            if _ready is None:
-                _ready = Gauge(
-                    "shoal_ready",
-                    "1 when the process can do its work now (for a node: its disk takes writes)",
-                    multiprocess_mode="livemin",
-                )
-    return _ready
