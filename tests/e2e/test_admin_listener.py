@@ -3,46 +3,10 @@ and the token that guards the admin API and the console."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import re
-import urllib.parse
 
+from tests.fixtures.admin import admin_get, bearer, log_in, node_admin_ports
 from tests.fixtures.serve import Served
-
-
-def admin_get(
-    port: int, path: str, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", path, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        connection.close()
-
-
-def log_in(port: int, token: str) -> tuple[int, dict[str, str]]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        body = urllib.parse.urlencode({"token": token})
-        connection.request(
-            "POST",
-            "/console/login",
-            body=body,
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )
-        response = connection.getresponse()
-        response.read()
-        return response.status, dict(response.getheaders())
-    finally:
-        connection.close()
-
-
-def node_admin_ports(served: Served) -> list[int]:
-    """The storage nodes' admin ports, as the banner printed them (in the serve's log)."""
-    return [int(port) for port in re.findall(r"\(admin http://127\.0\.0\.1:(\d+)\)", served.banner)]
 
 
 def test_health_and_ready_answer_without_a_token(served: Served) -> None:
@@ -113,7 +77,3 @@ def test_the_console_sends_strangers_to_its_login_and_logs_the_token_holder_in(
     forged = session[:-4] + ("0000" if not session.endswith("0000") else "1111")
     status, headers, _ = admin_get(served.admin_port, "/console/", {"Cookie": forged})
     assert status == 303
-
-
-def bearer(served: Served) -> dict[str, str]:
-    return {"Authorization": f"Bearer {served.admin_token()}"}

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from shoal.ports import free_port
-from tests.e2e.test_admin_listener import admin_get, node_admin_ports
+from shoal.telemetry import FLUSH_SECONDS
+from tests.fixtures.admin import admin_get, node_admin_ports
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Served
+from tests.fixtures.serve import Keys, Served
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "shoal.json"
 PROMETHEUS = shutil.which("prometheus")
@@ -86,6 +88,7 @@ def test_the_dashboard_is_a_grafana_dashboard_over_a_chosen_prometheus() -> None
 
 
 def test_every_charted_metric_is_exposed(served: Served) -> None:
+    some_traffic(served)
     exposed = set()
     for port in [served.admin_port, *node_admin_ports(served)]:
         status, _, body = admin_get(port, "/metrics")
@@ -93,10 +96,25 @@ def test_every_charted_metric_is_exposed(served: Served) -> None:
         exposed |= set(re.findall(r"^# TYPE (\S+) ", body.decode(), re.MULTILINE))
     charted = set()
     for _, expr in queries():
-        for name in re.findall(r"\b(shoal_[a-z_]+)", expr):
+        for name in re.findall(r"\b(shoal_[a-z0-9_]+)", expr):
             charted.add(re.sub(r"_(bucket|sum|count|total)$", "", name))
     exposed_bases = {re.sub(r"_total$", "", name) for name in exposed}
     assert charted - exposed_bases == set()
+
+
+def some_traffic(served: Served) -> None:
+    """A PUT, a GET, a LIST and a refused signature: every request metric gets a sample (in
+    multiprocess mode a metric with no sample yet is not exposed at all)."""
+    s3 = served.client()
+    bucket = unique("dash")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 100_000)
+    s3.get_object(Bucket=bucket, Key="k")["Body"].read()
+    s3.list_objects_v2(Bucket=bucket)
+    stranger = Keys(served.root.access_key_id, "not-the-secret")
+    with pytest.raises(ClientError):
+        served.client(stranger).head_bucket(Bucket=bucket)
+    time.sleep(FLUSH_SECONDS + 0.5)  # the request counts reach the shared files each second
 
 
 @contextlib.contextmanager
@@ -123,16 +141,17 @@ def prometheus(tmp_path: Path, gateway: list[int], nodes: list[int]) -> Iterator
             }
         )
     )
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115 - for the process's life
-    )
+    with open(tmp_path / "prometheus.log", "w") as log:  # the child keeps its own copy
+        process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

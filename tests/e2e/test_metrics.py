@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.metadata.metrics import statement_name
 from shoal.metadata.queries import SELECT_OBJECT_WITH_DATA
-from tests.e2e.test_admin_listener import admin_get, bearer
+from tests.fixtures.admin import admin_get, bearer
 from tests.fixtures.serve import Keys, Served, raw_request
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres
-from tests.e2e.test_admin_listener import admin_get
 from tests.e2e.test_metrics import settled, value
 from tests.fault.load import wait_until
 from tests.fault.serve_tree import wait_for_new_process
 from tests.fault.serving import own_serve
+from tests.fixtures.admin import admin_get
 from tests.fixtures.serve import Served, raw_request, signed_headers
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.test_admin_listener import admin_get
 from tests.fault.serve_tree import ServeTree, wait_for_new_process
+from tests.fixtures.admin import admin_get
 from tests.fixtures.postgres import create_databases
 from tests.fixtures.serve import raw_request
 
