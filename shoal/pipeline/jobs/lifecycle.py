@@ -29,7 +29,7 @@ log = logging.getLogger("shoal.pipeline")
 def run(ctx: JobContext) -> Summary:
     configured = ctx.with_store(lambda store: store.buckets.lifecycles())
     rules, skipped = _applicable(configured)
-    now = io.database_time_minus(ctx.shards[0].dsn, 0)
+    now = io.database_time_minus(ctx.shards[0], 0)
     with io.exported_snapshots(ctx.shards) as snapshots:
         objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         uploads = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.OPEN_UPLOADS)
