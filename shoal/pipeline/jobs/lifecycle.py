@@ -43,7 +43,9 @@ def run(ctx: JobContext) -> Summary:
             .map(lambda r: (rules[r.bucket_id][0], rules[r.bucket_id][1], r.name, r.id))
             .collect()
         )
-    deleted, aborted = ctx.with_store(lambda store: _apply(store, expired, stale))
+    deleted, aborted = ctx.with_store(
+        lambda store: _apply(store, expired, stale), connections=CONCURRENT_DELETES + 1
+    )
     ctx.spark.createDataFrame(
         [(o, b, k, "expired", k in deleted) for o, b, k, _ in expired]
         + [(o, b, k, "aborted upload", u in aborted) for o, b, k, u in stale],
