@@ -1,5 +1,6 @@
-"""`shoal gc run` and `shoal pipeline gc` on backlogs of 100,000 deletion records, with the
-default configuration (64 vnodes, 4 GC workers), as an operator runs them."""
+"""`shoal gc run` on a backlog of 100,000 deletion records and `shoal pipeline gc` on a
+smaller one, with the default configuration (64 vnodes, 4 GC workers), as an operator runs
+them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from shoal.config import DEFAULT_VNODES, load_config
 from tests.fixtures.backlog import blocks_left, count_records, make_backlog
-from tests.fixtures.storage import MakeStorage
+from tests.fixtures.storage import MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 BACKLOG = 100_000
@@ -38,26 +39,38 @@ def last_gc_run(dsn: str) -> tuple[int, int, int, int]:
         ).fetchone()  # type: ignore[return-value]
 
 
-@pytest.mark.slow
-def test_gc_run_and_pipeline_gc_on_large_backlogs(make_storage: MakeStorage) -> None:
-    """`gc run` reclaims 100,000 records (its pool once starved: every connection held by a
-    worker's claim, the node registry's read waiting for one). `pipeline gc` on a backlog with
-    a node down: it names the node and exits 1; `gc run` then does the same."""
-    cluster = make_storage(nodes=2, vnodes=DEFAULT_VNODES)
-    dsn = load_config(cluster.config_file, None).metadata.shards[0].dsn
-    vnodes = cluster.store.ring.vnodes
-    where = ["--config", str(cluster.config_file), "--leeway", "0s"]
+@pytest.fixture
+def cluster(make_storage: MakeStorage) -> StorageCluster:
+    """Two nodes, and the default configuration's 64 vnodes (4 GC workers all busy)."""
+    return make_storage(nodes=2, vnodes=DEFAULT_VNODES)
 
+
+def shard_dsn(cluster: StorageCluster) -> str:
+    return load_config(cluster.config_file, None).metadata.shards[0].dsn
+
+
+@pytest.mark.slow
+def test_gc_run_reclaims_a_large_backlog(cluster: StorageCluster) -> None:
+    """Its pool once starved: every connection held by a worker's claim, the node registry's
+    read waiting for one, and after the pool's wait a traceback and nothing reclaimed."""
+    dsn, vnodes = shard_dsn(cluster), cluster.store.ring.vnodes
     backlog = make_backlog(cluster, dsn, BACKLOG, WITH_BLOCKS)
     assert count_records(dsn, vnodes) == BACKLOG
     assert blocks_left(cluster, backlog.blocks) == 2 * WITH_BLOCKS
-    daemon = shoal("gc", "run", *where)
+    daemon = shoal("gc", "run", "--config", str(cluster.config_file), "--leeway", "0s")
     assert daemon.returncode == 0, daemon.stderr[-3000:]
     assert "Traceback" not in daemon.stderr
     assert daemon.stdout.startswith(f"reclaimed {BACKLOG} of {BACKLOG} records (0 failed), ")
     assert count_records(dsn, vnodes) == 0 and blocks_left(cluster, backlog.blocks) == 0
     assert last_gc_run(dsn) == (BACKLOG, BACKLOG, 0, 2 * WITH_BLOCKS)
 
+
+@pytest.mark.slow
+def test_pipeline_gc_with_a_node_down_names_it_and_exits_1(cluster: StorageCluster) -> None:
+    """Every record naming the node is kept, every other one reclaimed; `gc run` then says
+    the same of the node."""
+    dsn, vnodes = shard_dsn(cluster), cluster.store.ring.vnodes
+    where = ["--config", str(cluster.config_file), "--leeway", "0s"]
     backlog = make_backlog(cluster, dsn, SPARK_BACKLOG, WITH_BLOCKS)
     down = cluster.nodes[1]
     down.kill()
@@ -65,7 +78,6 @@ def test_gc_run_and_pipeline_gc_on_large_backlogs(make_storage: MakeStorage) -> 
     assert spark.returncode == 1, spark.stderr[-3000:]
     print(spark.stdout)
     assert f"  problem: block delete failed on {down.shark}: " in spark.stdout
-    # Every record naming the node is kept; every other one is gone.
     assert count_records(dsn, vnodes) == WITH_BLOCKS
     assert last_gc_run(dsn) == (
         SPARK_BACKLOG,

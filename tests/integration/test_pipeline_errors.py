@@ -56,12 +56,8 @@ def shard_config_file(folder: Path, name: str, dsn: str) -> Path:
 
 VERBS_NEEDING_AN_INSTANCE = [
     ("db", "status"),
-    ("db", "dsn"),
     ("status",),
     ("gc", "run"),
-    ("gc", "status"),
-    ("gc", "pause"),
-    ("account", "list"),
     ("account", "create", "someone"),
     ("pipeline", "gc"),
     ("pipeline", "history"),
