@@ -36,9 +36,9 @@ from shoal.cluster import (
 )
 from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
-from shoal.gc import Collector, parse_leeway
+from shoal.gc import Collector, connections_needed, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
-from shoal.metadata.deployment import embedded_server, shard_configs
+from shoal.metadata.deployment import embedded_server, require_instance, shard_configs
 from shoal.metadata.garbage import GcRun
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
@@ -46,6 +46,8 @@ from shoal.workers import stop_on_signals
 
 # Files 0600, folders 0700 (see main).
 PRIVATE_UMASK = 0o077
+# Set (to anything) for Shoal's DEBUG lines and the trace of an unexpected error.
+DEBUG_ENV = "SHOAL_DEBUG"
 
 
 class CommandError(Exception):
@@ -59,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     shoal.logs.configure()  # until the configuration names the format
+    debug = bool(os.environ.get(DEBUG_ENV))
     # Whatever Shoal and its children make (data directory, blocks, PostgreSQL's files, Spark's
     # outputs, logs) is readable by its own user only: objects must not leak to other local
     # users who have no S3 credentials.
@@ -66,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.data_dir)
         shoal.logs.configure(config.log.format)
+        if debug:
+            logging.getLogger("shoal").setLevel(logging.DEBUG)
+        # Before anything is made: a mistyped --data-dir gets no key files nor new cluster.
+        if not getattr(args, "creates_instance", False):
+            require_instance(config)
         return int(args.run(config, args) or 0)
     except (ConfigError, MetadataError, CommandError) as exc:
         if shoal.logs.current_format() == "json":  # a log shipper reads stderr
@@ -75,6 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a failure nobody foresaw: still one line, the trace on demand
+        if debug:
+            raise
+        print(
+            f"shoal: error: {type(exc).__name__}: {_first_line(exc)} "
+            f"(run again with {DEBUG_ENV}=1 for the trace)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
     serve.add_argument("--port", type=int, help="S3 port on 127.0.0.1 (default 9000)")
     serve.add_argument("--admin-port", type=int, help="admin port (default 9001)")
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(run=_serve, creates_instance=True)
 
     gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(title="gc commands")
     gc_run = gc.add_parser("run", parents=[common], help="one GC pass now")
@@ -163,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
 
     db = verbs.add_parser("db", help="the metadata database").add_subparsers(title="db commands")
     db.add_parser("migrate", parents=[common], help="create or upgrade the schema").set_defaults(
-        run=_db_migrate
+        run=_db_migrate, creates_instance=True
     )
     status = db.add_parser("status", parents=[common], help="shards, vnodes, versions, rows")
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -175,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _db_migrate(config: Config, args: argparse.Namespace) -> int:
-    with shard_configs(config) as shards:
+    with shard_configs(config, create=True) as shards:
         ring = shoal.loop.run(migrate(shards, config.metadata))
     print(f"migrated {len(shards)} shard(s); ring version {ring.version}, {ring.vnodes} vnodes")
     return 0
@@ -230,7 +247,11 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     nodes = LocalNodes(config, _where(config, args))
     metrics = telemetry.folder_for(config.data_dir, "gateway")
     # The metrics folder is shared before any gateway worker or metric exists (telemetry.py).
-    with _serve_lock(config.data_dir), shard_configs(config) as shards, telemetry.sharing(metrics):
+    with (
+        _serve_lock(config.data_dir),
+        shard_configs(config, create=True) as shards,
+        telemetry.sharing(metrics),
+    ):
         shoal.loop.run(migrate(shards, config.metadata))
         try:
             node_lines = nodes.start()
@@ -369,7 +390,7 @@ def _gc_run(config: Config, args: argparse.Namespace) -> int:
         finally:
             await path.client.close()
 
-    done = _with_store(config, run)
+    done = _with_store(config, run, connections_needed(config.gc.workers))
     print(
         f"reclaimed {done.records_reclaimed} of {done.records_found} records "
         f"({done.records_failed} failed), {done.blocks_deleted} block replicas deleted, "
@@ -419,7 +440,7 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _pipeline(config: Config, args: argparse.Namespace) -> int:
-    from shoal.pipeline import JOBS, run_job
+    from shoal.pipeline import JOBS, failure_line, run_job
 
     if args.job == "history":
         return _pipeline_history(config, args)
@@ -440,7 +461,7 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
             if isinstance(exc, MetadataError):
                 raise
             logging.getLogger("shoal.pipeline").debug("job failed", exc_info=exc)
-            raise CommandError(f"pipeline {args.job} failed: {_first_line(exc)}") from None
+            raise CommandError(f"pipeline {args.job} failed: {failure_line(exc)}") from None
     if args.json:
         print(
             json.dumps(
@@ -488,11 +509,12 @@ def _gc_pause(config: Config, paused: bool) -> int:
     return 0
 
 
-def _with_store(config: Config, action):  # type: ignore[no-untyped-def]
-    """Run `action(store)` against the metadata tier (beside `shoal serve` or alone)."""
+def _with_store(config: Config, action, connections: int = 4):  # type: ignore[no-untyped-def]
+    """Run `action(store)` against the metadata tier (beside `shoal serve` or alone), with
+    up to `connections` connections per shard (as many as `action` uses at once)."""
 
     async def run(shards: list) -> object:  # type: ignore[type-arg]
-        async with await MetadataStore.open(shards, 4) as store:
+        async with await MetadataStore.open(shards, connections) as store:
             return await action(store)
 
     with shard_configs(config) as shards:

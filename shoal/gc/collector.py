@@ -32,6 +32,17 @@ DEFAULT_INTERVAL = timedelta(minutes=15)
 FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
 
 
+def connections_needed(workers: int) -> int:
+    """Connections per shard that a pass of `workers` workers may hold at once.
+
+    A worker keeps its claim's transaction (and connection) open while it makes one more
+    statement: the node registry's read, a deleted bucket's contents. One more serves the
+    run's own bookkeeping. A smaller pool starves: every connection held by a claim, and
+    each claim waiting for a connection.
+    """
+    return 2 * workers + 1
+
+
 @dataclass
 class Tally:
     found: int = 0
@@ -82,7 +93,13 @@ class Collector:
                 tally.windows += dropped
 
         vnodes = [v for shard in self.store.shards.placed() for v in shard.vnodes]
-        await asyncio.gather(*(vnode_pass(v) for v in vnodes))
+        try:
+            # A pass that fails stops the others: their errors would only repeat its own.
+            async with asyncio.TaskGroup() as passes:
+                for vnode in vnodes:
+                    passes.create_task(vnode_pass(vnode))
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
         # Removed rows are dead tuples until vacuumed; do it now rather than leave it to
         # autovacuum (after every worker's claim has ended, so that they can be reclaimed).
         for vnode in sorted(tally.vnodes_with_removals):

@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
+from shoal.metadata.outage import connection_failed
 from shoal.metadata.pipeline_runs import PipelineRun, record_run
-from shoal.metadata.shards import first_line
 from shoal.pipeline.context import JobContext, Summary
 
 log = logging.getLogger("shoal.pipeline")
@@ -49,8 +49,8 @@ def run_job(
         summary = _run(job, config, shards, master, root, folder, options, spark, started)
     except Exception as exc:
         failed = str(folder.absolute())
-        run = PipelineRun(job, started, "failed", error=first_line(exc), output=failed)
-        _record(shards, run)
+        run = PipelineRun(job, started, "failed", error=failure_line(exc), output=failed)
+        _record(shards, run, job_failed=True)
         raise
     outcome = "problems" if summary.problems else "ok"
     _record(
@@ -101,9 +101,10 @@ def _run(
         make_private(root, folder.parent)
 
 
-def _record(shards: list[ShardConfig], run: PipelineRun) -> None:
+def _record(shards: list[ShardConfig], run: PipelineRun, *, job_failed: bool = False) -> None:
     """Add the run to the history; a history that cannot be written costs a warning, never
-    the run's own result."""
+    the run's own result. Not when a failed job could not reach the shard either: its own
+    error, the one line the user sees, says so already."""
 
     async def write() -> None:
         async with await psycopg.AsyncConnection.connect(
@@ -114,7 +115,8 @@ def _record(shards: list[ShardConfig], run: PipelineRun) -> None:
     try:
         asyncio.run(write())
     except Exception as exc:
-        log.warning("pipeline %s: the run was not recorded in the history: %s", run.job, exc)
+        level = logging.DEBUG if job_failed and connection_failed(exc) else logging.WARNING
+        log.log(level, "pipeline %s: the run was not recorded in the history: %s", run.job, exc)
 
 
 def make_private(*trees: Path) -> None:
@@ -135,9 +137,43 @@ def make_private(*trees: Path) -> None:
                 os.chmod(os.path.join(folder, name), 0o600)
 
 
+# Spark reports an error raised in an executor's Python code as a PythonException (or a
+# Py4JJavaError holding one) whose first line says only that the worker raised; the worker's
+# own traceback follows in the text.
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def failure_line(exc: BaseException) -> str:
+    """Why a job failed, in one line: the error itself, or, for one an executor raised, the
+    last exception line of the worker's traceback (`OperationalError: connection failed: ...`;
+    a Shoal error's message alone, which names its shard or node)."""
+    text = str(exc)
+    at = text.rfind(_TRACEBACK)
+    if at >= 0:
+        for line in text[at + len(_TRACEBACK) :].splitlines():
+            if line.strip() and not line[0].isspace():
+                return _short(_without_module(line.strip()))
+    text = text.strip()
+    return _short(text.splitlines()[0]) if text else type(exc).__name__
+
+
+def _without_module(line: str) -> str:
+    """`psycopg.OperationalError: x` -> `OperationalError: x`; `shoal.<...>.Error: x` -> `x`."""
+    name, colon, message = line.partition(": ")
+    if not colon or " " in name:
+        return line
+    if name.startswith("shoal."):
+        return message
+    return f"{name.rsplit('.', 1)[-1]}: {message}"
+
+
+def _short(line: str) -> str:
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
 async def _ring(shards: list[ShardConfig]) -> Any:
     async with await MetadataStore.open(shards, 1) as store:
         return store.ring
 
 
-__all__ = ["JOBS", "Summary", "make_private", "run_job"]
+__all__ = ["JOBS", "Summary", "failure_line", "make_private", "run_job"]

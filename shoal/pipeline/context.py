@@ -37,11 +37,13 @@ class JobContext:
 
         return self.with_store(read)  # type: ignore[no-any-return]
 
-    def with_store(self, action: Any) -> Any:
-        """Run `action(store)` with a metadata store, from the driver."""
+    def with_store(self, action: Any, connections: int = 4) -> Any:
+        """Run `action(store)` with a metadata store, from the driver, with up to
+        `connections` connections per shard: as many as `action` uses at once (a call that
+        waits too long for one fails)."""
 
         async def run() -> Any:
-            async with await MetadataStore.open(self.shards, 4) as store:
+            async with await MetadataStore.open(self.shards, connections) as store:
                 return await action(store)
 
         return asyncio.run(run())

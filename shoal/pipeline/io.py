@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from shoal.config import Config, ShardConfig
+from shoal.metadata.outage import classified
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
@@ -105,6 +106,15 @@ SELECT 'record', {columns}, deleted_at FROM {schema}.manta_bucket_deleted_object
 """
 
 
+def connect(shard: str, dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A connection to a shard, from the driver or an executor. A shard that cannot be reached
+    is named in the error (an executor's error reaches the user as its last line)."""
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit)
+    except psycopg.Error as exc:
+        raise classified(exc, shard, may_have_committed=False) from None
+
+
 @dataclass(frozen=True)
 class ReadTask:
     shard: str
@@ -121,7 +131,7 @@ def exported_snapshots(shards: Sequence[ShardConfig]) -> Iterator[dict[str, str]
     try:
         snapshots = {}
         for shard in shards:
-            conn = psycopg.connect(shard.dsn, autocommit=True)
+            conn = connect(shard.name, shard.dsn)
             connections.append(conn)
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snapshots[shard.name] = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
@@ -144,7 +154,7 @@ def driver_rows(
         vnodes = ring.vnodes_of(shard.name)
         if not vnodes:
             continue
-        with psycopg.connect(shard.dsn, autocommit=True) as conn:
+        with connect(shard.name, shard.dsn) as conn:
             _join_snapshot(conn, snapshots[shard.name])
             for vnode in vnodes:
                 query = template.replace(
@@ -158,13 +168,13 @@ def driver_rows(
 
 
 def catalog_rows(shards: Sequence[ShardConfig], query: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(shards[0].dsn) as conn:
+    with connect(shards[0].name, shards[0].dsn, autocommit=False) as conn:
         return conn.execute(query).fetchall()
 
 
-def database_time_minus(dsn: str, seconds: float) -> Any:
+def database_time_minus(shard: ShardConfig, seconds: float) -> Any:
     """`now - seconds` by the database's clock (ages are never judged by a worker's clock)."""
-    with psycopg.connect(dsn) as conn:
+    with connect(shard.name, shard.dsn, autocommit=False) as conn:
         row = conn.execute(
             "SELECT current_timestamp - make_interval(secs => %s)", (seconds,)
         ).fetchone()
@@ -205,7 +215,7 @@ def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
-                conn = psycopg.connect(task.dsn, autocommit=True)
+                conn = connect(task.shard, task.dsn)
                 _join_snapshot(conn, task.snapshot)
                 connections[task.shard] = conn
             schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
@@ -281,9 +291,10 @@ DELETE_BATCH = 1000
 DELETES_IN_FLIGHT = 4
 
 # What one delete request to a node did: the keys of the blocks it named, whether they are all
-# gone now (False when the node failed or is unknown), and the node's own count of block
-# replicas it removed; the rest of the batch was already missing.
-BatchOutcome = tuple[list[Any], bool, int]
+# gone now (False when the node failed or is unknown), the node's own count of block replicas
+# it removed (the rest of the batch was already missing), the node, and why it failed ("" when
+# it did not).
+BatchOutcome = tuple[list[Any], bool, int, str, str]
 
 
 def delete_blocks(
@@ -299,7 +310,7 @@ def delete_blocks(
         by_node.setdefault((shark, url), []).append((name, key))
     fault_after = _fault_after()
     calls = 0
-    for (_shark, url), blocks in by_node.items():
+    for (shark, url), blocks in by_node.items():
         batches = [blocks[i : i + DELETE_BATCH] for i in range(0, len(blocks), DELETE_BATCH)]
         for first in range(0, len(batches), DELETES_IN_FLIGHT):
             group = batches[first : first + DELETES_IN_FLIGHT]
@@ -310,24 +321,28 @@ def delete_blocks(
                     import os
 
                     os._exit(3)  # fault injection: a crash after K delete requests
-                yield [key for _, key in batch], count is not None, count or 0
+                keys = [key for _, key in batch]
+                if isinstance(count, str):
+                    yield keys, False, 0, shark, count
+                else:
+                    yield keys, True, count, shark, ""
 
 
 async def _delete_batches(
     access: ClientSettings, url: str, batches: list[list[str]]
-) -> list[int | None]:
-    """Send the batches to one node at once; per batch the node's count, None if it failed."""
+) -> list[int | str]:
+    """Send the batches to one node at once; per batch the node's count, or why it failed."""
     from shoal.storage import NodeError
 
-    if not url:  # a node unknown to the registry cannot be asked
-        return [None] * len(batches)
+    if not url:
+        return ["the node is not in the registry"] * len(batches)
     client = access.client()
 
-    async def one(names: list[str]) -> int | None:
+    async def one(names: list[str]) -> int | str:
         try:
             return await client.delete_blocks(url, names)
-        except NodeError:
-            return None
+        except NodeError as exc:
+            return str(exc) or type(exc).__name__
 
     try:
         return list(await asyncio.gather(*(one(names) for names in batches)))
@@ -364,7 +379,7 @@ def remove_rows(
         for (shard, vnode, kind, owner, bucket_id, window), ids in groups.items():
             conn = connections.get(shard)
             if conn is None:
-                conn = connections[shard] = psycopg.connect(dsns[shard], autocommit=True)
+                conn = connections[shard] = connect(shard, dsns[shard])
             if kind == "record":
                 cleared = clear_window(conn, vnode, window, ids)
                 removed += cleared.removed
@@ -451,12 +466,16 @@ VERIFY_CHUNK = 2000
 def verify_blocks(
     rows: Iterable[tuple[str, str, str]], access: ClientSettings
 ) -> Iterator[tuple[str, str, str]]:
-    """(shark, url, name) -> (shark, name, verdict): ok, corrupt, missing or unreachable.
+    """(shark, url, name) -> (shark, name, verdict): ok, corrupt, wrong size, missing or
+    unreachable.
 
     Each block is read whole and checked against its checksum by the client; up to
-    READS_IN_FLIGHT reads at once, on one connection pool for the task.
+    READS_IN_FLIGHT reads at once, on one connection pool for the task. A node that answers
+    with an error about the block itself holds a bad replica ("wrong size" when its file is
+    shorter than its header says, "corrupt" otherwise); "unreachable" is only for a node
+    that gave no whole answer.
     """
-    from shoal.storage import BlockCorrupted, BlockMissing, NodeError
+    from shoal.storage import BlockCorrupted, BlockMissing, NodeError, NodeUnreachable
 
     client = access.client(connections_per_node=READS_IN_FLIGHT)
     gate = asyncio.Semaphore(READS_IN_FLIGHT)  # binds to the loop below at first use
@@ -470,8 +489,10 @@ def verify_blocks(
                 verdict = "corrupt"
             except BlockMissing:
                 verdict = "missing"
-            except NodeError:
+            except NodeUnreachable:
                 verdict = "unreachable"
+            except NodeError as exc:
+                verdict = _bad_replica(exc)
         return shark, name, verdict
 
     async def check_all(chunk: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -491,6 +512,15 @@ def verify_blocks(
     finally:
         loop.run_until_complete(client.close())
         loop.close()
+
+
+# How a node words a block file cut short (storage/blockfile.py, BlockCorrupt).
+_SHORT_FILE = ("shorter than its header says", "truncated header")
+
+
+def _bad_replica(error: Exception) -> str:
+    """The verdict on a replica the node answered for with an error."""
+    return "wrong size" if any(words in str(error) for words in _SHORT_FILE) else "corrupt"
 
 
 OPEN_UPLOADS = """

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+# Spark 4 runs on Java 17 or newer.
+JAVA_NEEDED = 17
+JAVA_HINT = "apt install openjdk-17-jre-headless (or set JAVA_HOME)"
+
+
+class JavaMissing(Exception):
+    """No Java, or one too old, for Spark."""
 
 
 # Spark's own log goes to a file, so that a person at the terminal sees the job's progress and
@@ -29,6 +39,7 @@ def spark_session(
     app: str, master: str | None = None, log_file: Path | None = None
 ) -> SparkSession:
     """A session whose Python workers use this interpreter (the venv that has Shoal)."""
+    require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
@@ -56,3 +67,34 @@ def spark_session(
             "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{settings}"
         )
     return builder.getOrCreate()
+
+
+def require_java() -> None:
+    """Raise JavaMissing, one line long, unless the Java that Spark would start (JAVA_HOME's,
+    else the first on PATH) is JAVA_NEEDED or newer; Spark's own failure is pages of text."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    where = f"JAVA_HOME={home}" if home else "PATH"
+    if java is None or not Path(java).is_file():
+        raise JavaMissing(f"needs Java {JAVA_NEEDED} or newer, none found on {where}: {JAVA_HINT}")
+    try:
+        answer = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as exc:
+        raise JavaMissing(
+            f"needs Java {JAVA_NEEDED} or newer; {java}: {exc}: {JAVA_HINT}"
+        ) from None
+    version = java_version(answer.stderr + answer.stdout)
+    if version is None or version < JAVA_NEEDED:
+        found = f"Java {version}" if version else "no Java version"
+        raise JavaMissing(f"needs Java {JAVA_NEEDED} or newer, {java} is {found}: {JAVA_HINT}")
+
+
+def java_version(text: str) -> int | None:
+    """The feature version `java -version` prints: `"17.0.9"` -> 17, `"1.8.0_392"` -> 8."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if match is None:
+        return None
+    major = int(match[1])
+    return int(match[2] or 0) if major == 1 else major

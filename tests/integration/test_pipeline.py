@@ -18,6 +18,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from shoal.config import load_config
+from shoal.metadata import ObjectWrite
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
 from shoal.pipeline.jobs.meter import meter
@@ -84,12 +85,15 @@ def test_gc_job_keeps_records_of_a_node_that_is_down(
     down.kill()
     partial = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
     assert partial.figures["records kept (node down)"] > 0
+    # The job says which node it could not reach (and `shoal pipeline` exits 1).
+    [problem] = partial.problems
+    assert problem.startswith(f"block delete failed on {down.shark}: ")
     # The kept records share a window with removed ones: rows deleted, then vacuumed.
     assert partial.figures["windows vacuumed"] >= 1
     assert dead_tuples(_configs(cluster)[0].dsn) == 0
     cluster.restart(down, run)
     final = job(cluster, spark, "gc", tmp_path, leeway=timedelta(0))
-    assert final.figures["records kept (node down)"] == 0
+    assert final.figures["records kept (node down)"] == 0 and final.problems == []
     assert not world.garbage & block_ids(cluster)
     check_live(cluster.store, path, world, run)
 
@@ -153,6 +157,9 @@ def test_inventory_lists_every_live_object(
     tagged = run(cluster.store.objects.get(world.owner, world.bucket, "over0"))
     tags = {"team": "storage", "note": "a b"}
     run(cluster.store.objects.set_tags(world.owner, world.bucket, "over0", tagged.id, tags))
+    typed = ObjectWrite(content_length=0, content_md5=bytes(16), content_type="text/csv")
+    run(cluster.store.objects.put(world.owner, world.bucket, "typed", typed))
+    world.live["typed"] = b""
     summary = job(cluster, spark, "inventory", tmp_path)
     rows = pq.read_table(str(summary.output / "parquet")).to_pylist()
     mine = {r["key"]: r for r in rows if r["bucket"] == world.bucket}
@@ -161,6 +168,9 @@ def test_inventory_lists_every_live_object(
     assert mine["half"]["etag"].endswith("-1")
     assert len(mine["over0"]["storage_nodes"].split()) == 2
     assert mine["small"]["size"] == 3 * KiB and mine["small"]["storage_nodes"] == ""
+    # The type HEAD answers: the stored one, else S3's default.
+    assert mine["typed"]["content_type"] == "text/csv"
+    assert mine["over0"]["content_type"] == "binary/octet-stream"
     assert json.loads(mine["over0"]["tags"]) == tags and mine["small"]["tags"] == ""
     csvs = list((summary.output / "csv").glob(f"bucket={world.bucket}/*.csv"))
     assert csvs and "key,size,etag" in csvs[0].read_text()
@@ -241,19 +251,25 @@ def test_audit_finds_missing_and_corrupt_blocks_and_repairs_them(
         byte = handle.read(1)
         handle.seek(48 + 7)
         handle.write(bytes([byte[0] ^ 0x55]))
+    # A replica cut short on disk: its node answers, with an error about the file.
+    truncated = next(f for f in first.block_files() if f.name == f"{version.id}.2")
+    os.truncate(truncated, truncated.stat().st_size - 100)
 
     found = job(cluster, spark, "audit", tmp_path)
     assert found.figures["blocks missing"] == 1 and found.figures["blocks corrupt"] == 1
+    assert found.figures["blocks wrong size"] == 1 and found.figures["blocks unreachable"] == 0
     findings = pq.read_table(str(found.output / "findings")).to_pylist()
     assert {(f["shark"], f["name"], f["problem"]) for f in findings} == {
         (first.shark, f"{version.id}.0", "missing"),
         (second.shark, f"{version.id}.1", "corrupt"),
+        (first.shark, f"{version.id}.2", "wrong size"),
     }
 
     repaired = job(cluster, spark, "audit", tmp_path, repair=True)
-    assert repaired.figures["repaired"] == 2
+    assert repaired.figures["repaired"] == 3
     after = job(cluster, spark, "audit", tmp_path)
     assert after.figures["blocks missing"] == 0 and after.figures["blocks corrupt"] == 0
+    assert after.figures["blocks wrong size"] == 0
     check_live(cluster.store, path, world, run)
 
 

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
+from shoal.replication.restorer import CONCURRENCY as RESTORES_AT_ONCE
 from shoal.storage import ClientSettings, block_runs, placement
 
 
@@ -72,7 +73,9 @@ def run(ctx: JobContext) -> Summary:
     if ctx.options.get("repair") and confirmed:
         repaired = ctx.with_store(lambda store: _repair(store, confirmed, urls, access))
     if ctx.options.get("repair") and short:
-        restored = ctx.with_store(lambda store: _rereplicate(store, ctx, short))
+        restored = ctx.with_store(
+            lambda store: _rereplicate(store, ctx, short), connections=REREPLICATION_CONNECTIONS
+        )
     ctx.spark.createDataFrame(short, UNDER_REPLICATED_SCHEMA).write.mode("overwrite").parquet(
         str(ctx.output / "under_replicated")
     )
@@ -144,6 +147,10 @@ def _expected_blocks(row: Any) -> list[tuple[Any, ...]]:
                 expected.append((shark, name, size, row.owner, row.bucket_id, row.name, row.id))
     return expected
 
+
+# A re-replication pass holds its claim's connection while its restores each make statements
+# (replication/restorer.py, CONCURRENCY), and the node registry is read meanwhile.
+REREPLICATION_CONNECTIONS = RESTORES_AT_ONCE + 2
 
 # A version or part (by `id`) with fewer distinct nodes than the target.
 UNDER_REPLICATED_SCHEMA = (

@@ -20,7 +20,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 from pyspark import RDD
 from pyspark.sql import Row
 from pyspark.sql import functions as F
@@ -37,7 +36,7 @@ def run(ctx: JobContext) -> Summary:
     leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
     phases: dict[str, float] = {}
     clock = time.monotonic()
-    cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
+    cutoff = io.database_time_minus(ctx.shards[0], leeway.total_seconds())
     urls = ctx.node_urls()
     access = io.node_access(ctx.config)
     width = ctx.with_store(_window_width)
@@ -78,6 +77,10 @@ def run(ctx: JobContext) -> Summary:
     sent, replicas_deleted, replicas_kept = batches.map(
         lambda b: (len(b[0]), b[2], 0 if b[1] else len(b[0]))
     ).fold((0, 0, 0), lambda x, y: (x[0] + y[0], x[1] + y[1], x[2] + y[2]))
+    # One line per node that failed a batch, with the first reason it gave.
+    node_failures = dict(
+        batches.filter(lambda b: not b[1]).map(lambda b: (b[3], b[4])).reduceByKey(min).collect()
+    )
     replicas_missing = sent - replicas_deleted - replicas_kept
     reclaimable = status.filter(lambda s: s[1]).map(lambda s: s[0])
     phases["delete blocks"] = _lap(clock, sum(phases.values()))
@@ -101,7 +104,7 @@ def run(ctx: JobContext) -> Summary:
     for shard in ctx.shards:
         windows_here = [(vnode, name) for s, vnode, name in to_vacuum if s == shard.name]
         if windows_here:
-            with psycopg.connect(shard.dsn, autocommit=True) as conn:
+            with io.connect(shard.name, shard.dsn) as conn:
                 vacuum_windows(conn, windows_here)
     phases["vacuum"] = _lap(clock, sum(phases.values()))
 
@@ -148,7 +151,11 @@ def run(ctx: JobContext) -> Summary:
     figures |= {f"seconds: {name}": round(seconds, 2) for name, seconds in phases.items()}
     figures["seconds: total"] = round(time.monotonic() - clock, 2)
     figures["records per second"] = round(found / max(time.monotonic() - clock, 1e-9))
-    return Summary("gc", figures, ctx.output)
+    problems = [
+        f"block delete failed on {shark}: {reason}; its records are kept for a later run"
+        for shark, reason in sorted(node_failures.items())
+    ]
+    return Summary("gc", figures, ctx.output, problems)
 
 
 def reclaim_status(keyed: RDD[Any], batches: RDD[Any]) -> RDD[Any]:

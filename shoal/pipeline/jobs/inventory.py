@@ -1,7 +1,7 @@
 """`shoal pipeline inventory`: every live object of every bucket, like S3 Inventory.
 
-Per bucket, Parquet and CSV: key, size, ETag, last modified, content type, storage nodes,
-tags (a JSON map of key to value; empty for an object without tags).
+Per bucket, Parquet and CSV: key, size, ETag, last modified, content type (as HEAD answers
+it), storage nodes, tags (a JSON map of key to value; empty for an object without tags).
 Read from one snapshot per shard, so a report is one consistent instant of each shard.
 """
 
@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
+from shoal.s3.headers import DEFAULT_CONTENT_TYPE
 
 
 def run(ctx: JobContext) -> Summary:
@@ -52,7 +53,11 @@ def inventory(objects, buckets):  # type: ignore[no-untyped-def]
         F.col("content_length").alias("size"),
         F.lower(etag).alias("etag"),
         F.col("created").alias("last_modified"),
-        F.col("content_type"),
+        # What HEAD answers: an object stored without a type is binary/octet-stream.
+        F.coalesce(
+            F.when(F.col("content_type") != "", F.col("content_type")),
+            F.lit(DEFAULT_CONTENT_TYPE),
+        ).alias("content_type"),
         F.array_join("sharks", " ").alias("storage_nodes"),
         F.coalesce(F.get_json_object("properties", "$.tags"), F.lit("")).alias("tags"),
     )

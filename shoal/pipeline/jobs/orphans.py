@@ -31,7 +31,7 @@ def run(ctx: JobContext) -> Summary:
     access = io.node_access(ctx.config)
     inventory = io.read_inventories(ctx.spark, urls, access).cache()
     blocks = inventory.count()
-    cutoff = io.database_time_minus(ctx.shards[0].dsn, leeway.total_seconds())
+    cutoff = io.database_time_minus(ctx.shards[0], leeway.total_seconds())
     with io.exported_snapshots(ctx.shards) as snapshots:
         rows = [
             io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, template)

@@ -1,0 +1,149 @@
+"""What a job, or any command, says when it cannot do its work: one line naming the cause
+(a node, a shard, Java, the data directory), and a non-zero exit status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.config import MetadataConfig
+from shoal.metadata import migrate
+from shoal.pipeline import failure_line
+from shoal.pipeline.io import connect
+from shoal.ports import free_port
+from tests.fixtures.postgres import create_databases
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+
+
+def shoal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SHOAL, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The error line of a failed command, checked to be its only line on stderr."""
+    assert result.returncode == 1, (result.stdout, result.stderr[-2000:])
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("shoal: error: ")
+    return result.stderr.strip()
+
+
+def closed_dsn() -> str:
+    return f"postgresql://shoal@127.0.0.1:{free_port()}/nothing"
+
+
+def shard_config_file(folder: Path, name: str, dsn: str) -> Path:
+    config = folder / "shoal.toml"
+    config.write_text(
+        f'data_dir = "data"\n[metadata]\n[[metadata.shards]]\nname = "{name}"\ndsn = "{dsn}"\n'
+    )
+    return config
+
+
+# -- a data directory with no Shoal instance ---------------------------------------------------
+
+VERBS_NEEDING_AN_INSTANCE = [
+    ("db", "status"),
+    ("status",),
+    ("gc", "run"),
+    ("account", "create", "someone"),
+    ("pipeline", "gc"),
+    ("pipeline", "history"),
+    ("storage-node", "--dir", "blocks", "--port", "9", "--name", "n0"),
+]
+
+
+@pytest.mark.parametrize("verb", VERBS_NEEDING_AN_INSTANCE, ids=lambda verb: "-".join(verb[:2]))
+def test_a_data_dir_without_an_instance_is_an_error_that_makes_nothing(
+    tmp_path: Path, verb: tuple[str, ...]
+) -> None:
+    typo = tmp_path / "shoal-dta"
+    line = one_line(shoal(*verb, "--data-dir", str(typo)))
+    assert line == (
+        f"shoal: error: no Shoal instance in {typo} "
+        "(run `shoal serve` or `shoal db migrate` there first)"
+    )
+    assert not typo.exists()
+
+
+# -- a stopped PostgreSQL ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [("gc", "run"), ("pipeline", "gc"), ("pipeline", "audit")])
+def test_a_job_against_a_stopped_postgresql_names_the_shard(
+    tmp_path: Path, verb: tuple[str, ...]
+) -> None:
+    config = shard_config_file(tmp_path, "meta7", closed_dsn())
+    line = one_line(shoal(*verb, "--config", str(config)))
+    assert "shard meta7" in line and "connect" in line
+
+
+@pytest.mark.slow
+def test_an_executor_error_reaches_the_user_as_its_own_last_line(spark: Any) -> None:
+    """Spark wraps an executor's exception in pages of text that start with 'An exception was
+    thrown from the Python worker'; the one line the user sees is the worker's own."""
+    dsn = closed_dsn()
+    rdd = spark.sparkContext.parallelize([1], 1).map(lambda _: connect("meta7", dsn) and 1)
+    with pytest.raises(Exception) as raised:
+        rdd.collect()
+    line = failure_line(raised.value)
+    assert line.startswith("shard meta7 is unreachable: connection failed: "), line
+    frame = spark.createDataFrame(rdd.map(lambda x: (x,)), "x int")
+    with pytest.raises(Exception) as raised:
+        frame.count()
+    assert failure_line(raised.value) == line
+
+
+# -- Java --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def migrated_config(admin_dsn: str, run: Callable[[Awaitable[Any]], Any], tmp_path: Path) -> Path:
+    shards = create_databases(admin_dsn, 1)
+    run(migrate(shards, MetadataConfig(vnodes=2, partitions_ahead=1)))
+    return shard_config_file(tmp_path, shards[0].name, shards[0].dsn)
+
+
+def test_a_missing_or_old_java_is_one_line_saying_what_to_install(
+    migrated_config: Path, tmp_path: Path
+) -> None:
+    hint = "needs Java 17 or newer"
+    install = "apt install openjdk-17-jre-headless (or set JAVA_HOME)"
+    nowhere = str(tmp_path / "no-java")
+    line = one_line(
+        shoal("pipeline", "meter", "--config", str(migrated_config), env={"JAVA_HOME": nowhere})
+    )
+    assert hint in line and f"JAVA_HOME={nowhere}" in line and line.endswith(install)
+    # No JAVA_HOME and no java on PATH.
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    result = subprocess.run(
+        [SHOAL, "pipeline", "meter", "--config", str(migrated_config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PATH": nowhere},
+    )
+    line = one_line(result)
+    assert hint in line and "none found on PATH" in line and line.endswith(install)
+    # A Java 8 (a script that answers as one does).
+    old = tmp_path / "old-java"
+    (old / "bin").mkdir(parents=True)
+    java = old / "bin" / "java"
+    java.write_text("#!/bin/sh\necho 'java version \"1.8.0_392\"' >&2\n")
+    java.chmod(0o755)
+    line = one_line(
+        shoal("pipeline", "meter", "--config", str(migrated_config), env={"JAVA_HOME": str(old)})
+    )
+    assert hint in line and "is Java 8" in line and line.endswith(install)
