@@ -64,10 +64,11 @@ def session_settings(pipeline: PipelineConfig, master: str) -> dict[str, str]:
         settings["spark.executor.memory"] = pipeline.executor_memory
     if pipeline.executor_cores:
         settings["spark.executor.cores"] = str(pipeline.executor_cores)
-    if not local:
-        # Executors import Shoal from where the driver did (the same path on every machine),
-        # ahead of whatever their worker's environment has: a worker started from another
-        # checkout or venv still runs this driver's code.
+    if not master.startswith("local"):
+        # Executors, started by workers with environments of their own, import Shoal from
+        # where the driver did (the same path on every machine), ahead of whatever their
+        # worker's environment has: a worker started from another checkout or venv still
+        # runs this driver's code.
         settings["spark.executorEnv.PYTHONPATH"] = shoal_source_folder()
     settings.update(dict(pipeline.spark))
     return settings

@@ -31,6 +31,17 @@ def test_without_a_pipeline_section_jobs_run_locally_on_loopback(tmp_path: Path)
     assert "spark.driver.port" not in chosen and "spark.executorEnv.PYTHONPATH" not in chosen
 
 
+def test_a_standalone_master_on_loopback_keeps_the_driver_there_and_hands_over_shoal(
+    tmp_path: Path,
+) -> None:
+    chosen = session_settings(pipeline(tmp_path), "spark://127.0.0.1:7077")
+    assert chosen["spark.driver.bindAddress"] == "127.0.0.1"
+    assert chosen["spark.driver.host"] == "127.0.0.1"
+    # Its executors are started by a worker, not by this driver: they import Shoal from
+    # where this driver does, whatever the worker's environment says.
+    assert Path(chosen["spark.executorEnv.PYTHONPATH"], "shoal", "pipeline").is_dir()
+
+
 @pytest.mark.parametrize(
     ("master", "local"),
     [
