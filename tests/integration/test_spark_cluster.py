@@ -14,7 +14,9 @@ from typing import Any
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
+from shoal.config import load_config
 from shoal.metadata.ring import vnode_schema
 from shoal.storage import block_runs
 from tests.fixtures.cluster import Layout
@@ -58,7 +60,7 @@ def test_the_layout_has_three_shards_four_nodes_in_two_datacenters(
 ) -> None:
     ring = layout.storage.store.ring
     assert {ring.shard_of(v) for v in range(ring.vnodes)} == {"pg0", "pg1", "pg2"}
-    ports = {psycopg.conninfo.conninfo_to_dict(s.dsn)["port"] for s in layout.shards}
+    ports = {conninfo_to_dict(s.dsn)["port"] for s in layout.shards}
     assert len(ports) == 3  # three servers, not three databases of one
     nodes = run(layout.storage.store.nodes.list(HEARTBEAT_DEADLINE))
     assert sorted(n.shark for n in nodes if n.alive) == [
@@ -108,6 +110,16 @@ def test_gc_job_on_the_standalone_cluster_reclaims_exactly_the_garbage(
     records = pq.read_table(str(Path(done["output"]) / "records"))
     assert records.num_rows == 14 and all(records.column("reclaimed").to_pylist())
     assert run(cluster.store.gc_book.last_runs(1))[0].kind == "spark"
+
+    # The worker logs each executor's whole command line: none holds a secret (they travel
+    # inside the tasks), and neither do the master's and worker's own.
+    config = load_config(layout.config_file, None)
+    secrets = [conninfo_to_dict(shard.dsn)["password"] for shard in config.metadata.shards]
+    secrets.append(config.secret_file.read_text().strip())
+    launched = (layout.spark.root / "worker.log").read_text()
+    assert "Launch command:" in launched
+    commands = [launched, *(" ".join(map(str, p.args)) for p in layout.spark.processes)]
+    assert not [secret for secret in secrets if any(secret in c for c in commands)]
 
 
 def test_audit_job_on_the_standalone_cluster_finds_and_repairs_damage(
