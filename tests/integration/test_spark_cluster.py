@@ -34,7 +34,8 @@ from tests.fixtures.storage import HEARTBEAT_DEADLINE
 SHOAL = str(Path(sys.executable).parent / "shoal")
 KiB = 1024
 
-pytestmark = pytest.mark.slow
+# Each job starts a driver and an executor JVM: minutes on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def pipeline(layout: Layout, job: str, output: Path, *options: str) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def pipeline(layout: Layout, job: str, output: Path, *options: str) -> dict[str,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # It ran as an application of the standalone master, with executors of its worker.
-    applications = layout.spark.status()["completedapps"]
+    status = layout.spark.status()
+    applications = status["activeapps"] + status["completedapps"]  # ending, or ended
     assert f"shoal-{job}" in {app["name"] for app in applications}, applications
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
