@@ -96,9 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    where = common.add_mutually_exclusive_group()
-    where.add_argument("--data-dir", type=Path, help="data directory (default ./shoal-data)")
-    where.add_argument("--config", type=Path, help="configuration file (TOML)")
+    # With both, --data-dir replaces the file's data_dir: gateways sharing one file on one
+    # machine each keep their own folder (docs/operations.md, "A multi-machine layout").
+    common.add_argument(
+        "--data-dir", type=Path, help="data directory (default ./shoal-data, or the file's)"
+    )
+    common.add_argument("--config", type=Path, help="configuration file (TOML)")
 
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(title="commands")
@@ -586,9 +589,11 @@ def _print_key(pair: KeyPair, as_json: bool) -> None:
 
 def _where(config: Config, args: argparse.Namespace) -> list[str]:
     """The --config/--data-dir arguments that make a child process see this configuration."""
-    if args.config is not None:
+    if args.config is None:
+        return ["--data-dir", str(config.data_dir)]
+    if args.data_dir is None:
         return ["--config", str(args.config.absolute())]
-    return ["--data-dir", str(config.data_dir)]
+    return ["--config", str(args.config.absolute()), "--data-dir", str(config.data_dir)]
 
 
 @contextlib.contextmanager

@@ -199,6 +199,35 @@ class AdminConfig:
     token_file: Path | None = None
 
 
+DEFAULT_SPARK_MASTER = "local[*]"
+# Spark masters `[pipeline] master` accepts: local ones, a standalone cluster (one master or
+# several, for high availability), YARN and Kubernetes.
+_SPARK_MASTER = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?|spark://\S+|yarn|k8s://\S+")
+# What `spark.executor.memory` reads: a number of bytes with an optional unit.
+_SPARK_MEMORY = re.compile(r"\d+[kmgtp]?b?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The Spark session `shoal pipeline` makes (docs/pipeline.md, "On a Spark cluster").
+
+    Empty strings and zeros mean "chosen from the master": a local master (or one on a
+    loopback address) keeps the driver on 127.0.0.1; any other binds 0.0.0.0 and advertises
+    this host's name, on ports Spark picks unless fixed here.
+    """
+
+    master: str = DEFAULT_SPARK_MASTER
+    driver_host: str = ""  # the address executors reach the driver at
+    driver_bind_address: str = ""  # the address the driver listens on
+    driver_port: int = 0  # spark.driver.port (0: any free port)
+    block_manager_port: int = 0  # spark.blockManager.port (0: any free port)
+    executor_memory: str = ""  # spark.executor.memory, e.g. "2g" (empty: Spark's default)
+    executor_cores: int = 0  # spark.executor.cores (0: Spark's default)
+    partitions: int = 8  # spark.sql.shuffle.partitions
+    # Any other Spark settings, as spark-defaults.conf would set them.
+    spark: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass(frozen=True)
 class Config:
     data_dir: Path = DEFAULT_DATA_DIR
@@ -208,6 +237,7 @@ class Config:
     gc: GcConfig = field(default_factory=GcConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     @property
     def secret_file(self) -> Path:
@@ -236,7 +266,7 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
 
 
 def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) -> Config:
-    known = {"data_dir", "metadata", "storage", "s3", "gc", "admin", "log"}
+    known = {"data_dir", "metadata", "storage", "s3", "gc", "admin", "log", "pipeline"}
     _reject_unknown(raw, known, "top level")
     if data_dir is None:
         data_dir = base / raw.get("data_dir", str(DEFAULT_DATA_DIR))
@@ -273,7 +303,76 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         gc=_parse_gc(raw.get("gc", {})),
         admin=_parse_admin(raw.get("admin", {}), base),
         log=_parse_log(raw.get("log", {})),
+        pipeline=_parse_pipeline(raw.get("pipeline", {})),
     )
+
+
+def _parse_pipeline(raw: Any) -> PipelineConfig:
+    _reject_unknown(
+        raw,
+        {
+            "master",
+            "driver_host",
+            "driver_bind_address",
+            "driver_port",
+            "block_manager_port",
+            "executor_memory",
+            "executor_cores",
+            "partitions",
+            "spark",
+        },
+        "[pipeline]",
+    )
+    master = raw.get("master", DEFAULT_SPARK_MASTER)
+    if not isinstance(master, str) or not _SPARK_MASTER.fullmatch(master):
+        raise ConfigError(
+            "[pipeline] master must be local[*], local[N], spark://HOST:PORT, yarn or "
+            f"k8s://URL, not {master!r}"
+        )
+    memory = _string(raw, "executor_memory", "[pipeline]")
+    if memory and not _SPARK_MEMORY.fullmatch(memory):
+        raise ConfigError(f'[pipeline] executor_memory must read like "2g", not {memory!r}')
+    return PipelineConfig(
+        master=master,
+        driver_host=_string(raw, "driver_host", "[pipeline]"),
+        driver_bind_address=_string(raw, "driver_bind_address", "[pipeline]"),
+        driver_port=_port(raw, "driver_port", "[pipeline]"),
+        block_manager_port=_port(raw, "block_manager_port", "[pipeline]"),
+        executor_memory=memory,
+        executor_cores=_non_negative_int(raw, "executor_cores", 0),
+        partitions=_positive_int(raw, "partitions", PipelineConfig.partitions, "[pipeline]"),
+        spark=_spark_settings(raw.get("spark", {})),
+    )
+
+
+def _spark_settings(raw: Any) -> tuple[tuple[str, str], ...]:
+    """[pipeline.spark]: Spark's own settings by their names, values as Spark reads them."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[pipeline.spark] must be a table of Spark settings")
+    settings = []
+    for key, value in raw.items():
+        if not key.startswith("spark."):
+            raise ConfigError(f"[pipeline.spark] {key!r} is not a Spark setting (spark.*)")
+        if isinstance(value, bool):
+            value = str(value).lower()
+        if not isinstance(value, str | int | float):
+            raise ConfigError(f"[pipeline.spark] {key} must be a string, number or boolean")
+        settings.append((key, str(value)))
+    return tuple(settings)
+
+
+def _string(raw: dict[str, Any], key: str, where: str) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} {key} must be a string, not {value!r}")
+    return value
+
+
+def _port(raw: dict[str, Any], key: str, where: str) -> int:
+    value = raw.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(f"{where} {key} must be a port number (0: any), not {value!r}")
+    return value
 
 
 def _parse_log(raw: Any) -> LogConfig:

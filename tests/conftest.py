@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.storage",
     "tests.fixtures.serve",
     "tests.fixtures.spark",
+    "tests.fixtures.cluster",
 ]

@@ -83,7 +83,7 @@ def _run(
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
     ring = asyncio.run(_ring(shards))
     log_file = folder.parent / "spark.log"
-    session = spark if spark is not None else spark_session(job, master, log_file)
+    session = spark if spark is not None else spark_session(job, master, log_file, config.pipeline)
     try:
         context = JobContext(
             spark=session,

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-DEFAULT_MASTER = "local[*]"
+from shoal.config import DEFAULT_SPARK_MASTER, PipelineConfig
+from shoal.pipeline.settings import chosen_master, session_settings
+
+DEFAULT_MASTER = DEFAULT_SPARK_MASTER
 # Spark 4 runs on Java 17 or newer.
 JAVA_NEEDED = 17
 JAVA_HINT = "apt install openjdk-17-jre-headless (or set JAVA_HOME)"
@@ -36,22 +39,28 @@ rootLogger.appenderRef.file.ref = file
 
 
 def spark_session(
-    app: str, master: str | None = None, log_file: Path | None = None
+    app: str,
+    master: str | None = None,
+    log_file: Path | None = None,
+    pipeline: PipelineConfig | None = None,
 ) -> SparkSession:
-    """A session whose Python workers use this interpreter (the venv that has Shoal)."""
+    """A session whose Python workers use this interpreter (the venv that has Shoal).
+
+    The master, the driver's addresses and ports and the partitions come from `master`, the
+    environment and `pipeline` (the `[pipeline]` settings; shoal/pipeline/settings.py).
+    """
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    pipeline = pipeline or PipelineConfig()
+    master = chosen_master(pipeline, master)
     builder = (
         SparkSession.builder.appName(f"shoal-{app}")
-        .master(master or os.environ.get("SHOAL_SPARK_MASTER", DEFAULT_MASTER))
-        .config("spark.driver.host", os.environ.get("SHOAL_SPARK_DRIVER_HOST", "127.0.0.1"))
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .master(master)
         .config("spark.ui.enabled", "false")
         # Spark's progress bar where a person watches; phase lines from the job otherwise.
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", os.environ.get("SHOAL_SPARK_PARTITIONS", "8"))
         .config("spark.python.worker.reuse", "true")
         # A failed task is a failed job: GC must stop, not retry half-done work blindly.
         .config("spark.task.maxFailures", "1")
@@ -59,6 +68,8 @@ def spark_session(
         # umask of the process that writes them (executors' included).
         .config("spark.hadoop.fs.permissions.umask-mode", "077")
     )
+    for key, value in session_settings(pipeline, master).items():
+        builder = builder.config(key, value)
     if log_file is not None:
         log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings = log_file.with_suffix(".log4j2.properties")
