@@ -67,13 +67,16 @@ from shoal.metadata.partitions import (
 )
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.metadata.schema import SHARD_MIGRATIONS, VNODE_MIGRATIONS
-from shoal.metadata.shards import read_ring
+from shoal.metadata.shards import RING_POLL_SECONDS, read_ring
 from shoal.sealing import seal
 
 MOVER_LOCK = 0x5340A2  # advisory lock key: one mover at a time
 FAULT_ENV = "SHOAL_MOVE_FAULT_AT"
 FAULT_STEPS = ("copying", "synced", "fenced", "caught_up", "switched")
 DEFAULT_GRACE = timedelta(minutes=5)
+# Shorter grace periods are raised to this: every process reads the ring at least every
+# RING_POLL_SECONDS, so past it none still sends the vnode's statements to the old shard.
+MIN_GRACE = timedelta(seconds=2 * RING_POLL_SECONDS + 1)
 # The fence waits this long for the writes in flight on the vnode's tables, and is tried
 # this many times (a long listing holds them too), before the move gives up.
 FENCE_LOCK_TIMEOUT = "1s"
@@ -176,7 +179,7 @@ class Mover:
         self.configs = {shard.name: shard for shard in shards}
         self.catalog_name = shards[0].name
         self.config = config
-        self.grace = grace
+        self.grace = max(grace, MIN_GRACE)
         self._conns: dict[str, psycopg.AsyncConnection[Any]] = {}
 
     async def __aenter__(self) -> Mover:
@@ -214,7 +217,8 @@ class Mover:
 
     async def finish(self, *, now: bool = False) -> list[str]:
         """Drop the source copies of switched moves whose grace period is over (all of them
-        with `now`)."""
+        with `now`, which tests use: a process that follows the ring by its polls alone
+        could still read an old copy)."""
         said = []
         for move in await self._moves(queries.SWITCHED_MOVES, grace=self.grace):
             if not (move.grace_over or now):
