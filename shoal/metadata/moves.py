@@ -12,7 +12,8 @@ credentials key); the ring does not change. `Mover.move` moves one vnode:
              `moved_manta_bucket_<vnode>_m<move id>`. From its commit on, every statement
              that names the vnode on the source fails (outage.py: VnodeMoved), prepared
              ones included, and its caller follows the ring.
-  caught up  the subscription has applied everything up to the fence's WAL position.
+  caught up  the subscription has applied everything up to the fence's WAL position (it
+             caught up once before the fence too, so the fence waits for little).
   switched   a new ring version places the vnode on the target, in the same catalog
              transaction that records the step; the subscription and publication go.
   done       after a grace period, the source's renamed copy is dropped (`finish`).
@@ -267,6 +268,9 @@ class Mover:
             await self._copy(move)
             _fault("copying")
             await self._wait_synced(move)
+            # Catch up with the writes made during the copy while the source still serves,
+            # so that the fence waits only for the last moments' worth.
+            await self._caught_up(move, await self._one(source, queries.CURRENT_LSN), 3600.0)
             _fault("synced")
             copied = time.monotonic() - started
             pause_started = time.monotonic()

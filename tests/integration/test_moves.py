@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +21,7 @@ from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
 from tests.fixtures.postgres import close_later, create_databases, unique
 
 Run = Callable[[Awaitable[Any]], Any]
+SHOAL = str(Path(sys.executable).parent / "shoal")
 VNODES = 4
 
 
@@ -193,3 +198,32 @@ def test_a_stale_owner_refuses_prepared_statements(admin_dsn: str) -> None:
         for statement in ("EXECUTE one(1)", "EXECUTE arms"):
             with pytest.raises(psycopg.errors.UndefinedTable):
                 conn.execute(statement)
+
+
+def test_the_ring_commands(admin_dsn: str, tmp_path: Path) -> None:
+    """`shoal shard add`, `ring rebalance`, `ring status`, and a wrong move as one line."""
+    first, second, third = create_databases(admin_dsn, 3)
+    config = tmp_path / "shoal.toml"
+    config.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n\n[metadata]\nvnodes = {VNODES}\n\n'
+        f'[[metadata.shards]]\nname = "s0"\ndsn = "{first.dsn}"\n\n'
+        f'[[metadata.shards]]\nname = "s1"\ndsn = "{second.dsn}"\n'
+    )
+    where = ("--config", str(config))
+    _shoal("db", "migrate", *where)
+    _shoal("shard", "add", "s2", third.dsn, *where)
+    rebalanced = _shoal("ring", "rebalance", "--grace", "0", *where).stdout
+    assert rebalanced.count(" -> s2, ring version") == 1, rebalanced
+    status = json.loads(_shoal("ring", "status", "--json", *where).stdout)
+    counts = sorted(len(shard["vnodes"]) for shard in status["shards"])
+    assert counts == [1, 1, 2] and status["ring"]["version"] == 2, status
+    assert status["moves"][0]["step"] == "switched"
+    wrong = _shoal("ring", "move", "0", "--to", "nowhere", *where, check=False)
+    assert wrong.returncode == 1
+    assert wrong.stderr == "shoal: error: unknown shard 'nowhere': add it with `shoal shard add`\n"
+
+
+def _shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
+    assert not check or done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
