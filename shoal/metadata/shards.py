@@ -199,7 +199,12 @@ class ShardSet:
         while True:
             if self._reload is None or self._reload.done():
                 self._reload = asyncio.create_task(self._read_and_adopt())
-            ring = await asyncio.shield(self._reload)
+            try:
+                ring = await asyncio.shield(self._reload)
+            except (psycopg.Error, SchemaError, PoolTimeout) as exc:
+                # The catalog is down or its ring unreadable: the caller's statement was
+                # refused and nothing was written; its client tries again.
+                raise MetadataUnavailable(f"cannot read the ring: {first_line(exc)}") from exc
             if ring.version > known or time.monotonic() >= deadline:
                 return ring.version > known
             await asyncio.sleep(RING_RETRY_SECONDS)
