@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 NONCE_BYTES = 12
@@ -20,6 +21,13 @@ def seal(key: bytes, context: str, text: str) -> bytes:
     return nonce + AESGCM(key).encrypt(nonce, text.encode(), context.encode())
 
 
+class SealBroken(ValueError):
+    """A sealed secret does not open with this key (another key sealed it, or it changed)."""
+
+
 def unseal(key: bytes, context: str, blob: bytes) -> str:
     nonce, ciphertext = blob[:NONCE_BYTES], blob[NONCE_BYTES:]
-    return AESGCM(key).decrypt(nonce, ciphertext, context.encode()).decode()
+    try:
+        return AESGCM(key).decrypt(nonce, ciphertext, context.encode()).decode()
+    except InvalidTag:
+        raise SealBroken(f"the secret of {context} does not open with this key") from None

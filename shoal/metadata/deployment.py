@@ -11,7 +11,7 @@ from psycopg import sql
 from shoal.config import Config, ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.embedded import EmbeddedPostgres
-from shoal.sealing import unseal
+from shoal.metadata.shards import unsealed_dsn
 from shoal.storage.auth import load_or_create_secret
 
 
@@ -52,7 +52,7 @@ def added_shards(config: Config, configured: list[ShardConfig]) -> list[ShardCon
     key = load_or_create_secret(config.credentials_key_file)
     known = {shard.name for shard in configured}
     return [
-        ShardConfig(name=name, dsn=unseal(key, name, bytes(sealed)))
+        ShardConfig(name=name, dsn=unsealed_dsn(key, name, sealed))
         for name, sealed in rows
         if name not in known
     ]

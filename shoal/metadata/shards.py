@@ -32,7 +32,7 @@ from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
-from shoal.sealing import unseal
+from shoal.sealing import SealBroken, unseal
 
 log = logging.getLogger("shoal.metadata")
 # psycopg_pool warns at every failed connect: while a shard is down, a few every PROBE_SECONDS
@@ -525,8 +525,20 @@ async def added_shards(
     except psycopg.errors.UndefinedTable:
         return []
     return [
-        ShardConfig(name=name, dsn=unseal(shard_key, name, bytes(sealed))) for name, sealed in rows
+        ShardConfig(name=name, dsn=unsealed_dsn(shard_key, name, sealed)) for name, sealed in rows
     ]
+
+
+def unsealed_dsn(key: bytes, shard: str, sealed: bytes) -> str:
+    """An added shard's DSN; SchemaError if this process's credentials key is not the one
+    that `shoal shard add` sealed it with."""
+    try:
+        return unseal(key, shard, bytes(sealed))
+    except SealBroken:
+        raise SchemaError(
+            f"the DSN of shard {shard} does not open with this process's credentials key: "
+            "give every process the key of the process that added the shard"
+        ) from None
 
 
 # The pieces of queries.py's statements that several of them share.

@@ -16,7 +16,15 @@ import psycopg
 import pytest
 
 from shoal.config import MetadataConfig, ShardConfig
-from shoal.metadata import MetadataStore, ObjectNotFound, ObjectWrite, Ring, migrate, shards
+from shoal.metadata import (
+    MetadataStore,
+    ObjectNotFound,
+    ObjectWrite,
+    Ring,
+    SchemaError,
+    migrate,
+    shards,
+)
 from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
 from tests.fixtures.postgres import close_later, create_databases, unique
 
@@ -227,3 +235,23 @@ def _shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
     assert not check or done.returncode == 0, (args, done.stdout, done.stderr)
     return done
+
+
+def test_an_added_shard_needs_the_key_that_sealed_its_dsn(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    configs, key = cluster
+
+    async def with_other_key() -> None:
+        async with await MetadataStore.open(configs[:2], 2, shard_key=secrets.token_bytes(32)):
+            pass
+
+    # The ring names s2 only once a vnode moved there: force a read of the added shards.
+    async def unsealed(with_key: bytes) -> list[ShardConfig]:
+        async with await psycopg.AsyncConnection.connect(configs[0].dsn) as conn:
+            return await shards.added_shards(conn, with_key)
+
+    assert [s.name for s in run(unsealed(key))] == ["s2"]
+    with pytest.raises(SchemaError, match="credentials key"):
+        run(unsealed(secrets.token_bytes(32)))
+    run(with_other_key())  # s2 holds no vnode now: nothing to open
