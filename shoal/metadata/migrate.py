@@ -43,8 +43,13 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
         catalog = conns[shards[0].name]
         await apply_migrations(catalog, "catalog", CATALOG_MIGRATIONS)
         ring = await _ring(catalog, [s.name for s in shards], config.vnodes)
+        # A vnode in the middle of a move is the mover's: between its fence and its switch
+        # the source's schema is renamed, and making `manta_bucket_<v>` again there would
+        # make a second, empty copy (docs/metadata.md, "Shards and vnodes").
+        cur = await catalog.execute(queries.MOVING_VNODES)
+        moving = {row[0] for row in await cur.fetchall()}
         for name, conn in conns.items():
-            vnodes = ring.vnodes_of(name)
+            vnodes = [v for v in ring.vnodes_of(name) if v not in moving]
             for vnode in vnodes:
                 await apply_migrations(
                     conn, vnode_schema(vnode), VNODE_MIGRATIONS, vnode_schema(vnode)

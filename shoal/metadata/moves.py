@@ -38,6 +38,7 @@ the fault tests: copying, synced, fenced, caught_up, switched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -182,6 +183,7 @@ class Mover:
         self.config = config
         self.grace = max(grace, MIN_GRACE)
         self._conns: dict[str, psycopg.AsyncConnection[Any]] = {}
+        self._locked = False
 
     async def __aenter__(self) -> Mover:
         catalog = await self._conn(self.catalog_name)
@@ -189,6 +191,7 @@ class Mover:
         if not row or not row[0]:
             await self.close()
             raise MoveError("another `shoal ring move` is running")
+        self._locked = True
         return self
 
     async def __aexit__(
@@ -200,6 +203,13 @@ class Mover:
         await self.close()
 
     async def close(self) -> None:
+        catalog = self._conns.get(self.catalog_name)
+        if self._locked and catalog is not None and not catalog.closed:
+            # Let go at once: a closed connection's backend lets go of its locks only when
+            # it notices, and the next mover may come first.
+            with contextlib.suppress(psycopg.Error):
+                await catalog.execute(queries.MOVER_UNLOCK, {"key": MOVER_LOCK})
+        self._locked = False
         for conn in self._conns.values():
             await conn.close()
         self._conns.clear()
@@ -353,6 +363,7 @@ class Mover:
             unsynced = await self._one(move.target, queries.SUBSCRIPTION_UNSYNCED, name)
             if tables and not unsynced:
                 return
+            await self._check_subscription(move)
             await asyncio.sleep(0.05)
         raise MoveError(f"vnode {move.vnode}: the copy did not finish in {timeout:g} s")
 
@@ -399,12 +410,25 @@ class Mover:
         """Whether the target applied the source's changes up to `lsn` within `timeout`."""
         slot = {"slot": _replication_name(move), "lsn": lsn}
         deadline = time.monotonic() + timeout
+        checked = time.monotonic()
         while True:
             if await self._one(move.source, queries.SLOT_CONFIRMED, slot):
                 return True
             if time.monotonic() >= deadline:
                 return False
+            if time.monotonic() - checked > 1.0:
+                await self._check_subscription(move)
+                checked = time.monotonic()
             await asyncio.sleep(POLL_SECONDS)
+
+    async def _check_subscription(self, move: MoveRecord) -> None:
+        """MoveError if the move's subscription keeps failing (it would retry for ever)."""
+        name = {"name": _replication_name(move)}
+        if await self._one(move.target, queries.SUBSCRIPTION_ERRORS, name):
+            raise MoveError(
+                f"vnode {move.vnode}: copying to shard {move.target} fails (its server log "
+                "says why)"
+            )
 
     async def _switch(self, move: MoveRecord, pause: float) -> int:
         """A new ring version with the vnode on the target, and the move's step, at once."""
@@ -486,7 +510,11 @@ class Mover:
         lsn = move.fence_lsn or str(await self._one(move.source, queries.CURRENT_LSN))
         name = _replication_name(move)
         subscribed = await self._one(move.target, queries.SUBSCRIPTION_EXISTS, {"name": name})
-        if subscribed and await self._caught_up(move, lsn, CATCH_UP_SECONDS):
+        try:
+            caught_up = bool(subscribed) and await self._caught_up(move, lsn, CATCH_UP_SECONDS)
+        except MoveError:  # the subscription fails: it will not catch up
+            caught_up = False
+        if caught_up:
             version = await self._switch(move, 0.0)
             await self._unsubscribe(move)
             return f"vnode {move.vnode}: move {move.id} finished (ring version {version})"

@@ -1066,11 +1066,21 @@ SELECT {MOVE_COLUMNS}, updated < current_timestamp - %(grace)s AS grace_over
 FROM shoal.vnode_move WHERE step = 'switched' ORDER BY id
 """
 
+MOVING_VNODES = "SELECT vnode FROM shoal.vnode_move WHERE step IN ('copying', 'fenced')"
+
+# Errors of a move's subscription: a table that cannot be copied, a change it cannot apply.
+SUBSCRIPTION_ERRORS = """
+SELECT apply_error_count + sync_error_count FROM pg_stat_subscription_stats
+WHERE subname = %(name)s
+"""
+
 RECENT_MOVES = f"SELECT {MOVE_COLUMNS} FROM shoal.vnode_move ORDER BY id DESC LIMIT %(limit)s"
 
 # Only one mover at a time across the cluster (a session lock on the catalog shard, released
 # when the mover's connection ends, by a crash too).
 TRY_MOVER_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
+
+MOVER_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
 
 SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
 

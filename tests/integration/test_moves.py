@@ -255,3 +255,49 @@ def test_an_added_shard_needs_the_key_that_sealed_its_dsn(
     with pytest.raises(SchemaError, match="credentials key"):
         run(unsealed(secrets.token_bytes(32)))
     run(with_other_key())  # s2 holds no vnode now: nothing to open
+
+
+def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    from shoal.pipeline import io
+
+    configs, key = cluster
+    store = _open(configs, key, run)
+
+    async def objects() -> tuple[uuid.UUID, uuid.UUID, list[str]]:
+        account = await store.accounts.create(unique("reader"))
+        found = await store.buckets.create(account.id, unique("read"))
+        names = [f"r-{i:02d}" for i in range(24)]
+        for name in names:
+            await store.objects.put(account.id, found.name, name, ObjectWrite(5, b"r" * 16))
+        return account.id, found.id, names
+
+    owner, bucket_id, names = run(objects())
+    ring = store.ring
+    moved = ring.vnode_for_object(owner, bucket_id, names[0])
+    query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
+    every = tuple((c.name, c.dsn) for c in configs)
+    dsns = dict(every)
+    with io.exported_snapshots(configs[:2]) as snapshots:
+        tasks = [
+            io.ReadTask(
+                ring.shard_of(v),
+                dsns[ring.shard_of(v)],
+                snapshots[ring.shard_of(v)],
+                v,
+                query,
+                every,
+            )
+            for v in range(ring.vnodes)
+        ]
+
+        async def move() -> None:
+            async with _mover(configs) as mover:
+                assert await mover.move(moved, "s2") is not None
+
+        run(move())
+        rows = list(io._read_tasks(tasks))
+    mine = [row for row in rows if row[5] == str(bucket_id)]
+    assert sorted(row[6] for row in mine) == names
+    assert {row[0] for row in mine if row[1] == moved} == {"s2"}
