@@ -80,9 +80,17 @@ DEFAULT_GRACE = timedelta(minutes=5)
 # RING_POLL_SECONDS, so past it none still sends the vnode's statements to the old shard.
 MIN_GRACE = timedelta(seconds=2 * RING_POLL_SECONDS + 1)
 # The fence waits this long for the writes in flight on the vnode's tables, and is tried
-# this many times (a long listing holds them too), before the move gives up.
-FENCE_LOCK_TIMEOUT = "1s"
-FENCE_ATTEMPTS = 5
+# this many times (a long listing holds them too), a moment apart, before the move gives up.
+# Statements of the vnode queue behind the fence's lock while it waits: each try costs them
+# up to FENCE_LOCK_TIMEOUT.
+FENCE_LOCK_TIMEOUT = "300ms"
+FENCE_ATTEMPTS = 10
+FENCE_RETRY_SECONDS = 0.1
+# The fence locks the vnode's tables one by one, and a write that has locked one of them may
+# wait for another the fence holds: the fence checks for such a deadlock long before the
+# write would (PostgreSQL's deadlock_timeout, 1 s by default), so that it is the fence that
+# gives way and tries again, never a client's write.
+FENCE_DEADLOCK_TIMEOUT = "20ms"
 # How long the target may take to apply the last changes after the fence; past it, the
 # fence is lifted (the source's schema renamed back) rather than keep the vnode paused.
 CATCH_UP_SECONDS = 10.0
@@ -387,6 +395,11 @@ class Mover:
                             sql.Literal(FENCE_LOCK_TIMEOUT)
                         )
                     )
+                    await source.execute(
+                        sql.SQL("SET LOCAL deadlock_timeout = {}").format(
+                            sql.Literal(FENCE_DEADLOCK_TIMEOUT)
+                        )
+                    )
                     await source.execute(lock)
                     await source.execute(
                         sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
@@ -397,11 +410,12 @@ class Mover:
                         queries.RENAME_MIGRATION_SCOPE, {"old": schema, "new": moved}
                     )
                 break
-            except psycopg.errors.LockNotAvailable:
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
                 if attempt == FENCE_ATTEMPTS - 1:
                     raise MoveError(
                         f"vnode {move.vnode}: its tables stayed busy; no write fence"
                     ) from None
+                await asyncio.sleep(FENCE_RETRY_SECONDS)
         lsn = await self._one(move.source, queries.CURRENT_LSN)
         await self._step(move.id, "fenced", fence_lsn=lsn)
         return str(lsn)
