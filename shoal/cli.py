@@ -17,6 +17,7 @@ import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,15 @@ from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.gc import Collector, connections_needed, parse_leeway
 from shoal.metadata import MetadataError, MetadataStore, migrate
-from shoal.metadata.deployment import embedded_server, require_instance, shard_configs
+from shoal.metadata.deployment import (
+    create_embedded_database,
+    embedded_server,
+    require_instance,
+    shard_configs,
+)
 from shoal.metadata.garbage import GcRun
+from shoal.metadata.moves import DEFAULT_GRACE, Mover, MoveResult, add_shard, plan_rebalance
+from shoal.metadata.ring import Ring
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
 from shoal.workers import stop_on_signals
@@ -191,7 +199,152 @@ def _parser() -> argparse.ArgumentParser:
     db.add_parser(
         "dsn", parents=[common], help="each shard's DSN, password included, one a line (for psql)"
     ).set_defaults(run=_db_dsn)
+
+    shard = verbs.add_parser("shard", help="metadata shards").add_subparsers(title="shard commands")
+    shard_add = shard.add_parser(
+        "add", parents=[common], help="add a shard (migrated, no vnodes until moved there)"
+    )
+    shard_add.add_argument("name")
+    shard_add.add_argument(
+        "dsn", nargs="?", help="its PostgreSQL DSN (embedded: omit, a database is made)"
+    )
+    shard_add.set_defaults(run=_shard_add)
+
+    ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(title="ring commands")
+    ring_status = ring.add_parser("status", parents=[common], help="ring versions and moves")
+    ring_status.add_argument("--json", action="store_true", help="print JSON")
+    ring_status.set_defaults(run=_ring_status)
+    grace = argparse.ArgumentParser(add_help=False)
+    grace.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE.total_seconds(),
+        help="seconds a moved vnode's old copy is kept before it is dropped (default 300)",
+    )
+    move = ring.add_parser(
+        "move", parents=[common, grace], help="move vnodes to a shard (resumes a crashed move)"
+    )
+    move.add_argument("vnodes", nargs="*", type=int, metavar="VNODE")
+    move.add_argument("--to", dest="target", help="the shard to move them to")
+    move.add_argument(
+        "--finish", action="store_true", help="only resume, roll back and drop old copies"
+    )
+    move.set_defaults(run=_ring_move)
+    ring.add_parser(
+        "rebalance", parents=[common, grace], help="move vnodes until every shard holds as many"
+    ).set_defaults(run=_ring_rebalance)
     return parser
+
+
+def _shard_add(config: Config, args: argparse.Namespace) -> int:
+    key = load_encryption_key(config.credentials_key_file)
+    with shard_configs(config) as shards:
+        if any(shard.name == args.name for shard in shards):
+            raise CommandError(f"shard {args.name} is known already")
+        dsn = args.dsn
+        if dsn is None:
+            if not config.metadata.embedded:
+                raise CommandError("give the new shard's DSN")
+            dsn = create_embedded_database(embedded_server(config), args.name)
+        shoal.loop.run(add_shard(shards[0], ShardConfig(args.name, dsn), key, config.metadata))
+    print(f"added shard {args.name}; move vnodes to it with `shoal ring move` or `rebalance`")
+    return 0
+
+
+def _with_mover(config: Config, args: argparse.Namespace, action):  # type: ignore[no-untyped-def]
+    """Run `action(mover, shard names)` after the mover resumed or rolled back what a
+    crashed one left, and dropped the old copies past their grace period."""
+    if args.grace < 0:
+        raise CommandError("--grace must be 0 or more seconds")
+
+    async def run(shards: list[ShardConfig]) -> object:
+        async with Mover(shards, config.metadata, timedelta(seconds=args.grace)) as mover:
+            for line in [*await mover.recover(), *await mover.finish()]:
+                print(line, flush=True)
+            done = await action(mover, [shard.name for shard in shards])
+            for line in await mover.finish():  # with --grace 0, the copies just left
+                print(line, flush=True)
+            return done
+
+    with shard_configs(config) as shards:
+        return shoal.loop.run(run(shards))
+
+
+def _ring_move(config: Config, args: argparse.Namespace) -> int:
+    if args.vnodes and not args.target:
+        raise CommandError("say where to: --to SHARD")
+    if not args.vnodes and not args.finish:
+        raise CommandError("name the vnodes to move, or --finish")
+
+    async def moves(mover: Mover, names: list[str]) -> None:
+        for vnode in args.vnodes:
+            _print_move(vnode, args.target, await mover.move(vnode, args.target))
+
+    _with_mover(config, args, moves)
+    return 0
+
+
+def _ring_rebalance(config: Config, args: argparse.Namespace) -> int:
+    async def rebalance(mover: Mover, names: list[str]) -> None:
+        ring, _, _ = await mover.status()
+        plan = plan_rebalance(ring, names)
+        if not plan:
+            print(f"balanced: {ring.vnodes} vnodes over {len(names)} shard(s)")
+        for vnode, target in plan:
+            _print_move(vnode, target, await mover.move(vnode, target))
+
+    _with_mover(config, args, rebalance)
+    return 0
+
+
+def _print_move(vnode: int, target: str, result: MoveResult | None) -> None:
+    if result is None:
+        print(f"vnode {vnode} is on shard {target} already", flush=True)
+        return
+    print(
+        f"vnode {vnode}: {result.source} -> {result.target}, ring version {result.ring_version}; "
+        f"copied in {result.copy_seconds:.2f} s, writes paused {result.write_pause_seconds:.3f} s",
+        flush=True,
+    )
+
+
+def _ring_status(config: Config, args: argparse.Namespace) -> int:
+    async def read(shards: list[ShardConfig]) -> tuple[Ring, list, list]:  # type: ignore[type-arg]
+        mover = Mover(shards, config.metadata)
+        try:
+            return await mover.status()
+        finally:
+            await mover.close()
+
+    with shard_configs(config) as shards:
+        ring, versions, moves = shoal.loop.run(read(shards))
+        names = [shard.name for shard in shards]
+    placed = {name: ring.vnodes_of(name) for name in names}
+    if args.json:
+        report = {
+            "ring": {"version": ring.version, "vnodes": ring.vnodes},
+            "shards": [{"name": name, "vnodes": vnodes} for name, vnodes in placed.items()],
+            "versions": versions,
+            "moves": [move.__dict__ for move in moves],
+        }
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"ring version {ring.version}: {ring.vnodes} vnodes over {len(names)} shard(s)")
+    for name, vnodes in placed.items():
+        print(f"  {name:<16} {len(vnodes):>5} vnodes  {_ranges(vnodes) or '-'}")
+    print("versions:")
+    for v in versions:
+        print(f"  {v['version']:>5}  {v['created']:%Y-%m-%d %H:%M:%S}")
+    print("moves (newest first):")
+    for m in moves or []:
+        pause = "" if m.write_pause_seconds is None else f", paused {m.write_pause_seconds:.3f} s"
+        print(
+            f"  #{m.id:<4} vnode {m.vnode:<5} {m.source} -> {m.target}  {m.step}"
+            f"  {m.updated:%Y-%m-%d %H:%M:%S}{pause}"
+        )
+    if not moves:
+        print("  none")
+    return 0
 
 
 def _db_migrate(config: Config, args: argparse.Namespace) -> int:

@@ -249,7 +249,9 @@ async def _serve_node(
         workers.start()
         health = DiskHealth(store)
         async with (
-            await MetadataStore.open(shards, pool_max_size=2) as metadata,
+            await MetadataStore.open(
+                shards, pool_max_size=2, shard_key=load_encryption_key(config.credentials_key_file)
+            ) as metadata,
             _node_admin(node, health),
         ):
             print(
@@ -426,7 +428,11 @@ async def run_gateway(
     extra = config.s3.workers - 1
     workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
     async with (
-        await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
+        await MetadataStore.open(
+            shards,
+            config.metadata.pool_max_size,
+            shard_key=load_encryption_key(config.credentials_key_file),
+        ) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),
         _gateway_admin(config, shards, admin_port, readiness, stop, workers),
     ):
@@ -568,7 +574,11 @@ async def _serve_gateway_until_stopped(
 ) -> None:
     stop = stop_on_signals()
     async with (
-        await MetadataStore.open(shards, config.metadata.pool_max_size) as store,
+        await MetadataStore.open(
+            shards,
+            config.metadata.pool_max_size,
+            shard_key=load_encryption_key(config.credentials_key_file),
+        ) as store,
         _serving_gateway(config, store, sock),
     ):
         await stop.wait()

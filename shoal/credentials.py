@@ -14,13 +14,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from shoal.metadata import AccessKeyNotFound, Account, MetadataStore
+from shoal.sealing import seal, unseal
 from shoal.storage.auth import load_or_create_secret
 
 ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
-NONCE_BYTES = 12
 # How long the gateway trusts a looked-up secret; a revoked key stops working within this.
 CACHE_SECONDS = 30.0
 
@@ -35,7 +33,7 @@ class KeyPair:
 class Credentials:
     def __init__(self, store: MetadataStore, encryption_key: bytes) -> None:
         self.store = store
-        self._aead = AESGCM(encryption_key)
+        self._key = encryption_key
         self._cache: dict[str, tuple[float, uuid.UUID, str]] = {}
 
     async def create_account(self, name: str) -> KeyPair:
@@ -70,12 +68,10 @@ class Credentials:
         return key.account_id, secret
 
     def _encrypt(self, access_key_id: str, secret: str) -> bytes:
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        return nonce + self._aead.encrypt(nonce, secret.encode(), access_key_id.encode())
+        return seal(self._key, access_key_id, secret)
 
     def _decrypt(self, access_key_id: str, blob: bytes) -> str:
-        nonce, ciphertext = blob[:NONCE_BYTES], blob[NONCE_BYTES:]
-        return self._aead.decrypt(nonce, ciphertext, access_key_id.encode()).decode()
+        return unseal(self._key, access_key_id, blob)
 
 
 def load_encryption_key(path: Path) -> bytes:

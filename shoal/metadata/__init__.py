@@ -18,6 +18,7 @@ from shoal.metadata.errors import (
     PreconditionFailed,
     SchemaError,
     UploadNotFound,
+    VnodeMoved,
 )
 from shoal.metadata.migrate import migrate
 from shoal.metadata.models import (
@@ -67,5 +68,6 @@ __all__ = [
     "SchemaError",
     "Upload",
     "UploadNotFound",
+    "VnodeMoved",
     "migrate",
 ]

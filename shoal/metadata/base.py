@@ -13,16 +13,20 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from shoal.metadata import prepared
-from shoal.metadata.errors import BucketNotFound
+from shoal.metadata.errors import BucketNotFound, VnodeMoved
 from shoal.metadata.metrics import metadata as metrics
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
+from shoal.metadata.outage import vnode_gone
 from shoal.metadata.partitions import ensure_window_for_now
 from shoal.metadata.queries import SELECT_BUCKET
 from shoal.metadata.shards import Shard, ShardSet, positional, render
 
 Row = dict[str, Any]
 T = TypeVar("T")
+# How long a statement refused by a vnode's old shard waits for the ring to name the new one:
+# longer than a move's write pause, shorter than a client's patience.
+MOVE_WAIT_SECONDS = 2.0
 
 
 class Component:
@@ -43,9 +47,9 @@ class Component:
         """
         started = time.perf_counter()
         statement, values = _bound(template, vnode, params, upper_bound)
-        shard = self.shards.of_vnode(vnode)
 
         async def attempt() -> list[Row]:
+            shard = self.shards.of_vnode(vnode)
             async with shard.statement_connection() as conn:
                 try:
                     return await prepared.fetch(conn, statement, values)
@@ -69,10 +73,11 @@ class Component:
         (batched.py's group commit)."""
         started = time.perf_counter()
         statement, values = _bound(template, vnode, params)
-        writes = self.shards.of_vnode(vnode).writes
         order = (vnode, params["owner"], params["bucket_id"], params["name"])
         try:
-            return await self.retrying_window(vnode, lambda: writes.write(statement, values, order))
+            return await self.retrying_window(
+                vnode, lambda: self.shards.of_vnode(vnode).writes.write(statement, values, order)
+            )
         finally:
             metrics().statement_took(template, time.perf_counter() - started)
 
@@ -82,7 +87,9 @@ class Component:
         started = time.perf_counter()
         statement, values = _bound(template, vnode, params)
         try:
-            return await self.shards.of_vnode(vnode).reads.fetch(statement, values)
+            return await self.following_moves(
+                lambda: self.shards.of_vnode(vnode).reads.fetch(statement, values)
+            )
         finally:
             metrics().statement_took(template, time.perf_counter() - started)
 
@@ -108,19 +115,61 @@ class Component:
                     return await prepared.fetch(conn, text, values, rows=rows)
                 except Exception as exc:
                     failure = shard.pool.failure(exc, may_have_committed=False)
+                    if isinstance(failure, VnodeMoved):
+                        # The caller rendered this statement for the vnodes the ring gave the
+                        # shard: it cannot be sent elsewhere. Follow the ring for the next call
+                        # and refuse this one (a 503 its client tries again).
+                        await self.shards.follow_ring(MOVE_WAIT_SECONDS)
                     if failure is exc:
                         raise
                     raise failure from exc
         finally:
             metrics().statement_took(template, time.perf_counter() - started)
 
+    async def under_one_ring(self, read: Callable[[], Awaitable[T]]) -> T:
+        """Run `read`, a read of every shard (a listing), under one ring version: if a
+        shard refused it (VnodeMoved) or the ring changed while it ran (a vnode's rows
+        could then have been read on both shards, or on neither), it runs once more."""
+        for attempt in range(2):
+            ring = self.shards.ring
+            try:
+                result = await read()
+            except VnodeMoved:
+                if attempt:
+                    raise
+                await self.shards.follow_ring(MOVE_WAIT_SECONDS)
+                continue
+            if self.shards.ring is ring:
+                return result
+        raise VnodeMoved("the ring changed while the shards were read; try again")
+
+    async def following_moves(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt`, which finds its shard through the ring when it starts; if the shard
+        no longer holds the vnode (VnodeMoved: nothing was written), follow the ring to its
+        new owner and run it once more."""
+        try:
+            return await attempt()
+        except VnodeMoved:
+            await self.shards.follow_ring(MOVE_WAIT_SECONDS)
+        except psycopg.Error as exc:
+            if not vnode_gone(exc):  # met in a transaction of the caller's own
+                raise
+            await self.shards.follow_ring(MOVE_WAIT_SECONDS)
+        try:
+            return await attempt()
+        except psycopg.Error as exc:
+            if vnode_gone(exc):
+                raise VnodeMoved(f"the vnode moved: {exc}") from exc
+            raise
+
     async def retrying_window(
         self, vnode: int, attempt: Callable[[], Awaitable[T]], *more_vnodes: int
     ) -> T:
         """Run `attempt`, which writes deletion records on `vnode` (and `more_vnodes` of the
-        same shard); if one found no window for now, create the windows and rerun."""
+        same shard); if one found no window for now, create the windows and rerun. A vnode
+        that moved meanwhile is followed to its new shard (`following_moves`)."""
         try:
-            return await attempt()
+            return await self.following_moves(attempt)
         except psycopg.errors.CheckViolation as exc:
             if "no partition of relation" not in str(exc):
                 raise

@@ -62,20 +62,22 @@ class Buckets(Component):
             return []
         lower, upper = bounds
         params = {"owner": owner, "lower": lower, "upper": upper, "limit": limit}
-        pages = await asyncio.gather(
-            *(
-                self.shard_rows(
-                    shard,
-                    render_arms(
-                        queries.LIST_BUCKETS_MERGE,
-                        queries.LIST_BUCKETS_ARM,
-                        tuple(shard.vnodes),
-                        upper is not None,
-                    ),
-                    params,
-                    template=queries.LIST_BUCKETS_MERGE,
+        pages = await self.under_one_ring(
+            lambda: asyncio.gather(
+                *(
+                    self.shard_rows(
+                        shard,
+                        render_arms(
+                            queries.LIST_BUCKETS_MERGE,
+                            queries.LIST_BUCKETS_ARM,
+                            tuple(shard.vnodes),
+                            upper is not None,
+                        ),
+                        params,
+                        template=queries.LIST_BUCKETS_MERGE,
+                    )
+                    for shard in self.shards.placed()
                 )
-                for shard in self.shards.placed()
             )
         )
         found = sorted((Bucket(**row) for page in pages for row in page), key=lambda b: b.name)
@@ -214,15 +216,17 @@ class Buckets(Component):
 
     async def _holds(self, owner: uuid.UUID, bucket_id: uuid.UUID, arm: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id}
-        answers = await asyncio.gather(
-            *(
-                self.shard_rows(
-                    shard,
-                    render_arms(queries.BUCKET_HAS_CONTENT, arm, tuple(shard.vnodes)),
-                    params,
-                    template=queries.BUCKET_HAS_CONTENT,
+        answers = await self.under_one_ring(
+            lambda: asyncio.gather(
+                *(
+                    self.shard_rows(
+                        shard,
+                        render_arms(queries.BUCKET_HAS_CONTENT, arm, tuple(shard.vnodes)),
+                        params,
+                        template=queries.BUCKET_HAS_CONTENT,
+                    )
+                    for shard in self.shards.placed()
                 )
-                for shard in self.shards.placed()
             )
         )
         return any(rows[0]["exists"] for rows in answers)

@@ -12,6 +12,8 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.embedded import EmbeddedPostgres
 from shoal.metadata.errors import MetadataError
+from shoal.metadata.shards import unsealed_dsn
+from shoal.storage.auth import load_or_create_secret
 
 
 class NoInstance(MetadataError):
@@ -24,7 +26,9 @@ def embedded_server(config: Config) -> EmbeddedPostgres:
 
 @contextlib.contextmanager
 def shard_configs(config: Config, *, create: bool = False) -> Iterator[list[ShardConfig]]:
-    """The shards to use for the duration of one command.
+    """The shards to use for the duration of one command: those of the configuration, then
+    those `shoal shard add` added (from the catalog, their DSNs unsealed with the
+    credentials key).
 
     Embedded: the server under the data directory is started for the command unless it already
     runs (beside `shoal serve`), and its shard databases are created if missing. Only with
@@ -32,13 +36,35 @@ def shard_configs(config: Config, *, create: bool = False) -> Iterator[list[Shar
     mistyped data directory raises NoInstance and leaves nothing behind.
     """
     if not config.metadata.embedded:
-        yield list(config.metadata.shards)
+        configured = list(config.metadata.shards)
+        yield configured + added_shards(config, configured)
         return
     if not create:
         require_instance(config)
     server = embedded_server(config)
     with server.running():
-        yield embedded_shards(server, config.metadata.embedded_shards)
+        configured = embedded_shards(server, config.metadata.embedded_shards)
+        yield configured + added_shards(config, configured)
+
+
+def added_shards(config: Config, configured: list[ShardConfig]) -> list[ShardConfig]:
+    """The shards the catalog (the first configured shard) lists beyond `configured`."""
+    if not configured:
+        return []
+    try:
+        with psycopg.connect(configured[0].dsn, autocommit=True) as conn:
+            rows = conn.execute(queries.ADDED_SHARDS).fetchall()
+    except (psycopg.errors.UndefinedTable, psycopg.OperationalError):
+        return []  # not migrated yet, or the catalog is down: the command says so itself
+    if not rows:
+        return []
+    key = load_or_create_secret(config.credentials_key_file)
+    known = {shard.name for shard in configured}
+    return [
+        ShardConfig(name=name, dsn=unsealed_dsn(key, name, sealed))
+        for name, sealed in rows
+        if name not in known
+    ]
 
 
 def require_instance(config: Config) -> None:
@@ -54,10 +80,14 @@ def require_instance(config: Config) -> None:
 def embedded_shards(server: EmbeddedPostgres, count: int) -> list[ShardConfig]:
     """Shards `shard0` .. `shard<count-1>`: databases of the embedded server."""
     names = [f"shard{i}" for i in range(count)]
+    return [ShardConfig(name=name, dsn=create_embedded_database(server, name)) for name in names]
+
+
+def create_embedded_database(server: EmbeddedPostgres, name: str) -> str:
+    """The DSN of database `name` of the embedded server, made if missing."""
     with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
         existing = {r[0] for r in conn.execute(queries.DATABASE_NAMES).fetchall()}
-        for name in names:
-            if name not in existing:
-                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return [ShardConfig(name=name, dsn=server.dsn(name)) for name in names]
+        if name not in existing:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return server.dsn(name)

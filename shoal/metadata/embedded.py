@@ -149,6 +149,9 @@ class EmbeddedPostgres:
                 f"-c unix_socket_directories='{socket_dir}'",
                 "-c unix_socket_permissions=0700",
                 "-c max_connections=300",
+                # Moving a vnode between shards copies it by logical replication
+                # (docs/metadata.md, "Shards and vnodes").
+                "-c wal_level=logical",
                 # After a crash, sync the data directory with one syncfs() instead of an
                 # fsync() per file: there are thousands (every vnode has its tables), and
                 # their fsyncs kept a killed server from recovering for seconds

@@ -15,6 +15,7 @@ MetadataError
  +-- EntityTooSmall           a part other than the last is under the minimum size
  +-- SchemaError              the database is not migrated, or the ring disagrees
  +-- MetadataUnavailable      a shard cannot be reached now; nothing was written
+ |    +-- VnodeMoved          the shard no longer holds the vnode (it moved): reload the ring
  +-- CommitUnknown            a write was sent and its answer lost: it may have committed
 """
 
@@ -84,6 +85,13 @@ class SchemaError(MetadataError):
 class MetadataUnavailable(MetadataError):
     """A shard could not be reached (down, refusing connections, out of connections) before
     anything of the request was written. Nothing happened; the caller may try again."""
+
+
+class VnodeMoved(MetadataUnavailable):
+    """The shard refused a statement because it no longer holds the vnode the statement
+    names: the vnode moved to another shard (its schema there was renamed at the switch,
+    in the same transaction as the move's write fence). Nothing was written; the caller
+    reloads the ring and tries the new owner (shards.ShardSet.follow_ring)."""
 
 
 class CommitUnknown(MetadataError):

@@ -33,20 +33,27 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
     """Migrate every shard, store the ring on first use, create the deleted-table windows."""
     if not shards:
         raise SchemaError("no shards configured")
-    conns = {s.name: await _connect(s) for s in shards}
+    conns = {s.name: await connect_shard(s) for s in shards}
     try:
         for conn in conns.values():
-            await _apply(conn, "shard", SHARD_MIGRATIONS)
-            await _store_setting(
+            await apply_migrations(conn, "shard", SHARD_MIGRATIONS)
+            await store_setting(
                 conn, WINDOW_SETTING, str(int(config.partition_window.total_seconds()))
             )
         catalog = conns[shards[0].name]
-        await _apply(catalog, "catalog", CATALOG_MIGRATIONS)
+        await apply_migrations(catalog, "catalog", CATALOG_MIGRATIONS)
         ring = await _ring(catalog, [s.name for s in shards], config.vnodes)
+        # A vnode in the middle of a move is the mover's: between its fence and its switch
+        # the source's schema is renamed, and making `manta_bucket_<v>` again there would
+        # make a second, empty copy (docs/metadata.md, "Shards and vnodes").
+        cur = await catalog.execute(queries.MOVING_VNODES)
+        moving = {row[0] for row in await cur.fetchall()}
         for name, conn in conns.items():
-            vnodes = ring.vnodes_of(name)
+            vnodes = [v for v in ring.vnodes_of(name) if v not in moving]
             for vnode in vnodes:
-                await _apply(conn, vnode_schema(vnode), VNODE_MIGRATIONS, vnode_schema(vnode))
+                await apply_migrations(
+                    conn, vnode_schema(vnode), VNODE_MIGRATIONS, vnode_schema(vnode)
+                )
             await ensure_windows(conn, vnodes, await window_width(conn), config.partitions_ahead)
         return ring
     finally:
@@ -71,7 +78,7 @@ def latest_version() -> dict[str, int]:
     }
 
 
-async def _connect(shard: ShardConfig) -> psycopg.AsyncConnection:
+async def connect_shard(shard: ShardConfig) -> psycopg.AsyncConnection:
     try:
         conn = await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -85,7 +92,7 @@ async def _connect(shard: ShardConfig) -> psycopg.AsyncConnection:
     return conn
 
 
-async def _apply(
+async def apply_migrations(
     conn: psycopg.AsyncConnection,
     scope: str,
     migrations: Sequence[Migration],
@@ -112,7 +119,7 @@ async def _apply(
             )
 
 
-async def _store_setting(conn: psycopg.AsyncConnection, key: str, value: str) -> None:
+async def store_setting(conn: psycopg.AsyncConnection, key: str, value: str) -> None:
     await conn.execute(queries.STORE_SETTING, {"key": key, "value": value})
 
 

@@ -250,9 +250,13 @@ class Objects(Component):
         entries: Sequence[ObjectSummary | CommonPrefix] = []
         if limit and bounds is not None:
             if delimiter:
-                entries = await self._rolled_up(owner, found.id, prefix, delimiter, marker, wanted)
+                entries = await self.under_one_ring(
+                    lambda: self._rolled_up(owner, found.id, prefix, delimiter, marker, wanted)
+                )
             else:
-                entries = await self._keys(owner, found.id, bounds, wanted)
+                entries = await self.under_one_ring(
+                    lambda: self._keys(owner, found.id, bounds, wanted)
+                )
         truncated = len(entries) > limit
         return ListingPage(
             entries=list(entries[:limit]),

@@ -11,7 +11,12 @@ far the call got:
 - a write, or the COMMIT of a transaction, was sent and its answer lost: the write may have
   committed. The caller gets CommitUnknown, and must keep whatever the write names.
 
-Errors that are not a connection's failure are returned unchanged.
+A statement that names a vnode's schema which the shard does not hold (undefined_table,
+invalid_schema_name on `manta_bucket_<vnode>`) met a vnode that moved away: VnodeMoved.
+PostgreSQL resolves names again when it re-plans a prepared statement after the schema was
+renamed, so prepared statements are refused too.
+
+Other errors that are not a connection's failure are returned unchanged.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from __future__ import annotations
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from shoal.metadata.errors import CommitUnknown, MetadataUnavailable
+from shoal.metadata.errors import CommitUnknown, MetadataUnavailable, VnodeMoved
 
 # SQLSTATEs the server sends as it drops a connection: admin_shutdown (a fast or immediate
 # stop), crash_shutdown (another backend crashed), cannot_connect_now (starting up or
 # recovering). Class 08 is "connection exception".
 _GOING_AWAY = {"57P01", "57P02", "57P03"}
+# How every vnode's schema is named (ring.vnode_schema), as it appears in PostgreSQL's errors.
+_VNODE_SCHEMA = "manta_bucket_"
 
 
 def connection_failed(exc: BaseException) -> bool:
@@ -39,9 +46,21 @@ def connection_failed(exc: BaseException) -> bool:
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GOING_AWAY
 
 
+def vnode_gone(exc: BaseException) -> bool:
+    """True when `exc` says a statement named a vnode schema that the shard does not hold."""
+    return isinstance(
+        exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName
+    ) and _VNODE_SCHEMA in str(exc)
+
+
 def classified(exc: Exception, shard: str, *, may_have_committed: bool) -> Exception:
-    """What to raise for `exc`, met on `shard`: `exc` itself unless the connection failed."""
-    if isinstance(exc, MetadataUnavailable | CommitUnknown) or not connection_failed(exc):
+    """What to raise for `exc`, met on `shard`: `exc` itself unless the connection failed
+    or the vnode moved away."""
+    if isinstance(exc, MetadataUnavailable | CommitUnknown):
+        return exc
+    if vnode_gone(exc):
+        return VnodeMoved(f"shard {shard} no longer holds the vnode: {_first_line(exc)}")
+    if not connection_failed(exc):
         return exc
     reason = _first_line(exc)
     if may_have_committed:

@@ -62,7 +62,7 @@ async def ensure_window_holding(
     start = window_start(moment, width)
     created = 0
     for table in DELETED_TABLES:
-        created += await _create_window(conn, vnode_schema(vnode), table, start, width)
+        created += await create_window(conn, vnode_schema(vnode), table, start, width)
     return created
 
 
@@ -81,16 +81,20 @@ async def window_width(conn: psycopg.AsyncConnection) -> timedelta:
     return timedelta(seconds=int(row[0]))
 
 
-async def _create_window(
+async def create_window(
     conn: psycopg.AsyncConnection, schema: str, table: str, start: datetime, width: timedelta
 ) -> int:
     name = window_name(table, start)
     exists = await conn.execute(queries.TABLE_EXISTS, {"schema": schema, "table": name})
     if await exists.fetchone():
         return 0
+    # REPLICA IDENTITY FULL: while the vnode moves to another shard, its tables are published
+    # for logical replication (moves.py), and PostgreSQL refuses a DELETE (GC reclaiming a
+    # record) from a published window without a replica identity; these tables have no key.
     statement = sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.{name} PARTITION OF {schema}.{table} "
-        "FOR VALUES FROM ({start}) TO ({end})"
+        "FOR VALUES FROM ({start}) TO ({end}); "
+        "ALTER TABLE {schema}.{name} REPLICA IDENTITY FULL"
     ).format(
         schema=sql.Identifier(schema),
         name=sql.Identifier(name),

@@ -1014,3 +1014,126 @@ FROM {schema}.manta_bucket_deleted_object TABLESAMPLE SYSTEM (%(percent)s)
 GC_SIZE_SAMPLE = """
 SELECT sum(records)::bigint AS records, sum(bytes)::bigint AS bytes FROM ({arms}) AS sample
 """
+
+# -- shards and vnode moves (catalog shard; moves.py) ------------------------------------------
+
+ADDED_SHARDS = "SELECT name, dsn_sealed FROM shoal.shard ORDER BY added, name"
+
+ADD_SHARD = """
+INSERT INTO shoal.shard (name, dsn_sealed) VALUES (%(name)s, %(dsn_sealed)s)
+ON CONFLICT (name) DO UPDATE SET dsn_sealed = EXCLUDED.dsn_sealed
+"""
+
+RING_VERSIONS = """
+SELECT r.version, r.created, count(v.vnode) AS vnodes
+FROM shoal.ring r LEFT JOIN shoal.ring_vnode v USING (version)
+GROUP BY r.version, r.created ORDER BY r.version DESC LIMIT %(limit)s
+"""
+
+# A new ring version: the latest one with `vnode` placed on `shard`.
+NEXT_RING = """
+INSERT INTO shoal.ring (version, vnodes)
+SELECT version + 1, vnodes FROM shoal.ring ORDER BY version DESC LIMIT 1
+RETURNING version
+"""
+
+COPY_RING_VNODES = """
+INSERT INTO shoal.ring_vnode (version, vnode, shard)
+SELECT %(version)s, vnode, CASE WHEN vnode = %(vnode)s THEN %(shard)s ELSE shard END
+FROM shoal.ring_vnode WHERE version = %(version)s - 1
+"""
+
+START_MOVE = """
+INSERT INTO shoal.vnode_move (vnode, source, target, step)
+VALUES (%(vnode)s, %(source)s, %(target)s, 'copying')
+RETURNING id
+"""
+
+MOVE_STEP = """
+UPDATE shoal.vnode_move
+SET step = %(step)s, updated = current_timestamp,
+    fence_lsn = coalesce(%(fence_lsn)s::pg_lsn, fence_lsn),
+    ring_version = coalesce(%(ring_version)s, ring_version),
+    write_pause_seconds = coalesce(%(write_pause_seconds)s, write_pause_seconds)
+WHERE id = %(id)s
+"""
+
+MOVE_COLUMNS = """
+id, vnode, source, target, step, fence_lsn::text AS fence_lsn, ring_version,
+write_pause_seconds, started, updated
+"""
+
+OPEN_MOVES = f"""
+SELECT {MOVE_COLUMNS} FROM shoal.vnode_move WHERE step IN ('copying', 'fenced') ORDER BY id
+"""
+
+# Moves switched over whose source copy awaits its grace period.
+SWITCHED_MOVES = f"""
+SELECT {MOVE_COLUMNS}, updated < current_timestamp - %(grace)s AS grace_over
+FROM shoal.vnode_move WHERE step = 'switched' ORDER BY id
+"""
+
+MOVING_VNODES = "SELECT vnode FROM shoal.vnode_move WHERE step IN ('copying', 'fenced')"
+
+# Errors of a move's subscription: a table that cannot be copied, a change it cannot apply.
+SUBSCRIPTION_ERRORS = """
+SELECT apply_error_count + sync_error_count FROM pg_stat_subscription_stats
+WHERE subname = %(name)s
+"""
+
+RECENT_MOVES = f"SELECT {MOVE_COLUMNS} FROM shoal.vnode_move ORDER BY id DESC LIMIT %(limit)s"
+
+# Only one mover at a time across the cluster (a session lock on the catalog shard, released
+# when the mover's connection ends, by a crash too).
+TRY_MOVER_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
+
+MOVER_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
+
+SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
+
+SCHEMAS_LIKE = "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(pattern)s ORDER BY nspname"
+
+# The tables of a schema, partitioned parents and their windows alike.
+SCHEMA_TABLES = """
+SELECT c.relname, c.relkind = 'p' AS partitioned, c.relispartition AS is_window
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+ORDER BY c.relname
+"""
+
+RENAME_MIGRATION_SCOPE = """
+UPDATE shoal.schema_migrations SET scope = %(new)s WHERE scope = %(old)s
+"""
+
+FORGET_MIGRATION_SCOPE = "DELETE FROM shoal.schema_migrations WHERE scope = %(scope)s"
+
+CURRENT_LSN = "SELECT pg_current_wal_lsn()::text"
+
+SLOT_CONFIRMED = """
+SELECT confirmed_flush_lsn >= %(lsn)s::pg_lsn FROM pg_replication_slots WHERE slot_name = %(slot)s
+"""
+
+SLOT_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %(slot)s)"
+
+CREATE_SLOT = "SELECT pg_create_logical_replication_slot(%(slot)s, 'pgoutput')"
+
+DROP_SLOT = "SELECT pg_drop_replication_slot(%(slot)s)"
+
+PUBLICATION_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %(name)s)"
+
+SUBSCRIPTION_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = %(name)s)"
+
+# Tables of a subscription not yet copied and caught up ('r' is ready).
+SUBSCRIPTION_UNSYNCED = """
+SELECT count(*) FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid
+WHERE s.subname = %(name)s AND r.srsubstate <> 'r'
+"""
+
+SUBSCRIPTION_TABLES = """
+SELECT count(*) FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid
+WHERE s.subname = %(name)s
+"""
+
+WAL_LEVEL = "SHOW wal_level"
+
+SLOT_ACTIVE = "SELECT active FROM pg_replication_slots WHERE slot_name = %(slot)s"

@@ -222,6 +222,38 @@ CREATE INDEX pipeline_run_job_idx ON shoal.pipeline_run (job, id);
 ALTER TABLE shoal.storage_node ADD COLUMN blocks bigint, ADD COLUMN admin_url text;
 """,
     ),
+    Migration(
+        9,
+        "added shards and vnode moves",
+        """
+-- Shards added with `shoal shard add`, beside those of the configuration. The DSN is sealed
+-- with the credentials key (shoal/sealing.py): its password is never stored in clear.
+CREATE TABLE shoal.shard (
+    name text PRIMARY KEY,
+    dsn_sealed bytea NOT NULL,
+    added timestamptz DEFAULT current_timestamp NOT NULL
+);
+
+-- One row per move of a vnode between shards (shoal/metadata/moves.py). `step` is the last
+-- step the mover recorded; the databases' own state (which schema exists where, the ring)
+-- decides what a rerun resumes or rolls back.
+CREATE TABLE shoal.vnode_move (
+    id bigserial PRIMARY KEY,
+    vnode int NOT NULL,
+    source text NOT NULL,
+    target text NOT NULL,
+    step text NOT NULL CHECK (step IN ('copying', 'fenced', 'switched', 'done', 'rolled_back')),
+    fence_lsn pg_lsn,
+    ring_version int,
+    write_pause_seconds double precision,
+    started timestamptz DEFAULT current_timestamp NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL
+);
+-- At most one unfinished move per vnode.
+CREATE UNIQUE INDEX vnode_move_open_idx ON shoal.vnode_move (vnode)
+WHERE step NOT IN ('done', 'rolled_back');
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

@@ -32,6 +32,7 @@ from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
+from shoal.sealing import SealBroken, unseal
 
 log = logging.getLogger("shoal.metadata")
 # psycopg_pool warns at every failed connect: while a shard is down, a few every PROBE_SECONDS
@@ -53,6 +54,11 @@ PROBE_SECONDS = 0.2
 PROBE_TIMEOUT_SECONDS = 1.0
 # A DSN without a connect_timeout gets this one (seconds; libpq's smallest is 2).
 CONNECT_TIMEOUT_SECONDS = 2
+# How often every process reads the ring version, to follow vnode moves without waiting for
+# a statement to be refused; and how often a caller refused by a vnode in the middle of its
+# switch reads it again.
+RING_POLL_SECONDS = 2.0
+RING_RETRY_SECONDS = 0.05
 
 
 @dataclass
@@ -93,18 +99,43 @@ class PooledConnection:
 
 
 class ShardSet:
-    """The open shards, the ring, and the catalog shard (the first one configured)."""
+    """The open shards, the ring, and the catalog shard (the first one configured).
+
+    The ring is followed: a statement refused with VnodeMoved (outage.py) makes its caller
+    reload it (`follow_ring`), and a task reloads it every RING_POLL_SECONDS. A new version
+    is adopted in one step (no await between the ring and the shards' vnode lists), and a
+    shard it names that this process has not opened yet (`shoal shard add`) is opened first,
+    from the catalog's sealed DSN (that needs `shard_key`, the credentials key).
+    """
 
     def __init__(
-        self, ring: Ring, shards: dict[str, Shard], catalog: Shard, buckets_seen: BucketCache
+        self,
+        ring: Ring,
+        shards: dict[str, Shard],
+        catalog: Shard,
+        buckets_seen: BucketCache,
+        *,
+        pool_max_size: int = 20,
+        shard_key: bytes | None = None,
     ) -> None:
         self.ring = ring
         self.shards = shards
         self.catalog = catalog
         self.buckets_seen = buckets_seen
+        self.pool_max_size = pool_max_size
+        self.shard_key = shard_key
+        self._reload: asyncio.Task[Ring] | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> ShardSet:
+    async def open(
+        cls,
+        configs: Sequence[ShardConfig],
+        pool_max_size: int = 20,
+        *,
+        shard_key: bytes | None = None,
+        poll_ring: bool = True,
+    ) -> ShardSet:
         if not configs:
             raise SchemaError("no shards configured")
         pools: dict[str, ShardPool] = {}
@@ -113,11 +144,15 @@ class ShardSet:
                 pools[config.name] = await open_pool(config, pool_max_size)
             async with pools[configs[0].name].connection() as conn:
                 ring = await read_ring(conn)
-            missing = sorted(set(ring.shards) - set(pools))
+                missing = set(ring.shards) - set(pools)
+                for added in await added_shards(conn, shard_key) if missing else []:
+                    if added.name in missing:
+                        pools[added.name] = await open_pool(added, pool_max_size)
+            missing = set(ring.shards) - set(pools)
             if missing:
                 raise SchemaError(
-                    f"ring version {ring.version} places vnodes on shard(s) {', '.join(missing)}, "
-                    "which the configuration does not name"
+                    f"ring version {ring.version} places vnodes on shard(s) "
+                    f"{', '.join(sorted(missing))}, which the configuration does not name"
                 )
         except BaseException:
             for pool in pools.values():
@@ -129,9 +164,23 @@ class ShardSet:
         }
         buckets_seen = BucketCache(configs[0].dsn)
         await buckets_seen.start()
-        return cls(ring, shards, shards[configs[0].name], buckets_seen)
+        opened = cls(
+            ring,
+            shards,
+            shards[configs[0].name],
+            buckets_seen,
+            pool_max_size=pool_max_size,
+            shard_key=shard_key,
+        )
+        if poll_ring:
+            opened._poller = asyncio.create_task(opened._poll_ring())
+        return opened
 
     async def close(self) -> None:
+        for task in (self._poller, self._reload):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.buckets_seen.close()
         for shard in self.shards.values():
             await shard.reads.close()
@@ -140,6 +189,63 @@ class ShardSet:
 
     def of_vnode(self, vnode: int) -> Shard:
         return self.shards[self.ring.shard_of(vnode)]
+
+    async def follow_ring(self, wait: float = 0.0) -> bool:
+        """Reload the ring and adopt it if it is newer; while it is not, try again for up to
+        `wait` seconds (a vnode between its write fence and the switch). True if a newer
+        version was adopted. One reload at a time: concurrent callers share it."""
+        known = self.ring.version
+        deadline = time.monotonic() + wait
+        while True:
+            if self._reload is None or self._reload.done():
+                self._reload = asyncio.create_task(self._read_and_adopt())
+            try:
+                ring = await asyncio.shield(self._reload)
+            except (psycopg.Error, SchemaError, PoolTimeout) as exc:
+                # The catalog is down or its ring unreadable: the caller's statement was
+                # refused and nothing was written; its client tries again.
+                raise MetadataUnavailable(f"cannot read the ring: {first_line(exc)}") from exc
+            if ring.version > known or time.monotonic() >= deadline:
+                return ring.version > known
+            await asyncio.sleep(RING_RETRY_SECONDS)
+
+    async def _read_and_adopt(self) -> Ring:
+        async with self.catalog.pool.connection() as conn:
+            ring = await read_ring(conn)
+            if ring.version <= self.ring.version:
+                return self.ring
+            missing = set(ring.shards) - set(self.shards)
+            if missing:
+                await self._open_added(conn, missing)
+        self._adopt(ring)
+        return ring
+
+    async def _open_added(self, conn: psycopg.AsyncConnection[Any], names: set[str]) -> None:
+        for added in await added_shards(conn, self.shard_key):
+            if added.name in names:
+                pool = await open_pool(added, self.pool_max_size)
+                self.shards[added.name] = Shard(name=added.name, pool=pool, vnodes=[])
+        unknown = names - set(self.shards)
+        if unknown:
+            raise SchemaError(
+                f"the ring places vnodes on shard(s) {', '.join(sorted(unknown))}, "
+                "which this process cannot open (is the credentials key given?)"
+            )
+
+    def _adopt(self, ring: Ring) -> None:
+        """Switch to `ring` in one step: no statement sees half of it."""
+        for name, shard in self.shards.items():
+            shard.vnodes = ring.vnodes_of(name)
+        self.ring = ring
+        log.info("ring version %d adopted", ring.version)
+
+    async def _poll_ring(self) -> None:
+        while True:
+            await asyncio.sleep(RING_POLL_SECONDS)
+            try:
+                await self.follow_ring()
+            except Exception as exc:  # a catalog outage: the next poll tries again
+                log.debug("reading the ring failed: %r", exc)
 
     def mark_unreachable(self, names: Iterable[str], reason: str) -> None:
         """Refuse calls to these shards at once until each answers a connect again: how a
@@ -405,6 +511,34 @@ async def read_ring(conn: psycopg.AsyncConnection) -> Ring:
     if not rows:
         raise SchemaError("no ring is stored: run `shoal db migrate`")
     return Ring(version=rows[0][0], assignment=tuple(shard for _, _, shard in rows))
+
+
+async def added_shards(
+    conn: psycopg.AsyncConnection[Any], shard_key: bytes | None
+) -> list[ShardConfig]:
+    """The shards of `shoal shard add`, from the catalog (none without the key to unseal
+    their DSNs, or before the catalog is migrated)."""
+    if shard_key is None:
+        return []
+    try:
+        rows = await (await conn.execute(queries.ADDED_SHARDS)).fetchall()
+    except psycopg.errors.UndefinedTable:
+        return []
+    return [
+        ShardConfig(name=name, dsn=unsealed_dsn(shard_key, name, sealed)) for name, sealed in rows
+    ]
+
+
+def unsealed_dsn(key: bytes, shard: str, sealed: bytes) -> str:
+    """An added shard's DSN; SchemaError if this process's credentials key is not the one
+    that `shoal shard add` sealed it with."""
+    try:
+        return unseal(key, shard, bytes(sealed))
+    except SealBroken:
+        raise SchemaError(
+            f"the DSN of shard {shard} does not open with this process's credentials key: "
+            "give every process the key of the process that added the shard"
+        ) from None
 
 
 # The pieces of queries.py's statements that several of them share.

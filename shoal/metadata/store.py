@@ -51,8 +51,16 @@ class MetadataStore:
         self.under_replicated = UnderReplicated(shards, window)
 
     @classmethod
-    async def open(cls, configs: Sequence[ShardConfig], pool_max_size: int = 20) -> MetadataStore:
-        shards = await ShardSet.open(configs, pool_max_size)
+    async def open(
+        cls,
+        configs: Sequence[ShardConfig],
+        pool_max_size: int = 20,
+        *,
+        shard_key: bytes | None = None,
+    ) -> MetadataStore:
+        """`shard_key`: the credentials key, with which the store opens the shards that
+        `shoal shard add` adds while it runs (ShardSet)."""
+        shards = await ShardSet.open(configs, pool_max_size, shard_key=shard_key)
         async with shards.catalog.pool.connection() as conn:
             window = await window_width(conn)
         return cls(shards, window)

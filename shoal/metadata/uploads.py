@@ -170,20 +170,22 @@ class Uploads(Component):
             "upper": upper,
             "limit": limit,
         }
-        pages = await asyncio.gather(
-            *(
-                self.shard_rows(
-                    shard,
-                    render_arms(
-                        queries.LIST_UPLOADS_MERGE,
-                        queries.LIST_UPLOADS_ARM,
-                        tuple(shard.vnodes),
-                        upper is not None,
-                    ),
-                    params,
-                    template=queries.LIST_UPLOADS_MERGE,
+        pages = await self.under_one_ring(
+            lambda: asyncio.gather(
+                *(
+                    self.shard_rows(
+                        shard,
+                        render_arms(
+                            queries.LIST_UPLOADS_MERGE,
+                            queries.LIST_UPLOADS_ARM,
+                            tuple(shard.vnodes),
+                            upper is not None,
+                        ),
+                        params,
+                        template=queries.LIST_UPLOADS_MERGE,
+                    )
+                    for shard in self.shards.placed()
                 )
-                for shard in self.shards.placed()
             )
         )
         uploads = sorted((_upload(r) for page in pages for r in page), key=lambda u: (u.name, u.id))

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -26,7 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from shoal.config import Config, ShardConfig
-from shoal.metadata.outage import classified
+from shoal.metadata import queries
+from shoal.metadata.outage import classified, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
@@ -122,6 +123,9 @@ class ReadTask:
     snapshot: str
     vnode: int
     query: str  # with {schema}
+    # Every shard of the job (name, DSN), the catalog first: where to look for the vnode if
+    # it moved to another shard since the job read the ring.
+    shards: tuple[tuple[str, str], ...] = ()
 
 
 @contextlib.contextmanager
@@ -198,8 +202,11 @@ def read_rows(
     query = template.replace("{columns}", OBJECT_COLUMNS)
     for name, value in literals.items():
         query = query.replace("{" + name + "}", sql.Literal(value).as_string(None))
+    every = tuple((s.name, s.dsn) for s in shards)
     tasks = [
-        ReadTask(ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query)
+        ReadTask(
+            ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query, every
+        )
         for v in range(ring.vnodes)
     ]
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
@@ -209,7 +216,10 @@ def read_rows(
 
 
 def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
-    """Read each task's vnode, on one connection per shard inside the shard's snapshot."""
+    """Read each task's vnode, on one connection per shard inside the shard's snapshot. A
+    vnode that moved to another shard since the job read the ring is refused by its old
+    shard (docs/metadata.md, "Shards and vnodes"): it is read on its new one, at that
+    shard's present (no snapshot of the job's covers it)."""
     connections: dict[str, psycopg.Connection[Any]] = {}
     try:
         for task in tasks:
@@ -218,15 +228,55 @@ def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
                 conn = connect(task.shard, task.dsn)
                 _join_snapshot(conn, task.snapshot)
                 connections[task.shard] = conn
-            schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
-            with conn.cursor(name=f"read_{task.vnode}") as cursor:
-                cursor.itersize = 5000
-                cursor.execute(task.query.replace("{schema}", schema))
-                for row in cursor:
-                    yield _record_row(task, row)
+            try:
+                rows = _read_vnode(conn, task)
+            except psycopg.Error as exc:
+                if not vnode_gone(exc):
+                    raise
+                conn.execute("ROLLBACK")  # the failed statement ended the transaction
+                _join_snapshot(conn, task.snapshot)  # the shard's other vnodes: as before
+                rows = _read_moved(task)
+            yield from rows
     finally:
         for conn in connections.values():
             conn.close()
+
+
+def _read_vnode(conn: psycopg.Connection[Any], task: ReadTask) -> Iterator[tuple[Any, ...]]:
+    """The rows of the task's vnode. The statement is sent before the first row is asked
+    for, so that a vnode that moved fails here, not halfway through its rows."""
+    schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
+    cursor = conn.cursor(name=f"read_{task.vnode}")
+    cursor.itersize = 5000
+    try:
+        cursor.execute(task.query.replace("{schema}", schema))
+    except BaseException:
+        cursor.close()
+        raise
+
+    def rows() -> Iterator[tuple[Any, ...]]:
+        with cursor:
+            for row in cursor:
+                yield _record_row(task, row)
+
+    return rows()
+
+
+def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
+    """The rows of a vnode that moved away from `task.shard`, read on its present shard."""
+    catalog, dsns = task.shards[0][1], dict(task.shards)
+    with psycopg.connect(catalog, autocommit=True) as conn:
+        placed = conn.execute(queries.SELECT_RING).fetchall()
+    owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
+    if owner not in dsns:
+        raise psycopg.OperationalError(
+            f"vnode {task.vnode} moved to shard {owner}, which this job does not know: "
+            "run the job again"
+        )
+    moved = replace(task, shard=owner, dsn=dsns[owner])
+    with psycopg.connect(moved.dsn, autocommit=True) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield from _read_vnode(conn, moved)
 
 
 def _join_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:

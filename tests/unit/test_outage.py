@@ -7,7 +7,7 @@ import pytest
 from psycopg import errors
 from psycopg_pool import PoolTimeout
 
-from shoal.metadata import CommitUnknown, MetadataUnavailable
+from shoal.metadata import CommitUnknown, MetadataUnavailable, VnodeMoved
 from shoal.metadata.outage import classified, connection_failed
 
 LOST = psycopg.OperationalError("consuming input failed: server closed the connection")
@@ -50,3 +50,16 @@ def test_an_error_the_server_sent_about_a_statement_is_left_as_it_is(exc: Except
 def test_an_error_already_classified_stays_what_it_is() -> None:
     refused = MetadataUnavailable("shard pg-a is unreachable")
     assert classified(refused, "pg-a", may_have_committed=True) is refused
+
+
+@pytest.mark.parametrize("may_have_committed", [False, True])
+def test_a_statement_on_a_vnode_the_shard_no_longer_holds_is_vnode_moved(
+    may_have_committed: bool,
+) -> None:
+    gone = errors.UndefinedTable('relation "manta_bucket_3.manta_bucket_object" does not exist')
+    moved = classified(gone, "pg-a", may_have_committed=may_have_committed)
+    assert isinstance(moved, VnodeMoved) and isinstance(moved, MetadataUnavailable)
+    no_schema = errors.InvalidSchemaName('schema "manta_bucket_3" does not exist')
+    assert isinstance(classified(no_schema, "pg-a", may_have_committed=False), VnodeMoved)
+    other = errors.UndefinedTable('relation "shoal.ring" does not exist')
+    assert classified(other, "pg-a", may_have_committed=False) is other

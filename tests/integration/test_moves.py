@@ -1,0 +1,303 @@
+"""A shard joins and a vnode moves to it and back, while stores that knew the old ring follow."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from shoal.config import MetadataConfig, ShardConfig
+from shoal.metadata import (
+    MetadataStore,
+    ObjectNotFound,
+    ObjectWrite,
+    Ring,
+    SchemaError,
+    migrate,
+    shards,
+)
+from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
+from tests.fixtures.postgres import close_later, create_databases, unique
+
+Run = Callable[[Awaitable[Any]], Any]
+SHOAL = str(Path(sys.executable).parent / "shoal")
+VNODES = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(admin_dsn: str, run: Run) -> tuple[list[ShardConfig], bytes]:
+    """Shards s0 and s1 in the ring, s2 added by `add_shard` (no vnodes yet)."""
+    configs = create_databases(admin_dsn, 3)
+    config = MetadataConfig(vnodes=VNODES, partitions_ahead=1)
+    run(migrate(configs[:2], config))
+    key = secrets.token_bytes(32)
+    run(add_shard(configs[0], configs[2], key, config))
+    return configs, key
+
+
+def _open(configs: list[ShardConfig], key: bytes, run: Run) -> MetadataStore:
+    store = run(MetadataStore.open(configs[:2], 4, shard_key=key))
+    close_later(lambda: run(store.close()))
+    return store
+
+
+def _mover(configs: list[ShardConfig]) -> Mover:
+    return Mover(configs, MetadataConfig(vnodes=VNODES, partitions_ahead=1), grace=timedelta(0))
+
+
+def _leftovers(dsn: str) -> list[str]:
+    """Replication objects a move may have left on a shard's server or database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'shoal%%'"
+            " OR slot_name LIKE 'pg\\_%%\\_sync\\_%%'"
+            " UNION ALL SELECT 'publication ' || pubname FROM pg_publication"
+            " UNION ALL SELECT 'subscription ' || subname FROM pg_subscription"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_a_vnode_moves_to_an_added_shard_and_back(
+    cluster: tuple[list[ShardConfig], bytes], run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs, key = cluster
+    monkeypatch.setattr(shards, "RING_POLL_SECONDS", 3600.0)  # only refusals make it follow
+    fresh = _open(configs, key, run)
+    stale = _open(configs, key, run)
+
+    async def scenario() -> None:
+        account = await fresh.accounts.create(unique("mover"))
+        owner = account.id
+        bucket = unique("moving")
+        found = await fresh.buckets.create(owner, bucket)
+        names = [f"key-{i:03d}" for i in range(120)]
+        for i, name in enumerate(names):
+            await fresh.objects.put(owner, bucket, name, ObjectWrite(i, b"m" * 16))
+        for name in names[:10]:
+            await fresh.objects.delete(owner, bucket, name)
+        for name in names[10:20]:
+            await fresh.objects.put(owner, bucket, name, ObjectWrite(1000, b"o" * 16))
+        ring = fresh.ring
+        moved = ring.vnode_for_object(owner, found.id, names[50])
+        in_moved = [n for n in names if ring.vnode_for_object(owner, found.id, n) == moved]
+        # The stale store prepares its statements on the vnode's first shard.
+        for name in names[10:]:
+            await stale.objects.get(owner, bucket, name)
+        source = ring.shard_of(moved)
+
+        async with _mover(configs) as mover:
+            assert await mover.recover() == []
+            result = await mover.move(moved, "s2")
+        assert result is not None and result.source == source and result.target == "s2"
+        assert result.ring_version == ring.version + 1
+        assert result.write_pause_seconds < 5.0
+        for config in configs:
+            assert _leftovers(config.dsn) == []
+
+        # Written through the new ring; the stale store must see it, not its old copy.
+        await fresh.objects.put(owner, bucket, in_moved[-1], ObjectWrite(7777, b"n" * 16))
+        got = await stale.objects.get(owner, bucket, in_moved[-1])
+        assert got.content_length == 7777
+        assert stale.ring.version == result.ring_version
+        assert stale.shards.of_vnode(moved).name == "s2"
+        for i, name in enumerate(names):
+            if i < 10:
+                with pytest.raises(ObjectNotFound):
+                    await stale.objects.get(owner, bucket, name)
+                continue
+            want = 1000 if i < 20 else (7777 if name == in_moved[-1] else i)
+            assert (await stale.objects.get(owner, bucket, name)).content_length == want
+        page = await stale.objects.list(owner, bucket, limit=1000)
+        assert [o.name for o in page.objects] == names[10:]
+
+        # Back again: refused while s(source) holds the old copy, then after `finish`.
+        async with _mover(configs) as mover:
+            with pytest.raises(MoveError, match="grace period"):
+                await mover.move(moved, source)
+            assert len(await mover.finish(now=True)) == 1
+            back = await mover.move(moved, source)
+            assert back is not None and back.target == source
+            await mover.finish(now=True)
+        page = await fresh.objects.list(owner, bucket, limit=1000)
+        assert [o.name for o in page.objects] == names[10:]
+        assert (await fresh.objects.get(owner, bucket, in_moved[-1])).content_length == 7777
+
+    run(scenario())
+
+
+def test_only_one_mover_at_a_time(cluster: tuple[list[ShardConfig], bytes], run: Run) -> None:
+    configs, _ = cluster
+
+    async def twice() -> None:
+        async with _mover(configs):
+            with pytest.raises(MoveError, match="another"):
+                async with _mover(configs):
+                    pass
+
+    run(twice())
+
+
+def test_a_move_names_a_known_shard_and_vnode(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    configs, _ = cluster
+
+    async def wrong() -> None:
+        async with _mover(configs) as mover:
+            with pytest.raises(MoveError, match="unknown shard"):
+                await mover.move(0, "nowhere")
+            with pytest.raises(MoveError, match="vnodes 0 to"):
+                await mover.move(VNODES, "s2")
+
+    run(wrong())
+
+
+@pytest.mark.parametrize(
+    ("assignment", "shard_names", "counts"),
+    [
+        (("a",) * 8, ["a", "b"], {"a": 4, "b": 4}),
+        (("a", "b") * 6, ["a", "b", "c"], {"a": 4, "b": 4, "c": 4}),
+        (("a", "b", "c") * 3 + ("a",), ["a", "b", "c"], {"a": 4, "b": 3, "c": 3}),
+        (("a", "b") * 4, ["a"], {"a": 8}),
+    ],
+)
+def test_rebalance_evens_out_vnodes(
+    assignment: tuple[str, ...], shard_names: list[str], counts: dict[str, int]
+) -> None:
+    ring = Ring(version=1, assignment=assignment)
+    placed = list(assignment)
+    plan = plan_rebalance(ring, shard_names)
+    for vnode, target in plan:
+        assert placed[vnode] != target
+        placed[vnode] = target
+    assert {name: placed.count(name) for name in set(placed)} == counts
+    moved = {vnode for vnode, _ in plan}
+    assert len(moved) == len(plan)  # each vnode moves at most once
+
+
+def test_a_stale_owner_refuses_prepared_statements(admin_dsn: str) -> None:
+    """What the move relies on: after its schema is renamed, a statement prepared before on
+    the same connection (a point read, a UNION ALL over vnodes) fails; it is never run
+    against the renamed copy."""
+    (config,) = create_databases(admin_dsn, 1)
+    schema = f"manta_bucket_{uuid.uuid4().hex[:6]}"
+    with (
+        psycopg.connect(config.dsn, autocommit=True) as conn,
+        psycopg.connect(config.dsn, autocommit=True) as other,
+    ):
+        conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (k int PRIMARY KEY)")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE one(int) AS SELECT k FROM {schema}.t WHERE k = $1")
+        conn.execute(f"PREPARE arms AS SELECT k FROM {schema}.t UNION ALL SELECT 1")
+        conn.execute("EXECUTE one(1)")
+        conn.execute("EXECUTE arms")
+        with other.transaction():
+            other.execute(f"LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE")
+            other.execute(f"ALTER SCHEMA {schema} RENAME TO moved_{schema}")
+        for statement in ("EXECUTE one(1)", "EXECUTE arms"):
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                conn.execute(statement)
+
+
+def test_the_ring_commands(admin_dsn: str, tmp_path: Path) -> None:
+    """`shoal shard add`, `ring rebalance`, `ring status`, and a wrong move as one line."""
+    first, second, third = create_databases(admin_dsn, 3)
+    config = tmp_path / "shoal.toml"
+    config.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n\n[metadata]\nvnodes = {VNODES}\n\n'
+        f'[[metadata.shards]]\nname = "s0"\ndsn = "{first.dsn}"\n\n'
+        f'[[metadata.shards]]\nname = "s1"\ndsn = "{second.dsn}"\n'
+    )
+    where = ("--config", str(config))
+    _shoal("db", "migrate", *where)
+    _shoal("shard", "add", "s2", third.dsn, *where)
+    rebalanced = _shoal("ring", "rebalance", "--grace", "0", *where).stdout
+    assert rebalanced.count(" -> s2, ring version") == 1, rebalanced
+    status = json.loads(_shoal("ring", "status", "--json", *where).stdout)
+    counts = sorted(len(shard["vnodes"]) for shard in status["shards"])
+    assert counts == [1, 1, 2] and status["ring"]["version"] == 2, status
+    assert status["moves"][0]["step"] == "switched"
+    wrong = _shoal("ring", "move", "0", "--to", "nowhere", *where, check=False)
+    assert wrong.returncode == 1
+    assert wrong.stderr == "shoal: error: unknown shard 'nowhere': add it with `shoal shard add`\n"
+
+
+def _shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
+    assert not check or done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
+
+
+def test_an_added_shard_needs_the_key_that_sealed_its_dsn(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    configs, key = cluster
+
+    async def with_other_key() -> None:
+        async with await MetadataStore.open(configs[:2], 2, shard_key=secrets.token_bytes(32)):
+            pass
+
+    # The ring names s2 only once a vnode moved there: force a read of the added shards.
+    async def unsealed(with_key: bytes) -> list[ShardConfig]:
+        async with await psycopg.AsyncConnection.connect(configs[0].dsn) as conn:
+            return await shards.added_shards(conn, with_key)
+
+    assert [s.name for s in run(unsealed(key))] == ["s2"]
+    with pytest.raises(SchemaError, match="credentials key"):
+        run(unsealed(secrets.token_bytes(32)))
+    run(with_other_key())  # s2 holds no vnode now: nothing to open
+
+
+def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    from shoal.pipeline import io
+
+    configs, key = cluster
+    store = _open(configs, key, run)
+
+    async def objects() -> tuple[uuid.UUID, uuid.UUID, list[str]]:
+        account = await store.accounts.create(unique("reader"))
+        found = await store.buckets.create(account.id, unique("read"))
+        names = [f"r-{i:02d}" for i in range(24)]
+        for name in names:
+            await store.objects.put(account.id, found.name, name, ObjectWrite(5, b"r" * 16))
+        return account.id, found.id, names
+
+    owner, bucket_id, names = run(objects())
+    ring = store.ring
+    moved = ring.vnode_for_object(owner, bucket_id, names[0])
+    query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
+    every = tuple((c.name, c.dsn) for c in configs)
+    dsns = dict(every)
+    with io.exported_snapshots(configs[:2]) as snapshots:
+        tasks = [
+            io.ReadTask(
+                ring.shard_of(v),
+                dsns[ring.shard_of(v)],
+                snapshots[ring.shard_of(v)],
+                v,
+                query,
+                every,
+            )
+            for v in range(ring.vnodes)
+        ]
+
+        async def move() -> None:
+            async with _mover(configs) as mover:
+                assert await mover.move(moved, "s2") is not None
+
+        run(move())
+        rows = list(io._read_tasks(tasks))
+    mine = [row for row in rows if row[5] == str(bucket_id)]
+    assert sorted(row[6] for row in mine) == names
+    assert {row[0] for row in mine if row[1] == moved} == {"s2"}
