@@ -214,6 +214,18 @@ CREATE TABLE shoal.pipeline_run (
 CREATE INDEX pipeline_run_job_idx ON shoal.pipeline_run (job, id);
 """,
     ),
+    Migration(
+        10,
+        "storage node states",
+        """
+-- What an operator made of a node (docs/storage.md, "Node states"): `active` takes new
+-- blocks; `draining` takes none and is emptied by `shoal pipeline rebalance`; `dead` is
+-- never asked again and its copies are made anew elsewhere. A removed node has no row.
+ALTER TABLE shoal.storage_node
+    ADD COLUMN state text DEFAULT 'active' NOT NULL
+        CHECK (state IN ('active', 'draining', 'dead'));
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (
