@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
 
     pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
     pipeline.add_argument(
-        "job", help="gc, audit, orphans, meter, lifecycle or inventory; history: the past runs"
+        "job",
+        help="gc, audit, orphans, meter, lifecycle, inventory or rebalance; history: the past runs",
     )
     pipeline.add_argument("--master", help="Spark master URL (default local[*])")
     pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
