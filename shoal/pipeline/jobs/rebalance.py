@@ -102,9 +102,13 @@ def run(ctx: JobContext) -> Summary:
         "nodes draining": len(registry.draining),
         "mode": "drain" if registry.draining else "even out",
     }
-    if not leaving or not targets:
+    if not leaving:
         return _summary(ctx, figures, {}, 0, started)
-    vnodes = max(1, ctx.ring.vnodes)
+    if not targets:
+        problem = "no active node is alive with room to take copies; nothing moved"
+        return _summary(ctx, figures, {}, 0, started, [problem])
+    # A task takes the moves of a few vnodes (a task costs more than a small vnode's moves).
+    slices = max(1, min(ctx.ring.vnodes, ctx.spark.sparkContext.defaultParallelism * 2))
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_PARTS)
@@ -115,11 +119,11 @@ def run(ctx: JobContext) -> Summary:
         else:  # bounded: the driver picks up to each leaving node's share
             chosen = _within_budget(candidates, leaving, budget)
             found = len(chosen)
-            moves = ctx.spark.sparkContext.parallelize(chosen, max(1, min(vnodes, len(chosen))))
+            moves = ctx.spark.sparkContext.parallelize(chosen, max(1, min(slices, len(chosen))))
     setup = Setup(list(ctx.shards), io.node_access(ctx.config), registry.urls, targets)
     outcomes = (
         moves.map(lambda move: (move[0], move))
-        .partitionBy(vnodes, lambda vnode: vnode % vnodes)
+        .partitionBy(slices, lambda vnode: vnode % slices)
         .values()
         .mapPartitions(lambda part: _execute(part, setup))
         .reduceByKey(lambda a, b: (a[0] + b[0], a[1] + b[1]))
@@ -135,6 +139,7 @@ def _summary(
     outcomes: dict[str, tuple[int, int]],
     found: int,
     started: float,
+    problems: list[str] | None = None,
 ) -> Summary:
     figures.setdefault("copies to move", found)
     for outcome in OUTCOMES:
@@ -144,7 +149,7 @@ def _summary(
     figures["bytes moved"] = moved_bytes
     figures["seconds"] = round(seconds, 2)
     figures["MiB per second"] = round(moved_bytes / 1024**2 / max(seconds, 1e-9), 1)
-    problems = []
+    problems = list(problems or [])
     if outcomes.get("waiting", (0, 0))[0]:
         problems.append(
             f"{outcomes['waiting'][0]} copies could not move (no node to copy to, or no good "
