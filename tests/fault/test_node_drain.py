@@ -170,6 +170,11 @@ def test_a_stopped_node_marked_dead_has_every_copy_made_again(
         assert len(sharks) == 2, (key, sharks)
     assert_copies_in_two_datacenters(cluster, bucket, run)
 
+    refused = serve.shoal("node", "undrain", dead.name)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    unknown = serve.shoal("node", "drain", "nosuch")
+    assert unknown.returncode == 1
+    assert unknown.stderr == "shoal: error: no storage node named 'nosuch' is registered\n"
     removed = serve.shoal("node", "remove", dead.name)
     assert removed.returncode == 0, removed.stderr
     audit = serve.job(spark, "audit", tmp_path)  # the dead node is gone from the registry
