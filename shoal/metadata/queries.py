@@ -1009,6 +1009,22 @@ SELECT (SELECT count(*) FROM version) + (SELECT count(*) FROM assembled)
        + (SELECT count(*) FROM part) AS dropped
 """
 
+# Step 3: deletion records forget the dead node. Its blocks can never be deleted, and GC,
+# which keeps a record until every node it names has deleted the blocks, would keep these
+# for ever (and `shoal node remove` would wait for them).
+DROP_SHARK_FROM_RECORDS = """
+UPDATE {schema}.manta_bucket_deleted_object r
+SET sharks = array_remove(r.sharks, %(shark)s::text),
+    properties = CASE WHEN r.properties -> 'parts' IS NULL THEN r.properties
+        ELSE jsonb_set(r.properties, '{{parts}}', (
+            SELECT jsonb_agg(jsonb_set(part, '{{sharks}}', (part -> 'sharks') - %(shark)s::text)
+                             ORDER BY ordinal)
+            FROM jsonb_array_elements(r.properties -> 'parts') WITH ORDINALITY
+                 AS parts (part, ordinal)))
+        END
+WHERE %(shark)s::text = ANY(r.sharks)
+"""
+
 # How many rows of a vnode name a node: live objects (an assembled object's sharks are its
 # parts'), open uploads' parts, and deletion records, whose blocks GC deletes from the node
 # named (so a node must stay registered until they are collected); `sole`: of the live

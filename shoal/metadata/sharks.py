@@ -32,7 +32,8 @@ class Sharks(Component):
 
     async def drop_dead(self, shark: str) -> int:
         """Take a dead node out of the sharks of every row that names it beside another node,
-        noting each for re-replication in the same transaction; returns the rows changed."""
+        noting each for re-replication in the same transaction, and out of every deletion
+        record (GC could never delete its blocks); returns the live rows changed."""
         dropped = 0
         for shard in self.shards.placed():
             for vnode in shard.vnodes:
@@ -41,6 +42,7 @@ class Sharks(Component):
                     await conn.execute(render(queries.NOTE_COPIES_ON_SHARK, vnode), params)
                     cur = await conn.execute(render(queries.DROP_NOTED_SHARK, vnode), params)
                     row = await cur.fetchone()
+                    await conn.execute(render(queries.DROP_SHARK_FROM_RECORDS, vnode), params)
                     dropped += int(row[0]) if row else 0
         return dropped
 

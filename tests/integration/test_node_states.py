@@ -12,6 +12,7 @@ import pytest
 from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
 from shoal.metadata import MetadataStore, ObjectWrite, PartWrite
 from shoal.metadata.replicas import Note
+from shoal.metadata.ring import vnode_schema
 from shoal.storage import BlockClient
 from tests.fixtures.postgres import unique
 
@@ -132,10 +133,16 @@ def test_a_dead_node_leaves_every_row_with_another_copy_and_each_is_noted(
     run(store.uploads.put_part(owner, bucket, "open", open_upload.id, open_part))
     run(store.objects.put(owner, bucket, "replaced", version([dead, B])))
     run(store.objects.put(owner, bucket, "replaced", version([A, B])))  # a deletion record
+    gone = run(store.uploads.create(owner, bucket, "gone"))
+    gone_part = PartWrite(part_number=1, content_length=10, content_md5=b"\4" * 16, sharks=[dead])
+    run(store.uploads.put_part(owner, bucket, "gone", gone.id, gone_part))
+    chosen = [(1, gone_part.content_md5)]
+    run(store.uploads.complete(owner, bucket, "gone", gone.id, chosen, min_part_size=1))
+    run(store.objects.delete(owner, bucket, "gone"))  # a deletion record with parts
 
     before = run(store.sharks.naming(dead))
-    # 6 + alone + the assembled object + the open part + the deletion record
-    assert (before.rows, before.sole) == (10, 1)
+    # 6 + alone + the assembled object + the open part + the two deletion records
+    assert (before.rows, before.sole) == (11, 1)
     assert run(store.sharks.drop_dead(dead)) == 8
     assert run(store.under_replicated.count()) == 8  # 6 versions, one part of each upload
     for index in range(6):
@@ -147,6 +154,25 @@ def test_a_dead_node_leaves_every_row_with_another_copy_and_each_is_noted(
     [listed] = run(store.uploads.list_parts(owner, bucket, "open", open_upload.id))
     assert listed.sharks == [C]
     after = run(store.sharks.naming(dead))
-    # alone, the part only it holds, and the deletion record (GC deletes it from there)
-    assert (after.rows, after.sole) == (3, 1)
+    # alone, and the part only it holds; the deletion record forgot it (GC never could)
+    assert (after.rows, after.sole) == (2, 1)
     assert run(store.sharks.drop_dead(dead)) == 0  # again: nothing more to take
+    assert not any(dead in str(record) for record in deletion_records(store, run))
+
+
+def deletion_records(store: MetadataStore, run: Any) -> list[tuple[Any, ...]]:
+    """The sharks and properties of every deletion record of the store."""
+
+    async def read() -> list[tuple[Any, ...]]:
+        found: list[tuple[Any, ...]] = []
+        for shard in store.shards.placed():
+            for vnode in shard.vnodes:
+                async with shard.pool.connection() as conn:
+                    statement = f'SELECT sharks, properties FROM "{vnode_schema(vnode)}".'
+                    cur = await conn.execute(statement + "manta_bucket_deleted_object")
+                    found += await cur.fetchall()
+        return found
+
+    records = run(read())
+    assert len(records) == 2
+    return records
