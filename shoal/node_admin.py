@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import ACTIVE, DEAD, DRAINING, StorageNode
@@ -29,10 +29,6 @@ class NodeReport:
     node: StorageNode
     state: str
     blocks: int | None  # None: the node did not answer
-
-    @property
-    def heartbeat(self) -> datetime | None:
-        return self.node.heartbeat
 
 
 async def list_nodes(
