@@ -135,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
 
     pipeline = verbs.add_parser("pipeline", parents=[common], help="run a Spark job")
     pipeline.add_argument(
-        "job", help="gc, audit, orphans, meter, lifecycle or inventory; history: the past runs"
+        "job",
+        help="gc, audit, orphans, meter, lifecycle, inventory or rebalance; history: the past runs",
     )
     pipeline.add_argument("--master", help="Spark master URL (default local[*])")
     pipeline.add_argument("--output", type=Path, help="output folder (default DATA_DIR/pipeline)")
@@ -182,6 +183,21 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
     node.add_argument("--admin-port", type=int, help="health and metrics port (default: none)")
     node.set_defaults(run=_storage_node)
+
+    nodes = verbs.add_parser("node", help="storage nodes: list, drain, mark dead, remove")
+    node_verbs = nodes.add_subparsers(title="node commands")
+    listing = node_verbs.add_parser("list", parents=[common], help="nodes, states, free, blocks")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(run=_node_list)
+    for verb, help_text in (
+        ("drain", "take no new blocks; `shoal pipeline rebalance` moves its copies away"),
+        ("undrain", "take new blocks again"),
+        ("mark-dead", "never ask it again; its copies are made again from the other replicas"),
+        ("remove", "forget a node that holds nothing"),
+    ):
+        change = node_verbs.add_parser(verb, parents=[common], help=help_text)
+        change.add_argument("name", help="the node's name (or datacenter:name)")
+        change.set_defaults(run=_node_change, verb=verb)
 
     status = verbs.add_parser(
         "status", parents=[common], help="cluster, nodes, accounts, GC and pipeline at a glance"
@@ -652,6 +668,84 @@ def _status(config: Config, args: argparse.Namespace) -> int:
         report = shoal.loop.run(read(shards))
     print(json.dumps(report, indent=2) if args.json else format_status(report))
     return 0
+
+
+def _node_list(config: Config, args: argparse.Namespace) -> int:
+    from shoal import node_admin
+
+    deadline = config.storage.heartbeat_deadline
+
+    async def read(store: MetadataStore) -> list[node_admin.NodeReport]:
+        client = _block_client(config)
+        try:
+            return await node_admin.list_nodes(store, client, deadline)
+        finally:
+            await client.close()
+
+    reports = _with_store(config, read)
+    if args.json:
+        rows = [
+            {
+                "shark": r.node.shark,
+                "state": r.state,
+                "alive": r.node.alive,
+                "heartbeat": r.node.heartbeat.isoformat() if r.node.heartbeat else None,
+                "free_bytes": r.node.free_bytes,
+                "capacity_bytes": r.node.capacity_bytes,
+                "blocks": r.blocks,
+                "url": r.node.url,
+            }
+            for r in reports
+        ]
+        print(json.dumps(rows, indent=2))
+    else:
+        print(node_admin.format_nodes(reports))
+    return 0
+
+
+def _node_change(config: Config, args: argparse.Namespace) -> int:
+    """`shoal node drain|undrain|mark-dead|remove NAME`: one line of what was done."""
+    from shoal import node_admin
+
+    deadline = config.storage.heartbeat_deadline
+
+    async def change(store: MetadataStore) -> str:
+        client = _block_client(config)
+        try:
+            if args.verb == "drain":
+                node = await node_admin.drain(store, args.name, deadline)
+                return (
+                    f"node {node.shark} draining: it takes no new blocks; "
+                    "`shoal pipeline rebalance` moves its copies to other nodes"
+                )
+            if args.verb == "undrain":
+                node = await node_admin.undrain(store, args.name, deadline)
+                return f"node {node.shark} active: it takes new blocks again"
+            if args.verb == "mark-dead":
+                dead = await node_admin.mark_dead(store, args.name, deadline)
+                line = (
+                    f"node {dead.node.shark} dead: {dead.noted} version(s) or part(s) noted for "
+                    "re-replication from their other copies (by `shoal serve`, or "
+                    "`shoal pipeline audit --repair`)"
+                )
+                if dead.sole:
+                    line += f"; {dead.sole} had no other copy and still name it"
+                return line
+            node = await node_admin.remove(store, client, args.name, deadline)
+            return f"node {node.shark} removed from the registry"
+        except node_admin.NodeRefused as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            await client.close()
+
+    print(_with_store(config, change))
+    return 0
+
+
+def _block_client(config: Config) -> Any:
+    from shoal.storage import BlockClient
+
+    return BlockClient(load_or_create_secret(config.secret_file), tls_ca=config.storage.tls_ca)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -38,6 +38,7 @@ from shoal.metadata import (
     MetadataStore,
 )
 from shoal.metadata.metrics import sampling_pools
+from shoal.metadata.nodes import ACTIVE, DEAD
 from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
 from shoal.restarts import Restarts
@@ -85,6 +86,10 @@ class RegistryDirectory:
     the deadline, which takes up to `heartbeat_deadline` of failed requests. A marked node is
     probed (its /status) about every second in the background and becomes choosable again
     as soon as it answers.
+
+    A node an operator drains or marks dead (its state in the registry) gets no new blocks
+    either, from the next refresh on; reads still use a draining node, and ask a dead one
+    last, as an unreachable one.
     """
 
     def __init__(self, store: MetadataStore, deadline: timedelta, client: BlockClient) -> None:
@@ -95,6 +100,7 @@ class RegistryDirectory:
         self._urls: dict[str, str] = {}
         self._read_at = 0.0
         self._unreachable: set[str] = set()
+        self._dead: set[str] = set()
         self._probing: asyncio.Task[None] | None = None
         self._probed_at = 0.0
 
@@ -123,7 +129,7 @@ class RegistryDirectory:
             self._unreachable.add(shark)
 
     def unreachable(self, shark: str) -> bool:
-        return shark in self._unreachable
+        return shark in self._unreachable or shark in self._dead
 
     def _reachable(self, nodes: list[Node]) -> list[Node]:
         self._probe_when_due()
@@ -166,6 +172,7 @@ class RegistryDirectory:
             return
         try:
             nodes = await self.store.nodes.list(self.deadline)
+            states = await self.store.nodes.states()
         except MetadataError:
             if not self._read_at:
                 raise  # no view to go on with
@@ -173,10 +180,13 @@ class RegistryDirectory:
             # rows may still answer), and the next call reads again.
             return
         self._urls = {n.shark: n.url for n in nodes}
+        self._dead = {n.shark for n in nodes if states.get(n.name) == DEAD}
         self._writable = [
             Node(name=n.name, datacenter=n.datacenter, url=n.url, free_bytes=n.free_bytes or 0)
             for n in nodes
-            if n.alive and (n.free_bytes or 0) >= MIN_FREE_BYTES
+            if n.alive
+            and states.get(n.name, ACTIVE) == ACTIVE
+            and (n.free_bytes or 0) >= MIN_FREE_BYTES
         ]
         self._read_at = time.monotonic()
 

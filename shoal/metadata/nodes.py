@@ -11,6 +11,12 @@ from psycopg.rows import class_row
 from shoal.metadata import queries
 from shoal.metadata.base import Component
 
+# What an operator made of a node: `active` takes new blocks, `draining` takes none and is
+# emptied by `shoal pipeline rebalance`, `dead` is asked for nothing (its copies are made
+# again elsewhere). Reads still use a draining node.
+ACTIVE, DRAINING, DEAD = "active", "draining", "dead"
+NODE_STATES = (ACTIVE, DRAINING, DEAD)
+
 
 @dataclass(frozen=True)
 class StorageNode:
@@ -61,3 +67,26 @@ class Nodes(Component):
             cur = conn.cursor(row_factory=class_row(StorageNode))
             await cur.execute(queries.LIST_NODES, {"deadline": deadline})
             return await cur.fetchall()
+
+    # -- node states (docs/storage.md, "Node states") -------------------------------------
+
+    async def states(self) -> dict[str, str]:
+        """Each registered node's state, by name: active, draining or dead."""
+        async with self.shards.catalog.pool.reading() as conn:
+            cur = await conn.execute(queries.NODE_STATES)
+            return dict(await cur.fetchall())
+
+    async def set_state(self, name: str, state: str) -> bool:
+        """Give a node a state (one of NODE_STATES); False when no such node is registered."""
+        if state not in NODE_STATES:
+            raise ValueError(f"unknown node state {state!r}")
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.SET_NODE_STATE, {"name": name, "state": state})
+            return await cur.fetchone() is not None
+
+    async def remove(self, name: str) -> bool:
+        """Delete a node's registration; False when there was none. A node that still runs
+        registers again (as a new, empty, active node) at its next heartbeat."""
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(queries.DELETE_NODE, {"name": name})
+            return await cur.fetchone() is not None

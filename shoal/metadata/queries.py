@@ -684,6 +684,15 @@ FROM shoal.storage_node
 ORDER BY name
 """
 
+# The state an operator gave each node (migration 10): active, draining or dead.
+NODE_STATES = "SELECT name, state FROM shoal.storage_node"
+
+SET_NODE_STATE = """
+UPDATE shoal.storage_node SET state = %(state)s WHERE name = %(name)s RETURNING name
+"""
+
+DELETE_NODE = "DELETE FROM shoal.storage_node WHERE name = %(name)s RETURNING name"
+
 # -- access keys (catalog shard) ------------------------------------------------------------
 
 INSERT_ACCESS_KEY = """
@@ -880,6 +889,171 @@ WITH version AS (
 )
 SELECT (SELECT count(*) FROM version) + (SELECT count(*) FROM assembled)
        + (SELECT count(*) FROM part) AS updated
+"""
+
+# -- moving copies between nodes (on the object's vnode; docs/storage.md, "Node states") --------
+
+# Names `new` instead of `old` among the sharks of `id`, wherever it is live (the three places
+# LOCATE_UNDER_REPLICATED looks) and still names `old`, and counts the rows changed. As with
+# ADD_SHARKS, each UPDATE re-checks its WHERE on the newest row version under the row's lock:
+# a version replaced or deleted meanwhile is not touched (0), since the deletion record its
+# replacement made names `old`, not `new`. `new` already named (a re-replicator put a copy
+# there too) is not named twice. An assembled object's own sharks stay the union of its
+# parts'.
+REPLACE_SHARK = """
+WITH version AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET sharks = array_remove(o.sharks, %(old)s::text)
+                 || ARRAY(SELECT %(new)s::text WHERE %(new)s::text <> ALL(o.sharks))
+    WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s AND o.name = %(name)s
+      AND o.id = %(id)s AND %(old)s::text = ANY(o.sharks)
+    RETURNING 1
+), assembled AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET properties = jsonb_set(o.properties, '{{parts}}', (
+            SELECT jsonb_agg(
+                CASE WHEN part ->> 'id' = %(id)s::text
+                     THEN jsonb_set(part, '{{sharks}}', to_jsonb(
+                         ARRAY(SELECT s FROM jsonb_array_elements_text(part -> 'sharks')
+                                    WITH ORDINALITY AS kept (s, n)
+                               WHERE s <> %(old)s::text ORDER BY n)
+                         || ARRAY(SELECT %(new)s::text WHERE NOT
+                                  (part -> 'sharks') @> jsonb_build_array(%(new)s::text))))
+                     ELSE part END
+                ORDER BY ordinal)
+            FROM jsonb_array_elements(o.properties -> 'parts') WITH ORDINALITY
+                 AS parts (part, ordinal))),
+        sharks = ARRAY(
+            SELECT DISTINCT CASE WHEN part ->> 'id' = %(id)s::text AND s = %(old)s::text
+                                 THEN %(new)s::text ELSE s END
+            FROM jsonb_array_elements(o.properties -> 'parts') AS part,
+                 jsonb_array_elements_text(part -> 'sharks') AS s
+            ORDER BY 1)
+    WHERE o.owner = %(owner)s AND o.bucket_id = %(bucket_id)s AND o.name = %(name)s
+      AND o.properties -> 'parts' @> jsonb_build_array(jsonb_build_object(
+          'id', %(id)s::text, 'sharks', jsonb_build_array(%(old)s::text)))
+    RETURNING 1
+), part AS (
+    UPDATE {schema}.manta_bucket_upload_part p
+    SET sharks = array_remove(p.sharks, %(old)s::text)
+                 || ARRAY(SELECT %(new)s::text WHERE %(new)s::text <> ALL(p.sharks))
+    WHERE p.owner = %(owner)s AND p.bucket_id = %(bucket_id)s AND p.id = %(id)s
+      AND %(old)s::text = ANY(p.sharks)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM version) + (SELECT count(*) FROM assembled)
+       + (SELECT count(*) FROM part) AS updated
+"""
+
+# A dead node's copies, step 1 (one transaction with step 2): note every version or part of
+# the vnode whose sharks name it beside another node, for the re-replicator. One named by
+# the dead node alone is left as it is: no copy is left to restore it from, and it comes
+# back if the node does.
+NOTE_COPIES_ON_SHARK = """
+INSERT INTO {schema}.manta_bucket_under_replicated (owner, bucket_id, name, id)
+SELECT owner, bucket_id, name, id FROM {schema}.manta_bucket_object
+WHERE %(shark)s::text = ANY(sharks) AND cardinality(sharks) > 1
+  AND properties -> 'parts' IS NULL
+UNION ALL
+SELECT o.owner, o.bucket_id, o.name, (part ->> 'id')::uuid
+FROM {schema}.manta_bucket_object o, jsonb_array_elements(o.properties -> 'parts') AS part
+WHERE %(shark)s::text = ANY(o.sharks)
+  AND (part -> 'sharks') @> jsonb_build_array(%(shark)s::text)
+  AND jsonb_array_length(part -> 'sharks') > 1
+UNION ALL
+SELECT owner, bucket_id, name, id FROM {schema}.manta_bucket_upload_part
+WHERE %(shark)s::text = ANY(sharks) AND cardinality(sharks) > 1
+ON CONFLICT DO NOTHING
+"""
+
+# Step 2: the dead node leaves the sharks of every noted version or part that names it
+# beside another node; the re-replicator then finds each short of copies and adds them. A
+# row written after step 1 has no note and keeps the shark (running mark-dead again takes
+# it), so nothing loses a copy without a note saying so.
+DROP_NOTED_SHARK = """
+WITH noted AS (
+    SELECT id FROM {schema}.manta_bucket_under_replicated
+), version AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET sharks = array_remove(o.sharks, %(shark)s::text)
+    WHERE %(shark)s::text = ANY(o.sharks) AND cardinality(o.sharks) > 1
+      AND o.properties -> 'parts' IS NULL AND o.id IN (SELECT id FROM noted)
+    RETURNING 1
+), assembled AS (
+    UPDATE {schema}.manta_bucket_object o
+    SET properties = jsonb_set(o.properties, '{{parts}}', (
+            SELECT jsonb_agg(
+                CASE WHEN (part -> 'sharks') @> jsonb_build_array(%(shark)s::text)
+                          AND jsonb_array_length(part -> 'sharks') > 1
+                          AND (part ->> 'id')::uuid IN (SELECT id FROM noted)
+                     THEN jsonb_set(part, '{{sharks}}', (part -> 'sharks') - %(shark)s::text)
+                     ELSE part END
+                ORDER BY ordinal)
+            FROM jsonb_array_elements(o.properties -> 'parts') WITH ORDINALITY
+                 AS parts (part, ordinal))),
+        sharks = ARRAY(
+            SELECT DISTINCT s
+            FROM jsonb_array_elements(o.properties -> 'parts') AS part,
+                 jsonb_array_elements_text(part -> 'sharks') AS s
+            WHERE NOT (s = %(shark)s::text AND jsonb_array_length(part -> 'sharks') > 1
+                       AND (part ->> 'id')::uuid IN (SELECT id FROM noted))
+            ORDER BY 1)
+    WHERE %(shark)s::text = ANY(o.sharks) AND o.properties -> 'parts' IS NOT NULL
+      AND EXISTS (
+          SELECT 1 FROM jsonb_array_elements(o.properties -> 'parts') AS part
+          WHERE (part -> 'sharks') @> jsonb_build_array(%(shark)s::text)
+            AND jsonb_array_length(part -> 'sharks') > 1
+            AND (part ->> 'id')::uuid IN (SELECT id FROM noted))
+    RETURNING 1
+), part AS (
+    UPDATE {schema}.manta_bucket_upload_part p
+    SET sharks = array_remove(p.sharks, %(shark)s::text)
+    WHERE %(shark)s::text = ANY(p.sharks) AND cardinality(p.sharks) > 1
+      AND p.id IN (SELECT id FROM noted)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM version) + (SELECT count(*) FROM assembled)
+       + (SELECT count(*) FROM part) AS dropped
+"""
+
+# Step 3: deletion records forget the dead node. Its blocks can never be deleted, and GC,
+# which keeps a record until every node it names has deleted the blocks, would keep these
+# for ever (and `shoal node remove` would wait for them).
+DROP_SHARK_FROM_RECORDS = """
+UPDATE {schema}.manta_bucket_deleted_object r
+SET sharks = array_remove(r.sharks, %(shark)s::text),
+    properties = CASE WHEN r.properties -> 'parts' IS NULL THEN r.properties
+        ELSE jsonb_set(r.properties, '{{parts}}', (
+            SELECT jsonb_agg(jsonb_set(part, '{{sharks}}', (part -> 'sharks') - %(shark)s::text)
+                             ORDER BY ordinal)
+            FROM jsonb_array_elements(r.properties -> 'parts') WITH ORDINALITY
+                 AS parts (part, ordinal)))
+        END
+WHERE %(shark)s::text = ANY(r.sharks)
+"""
+
+# How many rows of a vnode name a node: live objects (an assembled object's sharks are its
+# parts'), open uploads' parts, and deletion records, whose blocks GC deletes from the node
+# named (so a node must stay registered until they are collected); `sole`: of the live
+# ones, those with no other copy.
+ROWS_NAMING_SHARK_ARM = """
+SELECT count(*) AS named,
+       count(*) FILTER (WHERE live AND copies = 1) AS sole
+FROM (
+    SELECT true AS live, cardinality(sharks) AS copies FROM {schema}.manta_bucket_object
+    WHERE %(shark)s::text = ANY(sharks)
+    UNION ALL
+    SELECT true, cardinality(sharks) FROM {schema}.manta_bucket_upload_part
+    WHERE %(shark)s::text = ANY(sharks)
+    UNION ALL
+    SELECT false, cardinality(sharks) FROM {schema}.manta_bucket_deleted_object
+    WHERE %(shark)s::text = ANY(sharks)
+) AS naming
+"""
+
+ROWS_NAMING_SHARK = """
+SELECT coalesce(sum(named), 0)::bigint AS named, coalesce(sum(sole), 0)::bigint AS sole
+FROM ({arms}) AS counts
 """
 
 # Which vnodes of a shard hold notes (a pass reads only those), and how many in all.

@@ -254,6 +254,18 @@ CREATE UNIQUE INDEX vnode_move_open_idx ON shoal.vnode_move (vnode)
 WHERE step NOT IN ('done', 'rolled_back');
 """,
     ),
+    Migration(
+        10,
+        "storage node states",
+        """
+-- What an operator made of a node (docs/storage.md, "Node states"): `active` takes new
+-- blocks; `draining` takes none and is emptied by `shoal pipeline rebalance`; `dead` is
+-- never asked again and its copies are made anew elsewhere. A removed node has no row.
+ALTER TABLE shoal.storage_node
+    ADD COLUMN state text DEFAULT 'active' NOT NULL
+        CHECK (state IN ('active', 'draining', 'dead'));
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

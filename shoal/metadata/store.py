@@ -32,6 +32,7 @@ from shoal.metadata.pipeline_runs import PipelineBook
 from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
 from shoal.metadata.shards import Shard, ShardSet
+from shoal.metadata.sharks import Sharks
 from shoal.metadata.uploads import Uploads
 
 
@@ -49,6 +50,7 @@ class MetadataStore:
         self.nodes = Nodes(shards, window)
         self.keys = Keys(shards, window)
         self.under_replicated = UnderReplicated(shards, window)
+        self.sharks = Sharks(shards, window)
 
     @classmethod
     async def open(

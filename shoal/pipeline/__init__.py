@@ -21,7 +21,7 @@ from shoal.pipeline.context import JobContext, Summary
 
 log = logging.getLogger("shoal.pipeline")
 
-JOBS = ("gc", "audit", "orphans", "meter", "lifecycle", "inventory")
+JOBS = ("gc", "audit", "orphans", "meter", "lifecycle", "inventory", "rebalance")
 
 
 def run_job(

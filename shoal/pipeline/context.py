@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
+from shoal.metadata.nodes import DEAD
 from shoal.metadata.ring import Ring
 
 
@@ -30,10 +31,13 @@ class JobContext:
         return {s.name: s.dsn for s in self.shards}
 
     def node_urls(self) -> dict[str, str]:
-        """Where each storage node answers, live or not (its blocks may still be there)."""
+        """Where each storage node answers, live or not (its blocks may still be there); a
+        node marked dead is left out, as nothing is asked of it any more."""
 
         async def read(store: MetadataStore) -> dict[str, str]:
-            return {n.shark: n.url for n in await store.nodes.list(timedelta(days=3650))}
+            nodes = await store.nodes.list(timedelta(days=3650))
+            states = await store.nodes.states()
+            return {n.shark: n.url for n in nodes if states.get(n.name) != DEAD}
 
         return self.with_store(read)  # type: ignore[no-any-return]
 

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -220,18 +220,18 @@ class DataPath:
         """The copies every version should have (placement.target_replicas)."""
         return placement.target_replicas(self.replicas, await self.directory.registered_count())
 
-    async def add_copies(self, run: BlockRun, count: int) -> list[str]:
+    async def add_copies(
+        self, run: BlockRun, count: int, leaving: Collection[str] = ()
+    ) -> list[str]:
         """Copy every block of `run` from a good replica to `count` writable nodes that do not
-        hold it (in datacenters without a copy first); returns their sharks.
+        hold it (in datacenters without a copy first: placement.copy_targets, where the
+        copies of `leaving` do not count); returns their sharks.
 
         Raises StorageUnavailable when too few such nodes are writable, DataUnavailable when
         a block has no good replica left; blocks copied before a failure are deleted again.
         """
         nodes = await self.directory.writable_nodes()
-        datacenters = {shark.partition(":")[0] for shark in run.sharks}
-        targets = placement.choose(
-            nodes, count, self.rng, exclude=run.sharks, used_datacenters=datacenters
-        )
+        targets = placement.copy_targets(nodes, run.sharks, count, self.rng, leaving)
         if len(targets) < count:
             raise StorageUnavailable(f"{count} more copies wanted, {len(targets)} nodes writable")
         try:

@@ -57,3 +57,22 @@ def choose(
         chosen.append(pick)
         candidates.remove(pick)
     return chosen
+
+
+def datacenter_of(shark: str) -> str:
+    return shark.partition(":")[0]
+
+
+def copy_targets(
+    nodes: Sequence[Node],
+    holders: Collection[str],
+    count: int,
+    rng: random.Random,
+    leaving: Collection[str] = (),
+) -> list[Node]:
+    """Nodes for `count` more copies of blocks that `holders` hold: never a holder, and first
+    in datacenters where no copy stays. `leaving`: holders whose copy is about to go (a
+    draining node's), so their datacenters do not count as holding one (re-replication and
+    `shoal pipeline rebalance` both choose here)."""
+    staying = {datacenter_of(shark) for shark in holders if shark not in leaving}
+    return choose(nodes, count, rng, exclude=holders, used_datacenters=staying)

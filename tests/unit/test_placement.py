@@ -3,7 +3,13 @@
 import random
 from collections import Counter
 
-from shoal.storage.placement import Node, choose, default_replicas, target_replicas
+from shoal.storage.placement import (
+    Node,
+    choose,
+    copy_targets,
+    default_replicas,
+    target_replicas,
+)
 
 
 def node(name: str, dc: str, free: int = 100) -> Node:
@@ -51,3 +57,25 @@ def test_new_copies_prefer_datacenters_without_one() -> None:
     for seed in range(100):
         [chosen] = choose(nodes, 1, random.Random(seed), used_datacenters={"a"})
         assert chosen.name == "b1"
+
+
+def test_new_copies_go_to_a_datacenter_without_one_and_never_to_a_holder() -> None:
+    """Re-replication's choice (no copy leaves): the datacenter that has none."""
+    nodes = [node("a1", "a"), node("a2", "a"), node("b1", "b"), node("b2", "b")]
+    for seed in range(200):
+        [target] = copy_targets(nodes, ["a:a1"], 1, random.Random(seed))
+        assert target.datacenter == "b"
+        [target] = copy_targets(nodes, ["a:a1", "b:b1"], 1, random.Random(seed))
+        assert target.name in ("a2", "b2")
+
+
+def test_a_copy_moved_off_a_leaving_node_goes_where_no_other_copy_stays() -> None:
+    """Rebalance's choice: the drained node's datacenter counts as empty once it leaves, so
+    a move from a:a1 with the other copy in b lands in a again, never beside the other."""
+    nodes = [node("a1", "a"), node("a2", "a"), node("b1", "b"), node("b2", "b")]
+    for seed in range(200):
+        [target] = copy_targets(nodes, ["a:a1", "b:b1"], 1, random.Random(seed), ["a:a1"])
+        assert target.shark == "a:a2"
+    # One datacenter only: any node but the holders.
+    flat = [node("a1", "a"), node("a2", "a"), node("a3", "a")]
+    assert copy_targets(flat, ["a:a1", "a:a2"], 1, random.Random(1), ["a:a1"])[0].name == "a3"
