@@ -17,6 +17,7 @@ from shoal.metadata.errors import (
     ObjectNotFound,
     PreconditionFailed,
     SchemaError,
+    TooManyConfigurations,
     UploadNotFound,
 )
 from shoal.metadata.migrate import migrate
@@ -65,6 +66,7 @@ __all__ = [
     "PreconditionFailed",
     "Ring",
     "SchemaError",
+    "TooManyConfigurations",
     "Upload",
     "UploadNotFound",
     "migrate",
