@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote_plus
 
 FORMATS = ("CSV", "Parquet")  # ORC is refused (the gateway says so)
 FREQUENCIES = ("Daily", "Weekly")
@@ -118,10 +119,13 @@ def columns(configuration: dict[str, Any]) -> list[Column]:
 
 
 def csv_value(column: Column, item: InventoryObject) -> str:
-    """A value as S3's CSV reports write it (the writer quotes every value)."""
+    """A value as S3's CSV reports write it (the writer quotes every value); the key
+    URL-encoded (form encoding: a space is `+`, a `/` is `%2F`), which readers decode."""
     value = column.value(item)
     if value is None:
         return ""
+    if column.name == "Key":
+        return quote_plus(value, safe="*")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime):
