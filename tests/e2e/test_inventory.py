@@ -4,6 +4,7 @@ bucket. Delivery is tests/e2e/test_inventory_delivery.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,16 @@ import pytest
 from tests.e2e.test_boto3 import error_code
 from tests.fixtures.postgres import unique
 from tests.fixtures.serve import Served, raw_request
+
+
+@pytest.fixture
+def bucket(s3: Any) -> Iterator[str]:
+    """A fresh bucket, deleted after the test with its configurations: none stays behind for
+    a later test's inventory job to deliver."""
+    name = unique("inv")
+    s3.create_bucket(Bucket=name)
+    yield name
+    s3.delete_bucket(Bucket=name)
 
 
 def configuration(destination: str, config_id: str = "daily", **more: Any) -> dict[str, Any]:

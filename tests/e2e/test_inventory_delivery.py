@@ -190,7 +190,8 @@ def test_reports_are_delivered_and_read_back_through_the_manifest(
     assert again.problems == first.problems  # never delivered: still due, still a problem
     forced = _run(served, spark, bucket=source, force=True)
     assert forced.figures["reports delivered"] == 2 and len(forced.problems) == 1
-    s3.delete_bucket_inventory_configuration(Bucket=source, Id="gone")
+    for config_id in ("gone", "csv", "parquet", "disabled"):  # none left for later runs
+        s3.delete_bucket_inventory_configuration(Bucket=source, Id=config_id)
     for key in [o["Key"] for o in s3.list_objects_v2(Bucket=target)["Contents"]]:
         s3.delete_object(Bucket=target, Key=key)
     assert error_code(s3.get_object, Bucket=target, Key=manifest["files"][0]["key"]) == "NoSuchKey"
