@@ -42,6 +42,7 @@ from shoal.metadata.inventories import InventorySetting
 from shoal.metadata.models import etag
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
+from shoal.pipeline.publish import put_object
 from shoal.storage import DataUnavailable, StorageUnavailable
 
 log = logging.getLogger("shoal.pipeline")
@@ -61,21 +62,22 @@ def run(ctx: JobContext) -> Summary:
     with io.exported_snapshots(ctx.shards) as snapshots:
         objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         buckets = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.BUCKETS)
-        report = inventory(
+        everything = inventory(
             objects,
             ctx.spark.createDataFrame(buckets, "bucket_id string, owner string, bucket string"),
         ).cache()
-        count = report.count()
+        count = everything.count()
         reports = _write_reports(ctx, snapshots, due, folder)
-    report.write.mode("overwrite").partitionBy("bucket").parquet(str(ctx.output / "parquet"))
-    report.write.mode("overwrite").partitionBy("bucket").option("header", True).csv(
+    everything.write.mode("overwrite").partitionBy("bucket").parquet(str(ctx.output / "parquet"))
+    everything.write.mode("overwrite").partitionBy("bucket").option("header", True).csv(
         str(ctx.output / "csv")
     )
-    totals = report.agg(
+    totals = everything.agg(
         F.countDistinct("bucket").alias("buckets"), F.sum("size").alias("bytes")
     ).first()
     problems = ctx.with_store(lambda store: _deliver(ctx, store, reports)) if reports else []
-    shutil.rmtree(folder, ignore_errors=True)  # delivered; the buckets hold them now
+    # Delivered ones are in their buckets; an undelivered one is written again when next due.
+    shutil.rmtree(folder, ignore_errors=True)
     return Summary(
         "inventory",
         {
@@ -292,8 +294,6 @@ async def _deliver(ctx: JobContext, store: Any, reports: list[Report]) -> list[s
 
 
 async def _deliver_one(ctx: JobContext, store: Any, path: Any, report: Report) -> None:
-    from shoal.pipeline.publish import put_object
-
     setting = report.setting
     destination = setting.configuration["destination"]
     target = destination["bucket"]
