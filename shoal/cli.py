@@ -144,6 +144,10 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--plot", type=Path, help="meter: draw usage over time to FILE.png")
     pipeline.add_argument("--repair", action="store_true", help="audit: copy good replicas")
     pipeline.add_argument("--delete", action="store_true", help="orphans: delete them")
+    pipeline.add_argument("--bucket", help="inventory: deliver only this bucket's reports")
+    pipeline.add_argument(
+        "--force", action="store_true", help="inventory: deliver every report, due or not"
+    )
     pipeline.add_argument("--json", action="store_true", help="print the summary as JSON")
     pipeline.add_argument("--job", dest="history_job", help="history: only this job's runs")
     pipeline.add_argument(
@@ -619,6 +623,7 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
     if args.job not in JOBS:
         raise CommandError(f"unknown job {args.job!r}; jobs are {', '.join(JOBS)}")
     options: dict[str, object] = {"plot": args.plot, "repair": args.repair, "delete": args.delete}
+    options |= {"bucket": args.bucket, "force": args.force}
     if args.leeway:
         try:
             options["leeway"] = parse_leeway(args.leeway)

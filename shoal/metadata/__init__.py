@@ -17,6 +17,7 @@ from shoal.metadata.errors import (
     ObjectNotFound,
     PreconditionFailed,
     SchemaError,
+    TooManyConfigurations,
     UploadNotFound,
     VnodeMoved,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "PreconditionFailed",
     "Ring",
     "SchemaError",
+    "TooManyConfigurations",
     "Upload",
     "UploadNotFound",
     "VnodeMoved",

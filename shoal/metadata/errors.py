@@ -101,3 +101,7 @@ class CommitUnknown(MetadataError):
 
     Deliberately not a MetadataUnavailable: code that cleans up after a refused write
     catches that one, and must never catch this."""
+
+
+class TooManyConfigurations(MetadataError):
+    """A bucket already has as many configurations of a kind as it may (S3's limit)."""

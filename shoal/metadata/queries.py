@@ -66,7 +66,8 @@ WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 
 # Also tells every process that caches bucket incarnations to drop this one (bucket_cache.py);
 # PostgreSQL delivers the notice when this commits, after the bucket's row is gone. The
-# incarnation's CORS rules and ACL go with it (no later incarnation would ever read them).
+# incarnation's CORS rules, ACL and inventory configurations go with it (no later incarnation
+# would ever read them).
 RELEASE_BUCKET_NAME = """
 WITH released AS (
     DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
@@ -74,6 +75,8 @@ WITH released AS (
     DELETE FROM shoal.bucket_cors WHERE bucket_id = %(id)s
 ), acl_dropped AS (
     DELETE FROM shoal.bucket_acl WHERE bucket_id = %(id)s
+), inventory_dropped AS (
+    DELETE FROM shoal.bucket_inventory WHERE bucket_id = %(id)s
 )
 SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
@@ -1103,6 +1106,48 @@ ON CONFLICT (bucket_id) DO UPDATE SET tags = EXCLUDED.tags, updated = current_ti
 GET_BUCKET_TAGS = "SELECT tags FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
 
 DELETE_BUCKET_TAGS = "DELETE FROM shoal.bucket_tagging WHERE bucket_id = %(bucket_id)s"
+
+# -- bucket inventory configurations (catalog shard) -------------------------------------------
+
+# Adds or replaces one configuration; adds nothing (no row returned) when the bucket already
+# has `limit` others. A replaced configuration keeps when it was last delivered.
+PUT_INVENTORY = """
+INSERT INTO shoal.bucket_inventory (bucket_id, id, owner, bucket, configuration)
+SELECT %(bucket_id)s, %(id)s, %(owner)s, %(bucket)s, %(configuration)s
+WHERE (
+    SELECT count(*) FROM shoal.bucket_inventory
+    WHERE bucket_id = %(bucket_id)s AND id <> %(id)s
+) < %(limit)s
+ON CONFLICT (bucket_id, id) DO UPDATE
+SET configuration = EXCLUDED.configuration, updated = current_timestamp
+RETURNING id
+"""
+
+GET_INVENTORY = """
+SELECT configuration FROM shoal.bucket_inventory WHERE bucket_id = %(bucket_id)s AND id = %(id)s
+"""
+
+# A page of a bucket's configurations in id order, after `after`.
+LIST_INVENTORIES = """
+SELECT configuration FROM shoal.bucket_inventory
+WHERE bucket_id = %(bucket_id)s AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+"""
+
+DELETE_INVENTORY = """
+DELETE FROM shoal.bucket_inventory WHERE bucket_id = %(bucket_id)s AND id = %(id)s RETURNING id
+"""
+
+# Every configuration, with the database's clock for judging which are due.
+ALL_INVENTORIES = """
+SELECT bucket_id, owner, bucket, id, configuration, delivered, current_timestamp AS now
+FROM shoal.bucket_inventory ORDER BY bucket, id
+"""
+
+MARK_INVENTORY_DELIVERED = """
+UPDATE shoal.bucket_inventory SET delivered = %(delivered)s
+WHERE bucket_id = %(bucket_id)s AND id = %(id)s
+"""
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"

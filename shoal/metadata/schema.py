@@ -266,6 +266,25 @@ ALTER TABLE shoal.storage_node
         CHECK (state IN ('active', 'draining', 'dead'));
 """,
     ),
+    Migration(
+        11,
+        "bucket inventory configurations",
+        """
+-- The S3 Inventory configurations of a bucket incarnation (PutBucketInventoryConfiguration),
+-- one row per configuration id, as JSON; `delivered` is when `shoal pipeline inventory` last
+-- delivered its report (NULL: never), which decides when the next one is due.
+CREATE TABLE shoal.bucket_inventory (
+    bucket_id uuid NOT NULL,
+    id text COLLATE "C" NOT NULL,
+    owner uuid NOT NULL,
+    bucket text COLLATE "C" NOT NULL,
+    configuration jsonb NOT NULL,
+    updated timestamptz DEFAULT current_timestamp NOT NULL,
+    delivered timestamptz,
+    PRIMARY KEY (bucket_id, id)
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

@@ -24,6 +24,7 @@ from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
 from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.garbage import Garbage, GarbageBook
+from shoal.metadata.inventories import Inventories
 from shoal.metadata.keys import Keys
 from shoal.metadata.nodes import Nodes
 from shoal.metadata.objects import Objects
@@ -42,6 +43,7 @@ class MetadataStore:
         self.shards = shards
         self.accounts = Accounts(shards, window)
         self.buckets = Buckets(shards, window)
+        self.inventories = Inventories(shards, window)
         self.objects = Objects(shards, window)
         self.uploads = Uploads(shards, window)
         self.garbage = Garbage(shards, window)

@@ -67,6 +67,15 @@ LIVE_OBJECTS = """
 SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
 """
 
+# The live objects of some bucket incarnations ({wanted}: their ids), with the time of their
+# last change in the `created` column: Last-Modified, as S3 lists it.
+LIVE_OBJECTS_OF_BUCKETS = """
+SELECT 'object', id::text, owner::text, bucket_id::text, name, modified, content_length,
+       content_md5, content_type, hstore_to_json(headers)::text, sharks, properties::text,
+       NULL::timestamptz
+FROM {schema}.manta_bucket_object WHERE bucket_id = ANY({wanted}::uuid[])
+"""
+
 # Rows of bucket incarnations deleted before the cutoff (buckets of any vnode: the list of
 # dead incarnations is passed in, since bucket and object rows live on different vnodes).
 DEAD_BUCKET_CONTENTS = """

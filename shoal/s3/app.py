@@ -134,6 +134,7 @@ def make_handler(gateway: Gateway) -> http.Handler:
         attributes,
         bucket,
         cors,
+        inventory,
         lifecycle,
         listing,
         multipart,

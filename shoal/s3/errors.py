@@ -255,6 +255,12 @@ class NoSuchCORSConfiguration(S3Error, status=404, message="The CORS configurati
     pass
 
 
+class NoSuchConfiguration(
+    S3Error, status=404, message="The specified configuration does not exist."
+):
+    pass
+
+
 class NoSuchKey(S3Error, status=404, message="The specified key does not exist."):
     pass
 
@@ -312,6 +318,14 @@ class SignatureDoesNotMatch(
     pass
 
 
+class TooManyConfigurations(
+    S3Error,
+    message="You are attempting to create a new configuration but have already reached "
+    "the 1,000-configuration limit.",
+):
+    pass
+
+
 class XAmzContentSHA256Mismatch(
     S3Error,
     message=("The provided 'x-amz-content-sha256' header does not match what was computed."),
@@ -333,6 +347,7 @@ _DOMAIN: dict[type[Exception], type[S3Error]] = {
     metadata.AccessKeyNotFound: InvalidAccessKeyId,
     metadata.AccountNotFound: AccessDenied,
     metadata.InvalidName: InvalidArgument,
+    metadata.TooManyConfigurations: TooManyConfigurations,
     metadata.MetadataUnavailable: ServiceUnavailable,
     metadata.CommitUnknown: ServiceUnavailable,
     StorageUnavailable: ServiceUnavailable,

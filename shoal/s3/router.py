@@ -54,6 +54,10 @@ class Endpoint(enum.Enum):
     PutBucketAcl = enum.auto()
     GetObjectAcl = enum.auto()
     PutObjectAcl = enum.auto()
+    PutBucketInventoryConfiguration = enum.auto()
+    GetBucketInventoryConfiguration = enum.auto()
+    ListBucketInventoryConfigurations = enum.auto()
+    DeleteBucketInventoryConfiguration = enum.auto()
 
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
@@ -73,7 +77,7 @@ UNSUPPORTED = frozenset(
         "requestPayment",
         "accelerate",
         "analytics",
-        "inventory",
+        "inventory",  # a bucket's are implemented (below); an object has none
         "metrics",
         "ownershipControls",
         "publicAccessBlock",
@@ -125,7 +129,8 @@ def route(method: str, where: Address, query: Mapping[str, str], copy_source: bo
     if method == "GET" and where.key is not None:
         unsupported -= {"attributes"}  # GetObjectAttributes; S3 has no other ?attributes
     if where.key is None:
-        unsupported -= {"cors"}  # a bucket's CORS configuration; objects have none
+        # A bucket's CORS and inventory configurations; objects have none.
+        unsupported -= {"cors", "inventory"}
     if unsupported:
         raise NotImplementedByShoal(f"?{sorted(unsupported)[0]} is not implemented by Shoal")
     if where.bucket is None:
@@ -202,6 +207,12 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
         return _tagging_endpoint(method, _BUCKET_ACL)
     if "tagging" in query:
         return _tagging_endpoint(method, _BUCKET_TAGGING)
+    if "inventory" in query:
+        # Without an id, a GET lists them all; the others name one (or are refused for
+        # lacking its id, by the handler).
+        if method == "GET" and "id" not in query:
+            return Endpoint.ListBucketInventoryConfigurations
+        return _tagging_endpoint(method, _BUCKET_INVENTORY)
     for resource, endpoints in _CONFIGURATIONS.items():
         if resource in query:
             if method not in endpoints:
@@ -264,6 +275,13 @@ _BUCKET_TAGGING = {
     "PUT": Endpoint.PutBucketTagging,
     "GET": Endpoint.GetBucketTagging,
     "DELETE": Endpoint.DeleteBucketTagging,
+}
+
+
+_BUCKET_INVENTORY = {
+    "PUT": Endpoint.PutBucketInventoryConfiguration,
+    "GET": Endpoint.GetBucketInventoryConfiguration,
+    "DELETE": Endpoint.DeleteBucketInventoryConfiguration,
 }
 
 

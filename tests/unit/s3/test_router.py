@@ -50,6 +50,17 @@ def test_cors_is_a_bucket_configuration(method: str, expected: Endpoint) -> None
         route("POST", Address("b", None), {"cors": ""}, copy_source=False)
 
 
+def test_inventory_is_a_bucket_configuration() -> None:
+    # Without an id, the handler refuses a PUT or DELETE (InvalidArgument); a GET lists.
+    assert route("PUT", Address("b", None), {"inventory": ""}, copy_source=False) == (
+        Endpoint.PutBucketInventoryConfiguration
+    )
+    with pytest.raises(NotImplementedByShoal):
+        route("PUT", Address("b", "k"), {"inventory": "", "id": "i"}, copy_source=False)
+    with pytest.raises(MethodNotAllowed):
+        route("POST", Address("b", None), {"inventory": ""}, copy_source=False)
+
+
 def test_a_post_to_a_bucket_is_a_form_upload_unless_it_deletes() -> None:
     assert route("POST", Address("b", None), {}, copy_source=False) == Endpoint.PostObject
     assert route("POST", Address("b", None), {"delete": ""}, copy_source=False) == (
@@ -121,6 +132,16 @@ ROUTES = [
     ("PUT", BUCKET, {"cors": ""}, False, Endpoint.PutBucketCors),
     ("GET", BUCKET, {"cors": ""}, False, Endpoint.GetBucketCors),
     ("DELETE", BUCKET, {"cors": ""}, False, Endpoint.DeleteBucketCors),
+    ("PUT", BUCKET, {"inventory": "", "id": "i"}, False, Endpoint.PutBucketInventoryConfiguration),
+    ("GET", BUCKET, {"inventory": "", "id": "i"}, False, Endpoint.GetBucketInventoryConfiguration),
+    ("GET", BUCKET, {"inventory": ""}, False, Endpoint.ListBucketInventoryConfigurations),
+    (
+        "DELETE",
+        BUCKET,
+        {"inventory": "", "id": "i"},
+        False,
+        Endpoint.DeleteBucketInventoryConfiguration,
+    ),
     ("PUT", OBJECT, {"tagging": ""}, False, Endpoint.PutObjectTagging),
     ("GET", OBJECT, {"tagging": ""}, False, Endpoint.GetObjectTagging),
     ("DELETE", OBJECT, {"tagging": ""}, False, Endpoint.DeleteObjectTagging),
@@ -220,8 +241,8 @@ def _unsupported_cases() -> list[tuple[str, Address, str]]:
             for method in ("GET", "PUT", "DELETE", "POST", "HEAD"):
                 if resource == "attributes" and where is OBJECT and method == "GET":
                     continue  # GetObjectAttributes
-                if resource == "cors" and where is BUCKET:
-                    continue  # the bucket's CORS configuration
+                if resource in ("cors", "inventory") and where is BUCKET:
+                    continue  # the bucket's CORS and inventory configurations
                 cases.append((method, where, resource))
     return cases
 
@@ -286,14 +307,22 @@ def test_operations_shoal_lacks_are_logged_by_their_s3_names(
 
 def _botocore_operations() -> list[tuple[str, str, bool, dict[str, str]]]:
     """(name, method, names a key, query) of each S3 operation in botocore's model whose
-    request URI names a sub-resource: S3's own list of what must not be misrouted."""
+    request URI names a sub-resource: S3's own list of what must not be misrouted. The query
+    holds the parameters the operation requires too (GetBucketInventoryConfiguration is
+    ListBucketInventoryConfigurations with an `id`)."""
     model = botocore.session.get_session().get_service_model("s3")
     found = []
     for name in model.operation_names:
-        http = model.operation_model(name).http
-        path, _, query = http["requestUri"].partition("?")
+        operation = model.operation_model(name)
+        path, _, query = operation.http["requestUri"].partition("?")
         if query and "{Bucket}" in path:
-            found.append((name, http["method"], "{Key+}" in path, dict(parse_qsl(query, True))))
+            parameters = dict(parse_qsl(query, True))
+            shape = operation.input_shape
+            for member in shape.required_members if shape is not None else ():
+                where = shape.members[member].serialization
+                if where.get("location") == "querystring":
+                    parameters[where["name"]] = "x"
+            found.append((name, operation.http["method"], "{Key+}" in path, parameters))
     return found
 
 
