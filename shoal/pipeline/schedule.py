@@ -170,7 +170,7 @@ class Scheduler:
             log.info("pipeline %s runs on schedule: %s (UTC)", job, rule.text)
         while not stop.is_set():
             try:
-                await self._run_due(stop)
+                await self.run_due(stop)
             except Exception as exc:  # the catalog is away: try again at the next check
                 log.warning("pipeline schedule: could not check for due jobs: %s", exc)
             with contextlib.suppress(TimeoutError):
@@ -184,7 +184,8 @@ class Scheduler:
             return CHECK_SECONDS
         return max(0.5, min(CHECK_SECONDS, (soonest - now).total_seconds() + 0.5))
 
-    async def _run_due(self, stop: asyncio.Event) -> None:
+    async def run_due(self, stop: asyncio.Event) -> None:
+        """Run the jobs due now, one after the other (one look at the history)."""
         async with await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, connect_timeout=10
         ) as conn:
