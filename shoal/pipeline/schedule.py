@@ -50,6 +50,8 @@ STOP_SECONDS = 20.0
 # One PostgreSQL advisory lock on the catalog for every scheduled run of the cluster: the
 # `serve` that holds it runs its job; any other waits for its next check.
 SCHEDULER_LOCK = 0x5C_0A_1_5C_4E_D
+# Moments are counted from a Monday's midnight UTC: days, weeks and hours all start there.
+MONDAY = datetime(2000, 1, 3, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Rule:
 
     text: str
     period: timedelta | None  # None: off
-    anchor: datetime = datetime(2000, 1, 3, tzinfo=UTC)  # a Monday, midnight UTC
+    anchor: datetime = MONDAY
 
     @property
     def off(self) -> bool:
@@ -81,7 +83,7 @@ def parse_rule(text: object, where: str = "[pipeline] schedule") -> Rule:
     if not isinstance(text, str):
         raise ConfigError(f"{where} must be one of {RULE_FORMS}, not {text!r}")
     spoken = " ".join(text.lower().split())
-    midnight = Rule.anchor
+    midnight = MONDAY
     if spoken == "off":
         return Rule(text, None)
     if match := _DAILY.fullmatch(spoken):
