@@ -456,6 +456,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
                         on_ready=ready,
                         local_nodes=nodes,
                         admin_port=admin_port,
+                        pipeline_args=_where(config, args),
                     )
 
             shoal.loop.run(_run_until_stopped(serve))

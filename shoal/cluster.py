@@ -424,6 +424,7 @@ async def run_gateway(
     on_ready: Callable[[KeyPair, bool], None] | None = None,
     local_nodes: LocalNodes | None = None,
     admin_port: int | None = None,
+    pipeline_args: list[str] | None = None,
 ) -> None:
     """Serve the S3 API on config.s3.host:port until `stop` is set, with the GC daemon,
     re-replication and the upkeep of deleted-table windows beside it, in this process and
@@ -461,6 +462,7 @@ async def run_gateway(
             if config.gc.enabled:
                 daemon = asyncio.create_task(collector.run_forever(config.gc.interval, stop))
             restorer = asyncio.create_task(Rereplicator(store, path).run_forever(stop))
+            scheduler = _pipeline_scheduler(config, shards, pipeline_args, stop)
             upkeep_due = 0.0
             while not stop.is_set():
                 workers.restart_dead()
@@ -474,8 +476,22 @@ async def run_gateway(
             if daemon is not None:
                 await daemon
             await restorer
+            if scheduler is not None:
+                await scheduler
         finally:
             await in_thread(workers.stop)
+
+
+def _pipeline_scheduler(
+    config: Config, shards: Sequence[ShardConfig], args: list[str] | None, stop: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """The task that runs `[pipeline] schedule`'s due jobs, if serve has one to run."""
+    from shoal.pipeline.schedule import Scheduler, schedule_rules
+
+    rules = schedule_rules(config)
+    if args is None or not any(not rule.off for rule in rules.values()):
+        return None
+    return asyncio.create_task(Scheduler(config, shards, rules, args).run_forever(stop))
 
 
 @contextlib.asynccontextmanager

@@ -207,6 +207,16 @@ _SPARK_MASTER = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?|spark://\S+|yarn|k8s://
 _SPARK_MEMORY = re.compile(r"\d+[kmgtp]?b?", re.IGNORECASE)
 
 
+# When `shoal serve` runs each pipeline job, in UTC (docs/pipeline.md, "Scheduled runs"); a
+# `[pipeline] schedule` table replaces it whole. Inventory delivers only the configurations due.
+DEFAULT_SCHEDULE = (
+    ("gc", "daily 02:00"),
+    ("lifecycle", "daily 03:00"),
+    ("meter", "daily 00:30"),
+    ("inventory", "daily 04:00"),
+)
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """The Spark session `shoal pipeline` makes (docs/pipeline.md, "On a Spark cluster").
@@ -226,6 +236,9 @@ class PipelineConfig:
     partitions: int = 8  # spark.sql.shuffle.partitions
     # Any other Spark settings, as spark-defaults.conf would set them.
     spark: tuple[tuple[str, str], ...] = ()
+    # `shoal serve` runs the jobs of `schedule` when due (shoal.pipeline.schedule), unless off.
+    scheduled: bool = True
+    schedule: tuple[tuple[str, str], ...] = DEFAULT_SCHEDULE  # (job, rule); others off
 
 
 @dataclass(frozen=True)
@@ -320,6 +333,8 @@ def _parse_pipeline(raw: Any) -> PipelineConfig:
             "executor_cores",
             "partitions",
             "spark",
+            "scheduled",
+            "schedule",
         },
         "[pipeline]",
     )
@@ -342,7 +357,35 @@ def _parse_pipeline(raw: Any) -> PipelineConfig:
         executor_cores=_non_negative_int(raw, "executor_cores", 0),
         partitions=_positive_int(raw, "partitions", PipelineConfig.partitions, "[pipeline]"),
         spark=_spark_settings(raw.get("spark", {})),
+        scheduled=_boolean(raw, "scheduled", True, "[pipeline]"),
+        schedule=_pipeline_schedule(raw.get("schedule")),
     )
+
+
+def _pipeline_schedule(raw: Any) -> tuple[tuple[str, str], ...]:
+    """[pipeline] schedule: a table of job = rule, checked here (shoal.pipeline.schedule)."""
+    from shoal.pipeline import JOBS
+    from shoal.pipeline.schedule import parse_rule
+
+    if raw is None:
+        return DEFAULT_SCHEDULE
+    if not isinstance(raw, dict):
+        raise ConfigError('[pipeline] schedule must be a table, e.g. { gc = "daily 02:00" }')
+    unknown = sorted(set(raw) - set(JOBS))
+    if unknown:
+        raise ConfigError(
+            f"[pipeline] schedule names no job {', '.join(unknown)}; jobs are {', '.join(JOBS)}"
+        )
+    for job, text in raw.items():
+        parse_rule(text, f"[pipeline] schedule {job}")
+    return tuple((job, text) for job, text in raw.items())
+
+
+def _boolean(raw: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} {key} must be true or false, not {value!r}")
+    return value
 
 
 def _spark_settings(raw: Any) -> tuple[tuple[str, str], ...]:

@@ -1185,6 +1185,17 @@ LAST_PIPELINE_RUN_PER_JOB = f"""
 SELECT DISTINCT ON (job) {PIPELINE_RUN_COLUMNS} FROM shoal.pipeline_run ORDER BY job, id DESC
 """
 
+# -- the pipeline's schedule (shoal.pipeline.schedule), on the catalog shard ------------------
+
+# When the cluster was made: a job that never ran counts its moments from then.
+CLUSTER_MADE = "SELECT min(applied_at) FROM shoal.schema_migrations"
+
+# Held by the `serve` whose scheduler runs a job, for the length of the run (session level:
+# it ends with the connection, should that `serve` die).
+TRY_SCHEDULER_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
+
+SCHEDULER_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
+
 # -- the census (admin API, metrics, `shoal status`): cheap reads of the whole cluster -------
 
 # Every column of the registry (a column added by a later migration comes along), with

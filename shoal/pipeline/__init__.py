@@ -8,16 +8,18 @@ import logging
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from pyspark.sql import SparkSession
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.metadata.outage import connection_failed
 from shoal.metadata.pipeline_runs import PipelineRun, record_run
 from shoal.pipeline.context import JobContext, Summary
+
+if TYPE_CHECKING:  # Spark loads with a job, not with the scheduler in `serve` that reads JOBS
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("shoal.pipeline")
 

@@ -6,14 +6,15 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import DEAD
 from shoal.metadata.ring import Ring
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass
