@@ -22,8 +22,7 @@ from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
-from shoal.storage.blockfile import MAX_BLOCK_BYTES, BlockInfo, checksum_of
-from shoal.storage.server import CHECKSUM_HEADER
+from shoal.storage.blockfile import CHECKSUM_HEADER, MAX_BLOCK_BYTES, BlockInfo, checksum_of
 from shoal.storage.tls import client_context
 
 CONNECT_TIMEOUT_SECONDS = 5
