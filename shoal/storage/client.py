@@ -122,11 +122,6 @@ class BlockClient:
             raise BlockCorrupted(url, f"block {name} does not match its checksum")
         return data
 
-    async def head_block(self, url: str, name: str) -> tuple[int, str]:
-        """(size, checksum) of a block."""
-        async with self._request("HEAD", url, f"/blocks/{name}") as response:
-            return response.length, response.headers[CHECKSUM_HEADER.lower()]
-
     async def delete_block(self, url: str, name: str) -> None:
         async with self._request("DELETE", url, f"/blocks/{name}"):
             pass

@@ -25,6 +25,7 @@ from tests.fixtures.storage import (
     NodeProcess,
     Samples,
     StorageCluster,
+    head_block,
     read_range,
     sample,
 )
@@ -58,7 +59,7 @@ def test_a_nodes_metrics_move_by_exactly_its_block_operations(
     assert run(client.get_block(node.url, names[0])) == blocks[names[0]]
     assert run(client.get_block(node.url, names[2])) == blocks[names[2]]
     assert read_range(cluster.secret, node.url, names[1], 10, 110) == blocks[names[1]][10:110]
-    run(client.head_block(node.url, names[1]))  # a HEAD reads no block data
+    assert head_block(cluster.secret, node.url, names[1])  # a HEAD reads no block data
     run(client.delete_block(node.url, names[0]))
     assert run(client.delete_blocks(node.url, [names[1], block_name(version, 8)])) == 1
 
