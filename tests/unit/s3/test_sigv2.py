@@ -31,6 +31,7 @@ from botocore.credentials import Credentials as BotoCredentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.s3.metrics import UNSUPPORTED, auth_failure_reason
 from shoal.s3.sigv2 import SUBRESOURCES, V2Credentials, is_sigv2, parse, refuse_if_off, verify
 from shoal.s3.sigv4 import SignedRequest, SigV4Error
 
@@ -240,6 +241,7 @@ def test_signature_v2_setting_accepts_what_it_names(
             refuse_if_off(request, setting)
         assert refusal.value.code == "InvalidRequest"
         assert f"Signature Version 2 in {form} is off" in refusal.value.message
+        assert auth_failure_reason(refusal.value) == UNSUPPORTED  # as the metrics count it
 
 
 # --- The AWS documentation's examples ----------------------------------------------------------
