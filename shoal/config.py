@@ -167,6 +167,14 @@ class S3Config:
     # A request head (its line and headers) must arrive within this many seconds of its
     # first byte, or the connection is answered RequestTimeout and closed (docs/s3.md, "HTTP").
     request_head_seconds: int = 20
+    # Which SigV2 requests are accepted (docs/s3.md, "Authentication"): "presigned" (query-string
+    # URLs only, what boto3's default presigner signs in us-east-1), "all" (the header too) or
+    # "off" (SigV4 only).
+    signature_v2: str = "presigned"
+
+
+# The values of [s3] signature_v2.
+SIGNATURE_V2_SETTINGS = ("presigned", "all", "off")
 
 
 @dataclass(frozen=True)
@@ -466,6 +474,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
             "workers",
             "inline_max_bytes",
             "request_head_seconds",
+            "signature_v2",
         },
         "[s3]",
     )
@@ -484,7 +493,16 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
         request_head_seconds=_positive_int(
             raw, "request_head_seconds", S3Config.request_head_seconds, "[s3]"
         ),
+        signature_v2=_signature_v2(raw),
     )
+
+
+def _signature_v2(raw: dict[str, Any]) -> str:
+    value = raw.get("signature_v2", S3Config.signature_v2)
+    if value not in SIGNATURE_V2_SETTINGS:
+        choices = ", ".join(f'"{setting}"' for setting in SIGNATURE_V2_SETTINGS)
+        raise ConfigError(f"[s3] signature_v2 must be one of {choices}, not {value!r}")
+    return value
 
 
 def _inline_limit(raw: dict[str, Any]) -> int:

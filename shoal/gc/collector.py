@@ -27,7 +27,6 @@ log = logging.getLogger("shoal.gc")
 
 BATCH_SIZE = 100
 WORKERS = 4
-DEFAULT_INTERVAL = timedelta(minutes=15)
 # Fault injection for tests: exit the process after this many node delete batches.
 FAULT_AFTER_ENV = "SHOAL_GC_FAULT_AFTER"
 

@@ -171,7 +171,7 @@ class Component:
         try:
             return await self.following_moves(attempt)
         except psycopg.errors.CheckViolation as exc:
-            if "no partition of relation" not in str(exc):
+            if not _no_partition_for_row(exc):
                 raise
         async with self.shards.of_vnode(vnode).pool.connection() as conn:
             for written in (vnode, *more_vnodes):
@@ -194,6 +194,13 @@ class Component:
 
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
         self.shards.buckets_seen.forget(owner, name)
+
+
+def _no_partition_for_row(exc: psycopg.errors.CheckViolation) -> bool:
+    """Whether a check_violation (SQLSTATE 23514) is PostgreSQL finding no partition for a
+    row: that error names the partitioned table but no constraint, where a CHECK constraint's
+    violation names its constraint."""
+    return exc.diag.constraint_name is None and exc.diag.table_name is not None
 
 
 def _bound(

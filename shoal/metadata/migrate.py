@@ -70,14 +70,6 @@ async def applied_versions(conn: psycopg.AsyncConnection) -> dict[str, int]:
     return dict(await cur.fetchall())
 
 
-def latest_version() -> dict[str, int]:
-    return {
-        "shard": SHARD_MIGRATIONS[-1].version,
-        "catalog": CATALOG_MIGRATIONS[-1].version,
-        "vnode": VNODE_MIGRATIONS[-1].version,
-    }
-
-
 async def connect_shard(shard: ShardConfig) -> psycopg.AsyncConnection:
     try:
         conn = await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True)

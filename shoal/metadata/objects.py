@@ -107,30 +107,6 @@ class Objects(Component):
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
         return object_from_row(rows[0])
 
-    async def update_metadata(
-        self,
-        owner: uuid.UUID,
-        bucket: str,
-        name: str,
-        headers: dict[str, str],
-        content_type: str | None,
-    ) -> ObjectVersion:
-        """Replace the headers and content type of the live version (its data stays)."""
-        check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "name": name,
-            "headers": dict(headers),
-            "content_type": content_type,
-        }
-        rows = await self.write_row(vnode, queries.UPDATE_OBJECT_METADATA, params)
-        if not rows:
-            raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
-        return object_from_row(rows[0])
-
     async def set_tags(
         self, owner: uuid.UUID, bucket: str, name: str, version_id: uuid.UUID, tags: dict[str, str]
     ) -> bool:

@@ -88,7 +88,3 @@ class PipelineBook(Component):
     async def runs(self, job: str | None = None, limit: int = 50) -> list[PipelineRun]:
         async with self.shards.catalog.pool.reading() as conn:
             return await read_runs(conn, job, limit)
-
-    async def last_per_job(self) -> list[PipelineRun]:
-        async with self.shards.catalog.pool.reading() as conn:
-            return await read_last_per_job(conn)

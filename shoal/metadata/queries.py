@@ -237,16 +237,6 @@ ON CONFLICT (owner, bucket_id, name) DO NOTHING
 RETURNING created, modified, NULL::uuid AS old_id
 """
 
-# Metadata only: the version (and its blocks) stays, so no deletion record.
-UPDATE_OBJECT_METADATA = """
-UPDATE {schema}.manta_bucket_object SET
-    headers = %(headers)s,
-    content_type = %(content_type)s,
-    modified = statement_timestamp()
-WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
-RETURNING {object_columns}
-"""
-
 # An object's tags (properties.tags; none: the key removed), set on the version a tagging
 # request read (id): a version that replaced it meanwhile keeps its own tags. Data, ETag and
 # Last-Modified stay (S3 does not change Last-Modified for tags), and nothing is replaced,

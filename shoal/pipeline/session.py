@@ -11,10 +11,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from shoal.config import DEFAULT_SPARK_MASTER, PipelineConfig
+from shoal.config import PipelineConfig
 from shoal.pipeline.settings import chosen_master, session_settings
 
-DEFAULT_MASTER = DEFAULT_SPARK_MASTER
 # Spark 4 runs on Java 17 or newer.
 JAVA_NEEDED = 17
 JAVA_HINT = "apt install openjdk-17-jre-headless (or set JAVA_HOME)"

@@ -262,6 +262,7 @@ async def _authenticated_call(gateway: Gateway, request: http.Request, request_i
     now = datetime.now(UTC)
     if sigv2.is_sigv2(signed):
         # Version 2 still signs the presigned URLs of boto3's default client in us-east-1.
+        sigv2.refuse_if_off(signed, gateway.config.signature_v2)
         v2 = sigv2.parse(signed, now)
         account, secret = await gateway.credentials.secret_of(v2.access_key_id)
         sigv2.verify(v2, signed, secret, host_bucket=where.bucket if where.virtual else None)

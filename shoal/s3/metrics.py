@@ -34,14 +34,6 @@ EXPIRED = "expired"  # a presigned URL out of its validity window
 CLOCK_SKEW = "clock_skew"  # the client's clock is more than 15 minutes off
 MALFORMED = "malformed"  # an Authorization header or presigned query that cannot be read
 UNSUPPORTED = "unsupported"  # another algorithm, or temporary credentials
-AUTH_FAILURE_REASONS = (
-    UNKNOWN_KEY,
-    SIGNATURE_MISMATCH,
-    EXPIRED,
-    CLOCK_SKEW,
-    MALFORMED,
-    UNSUPPORTED,
-)
 
 # SigV4/SigV2 error codes (sigv4.py, sigv2.py) that say what was wrong with the signature.
 # InvalidArgument and AccessDenied say more than that, and are told apart by their text.

@@ -10,7 +10,6 @@ go into the metadata row (docs/s3.md, "Small objects").
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import uuid
@@ -171,7 +170,3 @@ async def discard(data: DataPath, version_id: uuid.UUID, result: WriteResult) ->
     with contextlib.suppress(Exception):
         run = BlockRun(version_id, result.size, result.block_size, result.sharks)
         await asyncio.shield(data.delete([run]))
-
-
-def b64_md5(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()

@@ -7,7 +7,7 @@ send in the header ``Authorization: AWS AKID:signature``. Like `shoal.s3.sigv4`,
 library working on the same plain values (`SignedRequest`) and raising the same `SigV4Error`.
 
 The flow, for a request that `is_sigv2` recognises (the gateway sends every other request to
-`shoal.s3.sigv4`):
+`shoal.s3.sigv4`) and that ``[s3] signature_v2`` lets in (`refuse_if_off`):
 
 1. `parse(request, now)` finds the signature, in the ``Authorization`` header or in the query
    string of a presigned URL, and checks everything that needs no secret: a presigned URL's
@@ -56,6 +56,7 @@ __all__ = [
     "V2Credentials",
     "is_sigv2",
     "parse",
+    "refuse_if_off",
     "verify",
 ]
 
@@ -154,6 +155,23 @@ def is_sigv2(request: SignedRequest) -> bool:
     if names & _SIGV4_QUERY:
         return False
     return QUERY_ACCESS_KEY in names or QUERY_SIGNATURE in names
+
+
+def refuse_if_off(request: SignedRequest, accepted: str) -> None:
+    """Refuse a SigV2 request that ``[s3] signature_v2`` (`accepted`) does not let in.
+
+    "all" accepts both forms, "presigned" only query-string URLs, "off" neither. The refusal
+    is what S3 answers where SigV2 is turned off (InvalidRequest, "not supported"), saying why.
+    """
+    presigned = "authorization" not in request.headers
+    if accepted == "all" or (accepted == "presigned" and presigned):
+        return
+    form = "presigned URLs" if presigned else "the Authorization header"
+    raise SigV4Error(
+        "InvalidRequest",
+        f"The authorization mechanism you have provided is not supported: Signature Version 2"
+        f" in {form} is off on this server. Please use AWS4-HMAC-SHA256.",
+    )
 
 
 def parse(request: SignedRequest, now: datetime) -> V2Credentials:

@@ -37,6 +37,9 @@ from shoal.storage.metrics import metrics
 T = TypeVar("T")
 
 HEADER = struct.Struct(">8sQ16s")  # magic, data size, XXH3-128 of the data
+# The HTTP header that carries a block's checksum (`checksum_of`, 32 hex digits) between a
+# node and its clients: sent with a PUT, answered with a GET or HEAD.
+CHECKSUM_HEADER = "X-Shoal-Checksum"
 MAGIC = b"SHOALBK2"  # BK1, an earlier format, checksummed blocks with SHA-256
 # Writes receive up to this much, then write it while the rest arrives: one 4 MiB write()
 # before an fsync ran well below the speed of 256 KiB pieces (docs/decisions.md, "Block size

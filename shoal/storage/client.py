@@ -22,8 +22,7 @@ from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
-from shoal.storage.blockfile import MAX_BLOCK_BYTES, BlockInfo, checksum_of
-from shoal.storage.server import CHECKSUM_HEADER
+from shoal.storage.blockfile import CHECKSUM_HEADER, MAX_BLOCK_BYTES, BlockInfo, checksum_of
 from shoal.storage.tls import client_context
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -32,7 +31,6 @@ READ_TIMEOUT_SECONDS = 60
 # Idle connections older than this are closed rather than reused: nodes close theirs after
 # 75 s (server.IDLE_SECONDS), and a request must not race a node closing its connection.
 KEEP_IDLE_SECONDS = 15
-RANGE_CHUNK_BYTES = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 # The largest body read whole: a block (blockfile.MAX_BLOCK_BYTES) or a page of inventory.
 MAX_BODY_BYTES = MAX_BLOCK_BYTES + 1024 * 1024
@@ -123,18 +121,6 @@ class BlockClient:
         if checksum_of(data) != expected:
             raise BlockCorrupted(url, f"block {name} does not match its checksum")
         return data
-
-    async def get_range(self, url: str, name: str, start: int, end: int) -> AsyncIterator[bytes]:
-        """Bytes [start, end) of a block, streamed (not verified: the range is partial)."""
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        async with self._request("GET", url, f"/blocks/{name}", headers=headers) as response:
-            async for chunk in response.chunks(RANGE_CHUNK_BYTES):
-                yield chunk
-
-    async def head_block(self, url: str, name: str) -> tuple[int, str]:
-        """(size, checksum) of a block."""
-        async with self._request("HEAD", url, f"/blocks/{name}") as response:
-            return response.length, response.headers[CHECKSUM_HEADER.lower()]
 
     async def delete_block(self, url: str, name: str) -> None:
         async with self._request("DELETE", url, f"/blocks/{name}"):
@@ -282,15 +268,6 @@ class _Connection(asyncio.BufferedProtocol):
         finally:
             self._body = None
         return body
-
-    async def read_some(self, most: int) -> bytes:
-        """The next 1 to `most` bytes."""
-        while self._start == self._end:
-            await self._more()
-        taken = min(most, self._end - self._start)
-        chunk = bytes(self._buffer[self._start : self._start + taken])
-        self._start += taken
-        return chunk
 
     def close(self) -> None:
         # A connection of a loop that has been closed cannot schedule its own closing; its
@@ -454,18 +431,6 @@ class _Response:
             raise self._broken(exc) from None
         self.remaining = 0
         return data
-
-    async def chunks(self, size: int) -> AsyncIterator[bytes]:
-        while self.remaining:
-            try:
-                async with asyncio.timeout(READ_TIMEOUT_SECONDS):
-                    chunk = await self.connection.read_some(min(size, self.remaining))
-            except _BROKEN as exc:
-                raise self._broken(exc) from None
-            if not chunk:
-                raise NodeUnreachable(self.node, f"{self.where}: the body ended early")
-            self.remaining -= len(chunk)
-            yield chunk
 
     def _broken(self, exc: BaseException) -> NodeUnreachable:
         return NodeUnreachable(self.node, f"{self.where}: reading the body: {exc!r}")

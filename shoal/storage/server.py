@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from shoal import httpdate
 from shoal.storage import auth
 from shoal.storage.blockfile import (
+    CHECKSUM_HEADER,
     BlockCorrupt,
     BlockError,
     BlockExists,
@@ -60,7 +61,6 @@ from shoal.storage.tls import ServerFiles
 
 log = logging.getLogger("shoal.storage")
 
-CHECKSUM_HEADER = "X-Shoal-Checksum"  # XXH3-128 of the block, 32 hex digits (blockfile.py)
 MAX_BATCH_DELETE = 10000
 MAX_BATCH_DELETE_BODY_BYTES = 1024 * 1024
 MAX_INVENTORY_PAGE = 10000

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from shoal.metadata import MetadataStore, ObjectWrite, queries
-from shoal.metadata.base import _bound, write_params
+from shoal.metadata.base import _bound, _no_partition_for_row, write_params
 from shoal.metadata.batched import WriteBatcher, WriteOrder
 from shoal.metadata.ring import vnode_schema
 from tests.fixtures.postgres import MakeStore
@@ -302,6 +302,22 @@ def test_object_writes_are_ordered_by_vnode_then_primary_key(
         owner, bucket_id = run(put_and_delete())
     vnode = store.shards.ring.vnode_for_object(owner, bucket_id, "name")
     assert seen == [(vnode, owner, bucket_id, "name")] * 2
+
+
+def test_a_missing_partition_is_told_from_a_check_constraint_by_sqlstate_and_diagnostics(
+    admin_dsn: str,
+) -> None:
+    """Both are check_violation (23514); only the missing partition names no constraint, so
+    `retrying_window` creates windows for that one alone, whatever the server's language."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE windows (at int) PARTITION BY RANGE (at)")
+        conn.execute("CREATE TEMP TABLE checked (at int CHECK (at > 0))")
+        with pytest.raises(psycopg.errors.CheckViolation) as no_partition:
+            conn.execute("INSERT INTO windows VALUES (1)")
+        with pytest.raises(psycopg.errors.CheckViolation) as constraint:
+            conn.execute("INSERT INTO checked VALUES (0)")
+    assert _no_partition_for_row(no_partition.value)
+    assert not _no_partition_for_row(constraint.value)
 
 
 def test_writes_recording_versions_create_a_missing_window(make_store: MakeStore, run: Any) -> None:

@@ -184,16 +184,6 @@ def test_put_get_update_delete(
     assert got.properties == {"block_size": 1048576}
     assert got.etag == "5d41402abc4b2a76b9719d911017c592"
 
-    updated = run(
-        store.objects.update_metadata(owner, bucket, "greeting", {"x-amz-meta-b": "2"}, "text/html")
-    )
-    assert (updated.id, updated.headers, updated.content_type) == (
-        first.id,
-        {"x-amz-meta-b": "2"},
-        "text/html",
-    )
-    assert updated.modified > got.modified
-
     second = blob(b"world")
     assert run(store.objects.put(owner, bucket, "greeting", second)).replaced == first.id
     deleted = run(store.objects.delete(owner, bucket, "greeting"))
@@ -201,8 +191,6 @@ def test_put_get_update_delete(
     assert run(store.objects.delete(owner, bucket, "greeting")) is None
     with pytest.raises(ObjectNotFound):
         run(store.objects.get(owner, bucket, "greeting"))
-    with pytest.raises(ObjectNotFound):
-        run(store.objects.update_metadata(owner, bucket, "greeting", {}, None))
 
 
 def test_a_small_object_keeps_its_bytes_in_its_row(

@@ -25,6 +25,8 @@ from tests.fixtures.storage import (
     NodeProcess,
     Samples,
     StorageCluster,
+    head_block,
+    read_range,
     sample,
 )
 
@@ -38,10 +40,6 @@ def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not true within {timeout} s"
         time.sleep(0.2)
-
-
-async def read_range(client: BlockClient, url: str, name: str, start: int, end: int) -> bytes:
-    return b"".join([chunk async for chunk in client.get_range(url, name, start, end)])
 
 
 def test_a_nodes_metrics_move_by_exactly_its_block_operations(
@@ -60,8 +58,8 @@ def test_a_nodes_metrics_move_by_exactly_its_block_operations(
         run(client.put_block(node.url, block_name(version, 9), b"x" * 100, checksum_of(b"y")))
     assert run(client.get_block(node.url, names[0])) == blocks[names[0]]
     assert run(client.get_block(node.url, names[2])) == blocks[names[2]]
-    assert run(read_range(client, node.url, names[1], 10, 110)) == blocks[names[1]][10:110]
-    run(client.head_block(node.url, names[1]))  # a HEAD reads no block data
+    assert read_range(cluster.secret, node.url, names[1], 10, 110) == blocks[names[1]][10:110]
+    assert head_block(cluster.secret, node.url, names[1])  # a HEAD reads no block data
     run(client.delete_block(node.url, names[0]))
     assert run(client.delete_blocks(node.url, [names[1], block_name(version, 8)])) == 1
 

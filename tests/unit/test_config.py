@@ -34,6 +34,17 @@ def test_the_request_head_deadline_is_20_seconds_unless_set(tmp_path: Path) -> N
         parse_config({"s3": {"request_head_seconds": 0}}, tmp_path)
 
 
+def test_signature_v2_accepts_presigned_urls_unless_set_and_only_its_three_values(
+    tmp_path: Path,
+) -> None:
+    assert parse_config({}, tmp_path).s3.signature_v2 == "presigned"
+    for setting in ("presigned", "all", "off"):
+        assert parse_config({"s3": {"signature_v2": setting}}, tmp_path).s3.signature_v2 == setting
+    for wrong in ("header", "", True, ["all"]):
+        with pytest.raises(ConfigError, match=r"\[s3\] signature_v2"):
+            parse_config({"s3": {"signature_v2": wrong}}, tmp_path)
+
+
 def test_node_tls_settings_are_paths_and_a_certificate_comes_with_its_key(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,8 @@ from botocore.credentials import Credentials as BotoCredentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.s3.sigv2 import SUBRESOURCES, V2Credentials, is_sigv2, parse, verify
+from shoal.s3.metrics import UNSUPPORTED, auth_failure_reason
+from shoal.s3.sigv2 import SUBRESOURCES, V2Credentials, is_sigv2, parse, refuse_if_off, verify
 from shoal.s3.sigv4 import SignedRequest, SigV4Error
 
 AKID = "AKIDSHOALTEST0000001"
@@ -205,6 +206,42 @@ def boto3_capture(call: Callable[[Any], Any]) -> AWSPreparedRequest:
 )
 def test_is_sigv2(query: list[tuple[str, str]], headers: dict[str, str], expected: bool) -> None:
     assert is_sigv2(SignedRequest("GET", "/b/k", query, headers)) is expected
+
+
+# --- Which SigV2 requests [s3] signature_v2 lets in --------------------------------------------
+
+
+def test_boto3_presigns_with_sigv2_and_signs_headers_with_sigv2_when_asked() -> None:
+    """What the default "presigned" rests on: boto3's default presigner in us-east-1 makes
+    SigV2 query URLs; its "s3" signature version signs the Authorization header."""
+    url = boto3_client().generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+    assert is_sigv2(url_request("GET", url)) and "AWSAccessKeyId=" in url
+    header = to_signed_request(boto3_capture(lambda client: client.get_object(Bucket="b", Key="k")))
+    assert header.headers["authorization"].startswith("AWS ") and is_sigv2(header)
+
+
+@pytest.mark.parametrize(
+    ("setting", "header_accepted", "presigned_accepted"),
+    [("all", True, True), ("presigned", False, True), ("off", False, False)],
+)
+def test_signature_v2_setting_accepts_what_it_names(
+    setting: str, header_accepted: bool, presigned_accepted: bool
+) -> None:
+    url = boto3_client().generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+    presigned = url_request("GET", url)
+    header = to_signed_request(boto3_capture(lambda client: client.get_object(Bucket="b", Key="k")))
+    for request, accepted, form in (
+        (header, header_accepted, "the Authorization header"),
+        (presigned, presigned_accepted, "presigned URLs"),
+    ):
+        if accepted:
+            refuse_if_off(request, setting)
+            continue
+        with pytest.raises(SigV4Error) as refusal:
+            refuse_if_off(request, setting)
+        assert refusal.value.code == "InvalidRequest"
+        assert f"Signature Version 2 in {form} is off" in refusal.value.message
+        assert auth_failure_reason(refusal.value) == UNSUPPORTED  # as the metrics count it
 
 
 # --- The AWS documentation's examples ----------------------------------------------------------
