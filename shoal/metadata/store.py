@@ -82,24 +82,24 @@ class MetadataStore:
         return created
 
     async def silent_shards(self, timeout: float) -> list[str]:
-        """The shards that do not answer a trivial statement within `timeout` seconds."""
+        """The shards that do not answer a trivial statement within `timeout` seconds.
 
-        async def answers(shard: Shard) -> bool:
-            try:
-                async with shard.statement_connection() as conn:
-                    async with asyncio.timeout(timeout):
-                        await conn.execute(queries.PING)
-                return True
-            except MetadataUnavailable as exc:
-                # Down already, or no connection free within the pool's wait: a shard that
-                # is busy answers (it is not silent).
-                return isinstance(exc.__cause__, PoolTimeout)
-            except (psycopg.Error, PoolTimeout, OSError):  # TimeoutError is an OSError
-                return False
-
+        A ping that has not answered in time is cancelled but not waited for: psycopg then
+        asks the server to cancel the statement and waits up to seconds for it, which on a
+        shard that hangs is exactly what does not come back.
+        """
         shards = list(self.shards.shards.values())
-        answered = await asyncio.gather(*(answers(shard) for shard in shards))
-        return [shard.name for shard, yes in zip(shards, answered, strict=True) if not yes]
+        pings = [asyncio.ensure_future(_answers_ping(shard)) for shard in shards]
+        await asyncio.wait(pings, timeout=timeout)
+        silent = []
+        for shard, ping in zip(shards, pings, strict=True):
+            if not ping.done():
+                ping.cancel()
+                ping.add_done_callback(_forget)
+                silent.append(shard.name)
+            elif not ping.result():
+                silent.append(shard.name)
+        return silent
 
     async def close(self) -> None:
         await self.shards.close()
@@ -114,3 +114,22 @@ class MetadataStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+async def _answers_ping(shard: Shard) -> bool:
+    try:
+        async with shard.statement_connection() as conn:
+            await conn.execute(queries.PING)
+        return True
+    except MetadataUnavailable as exc:
+        # Down already, or no connection free within the pool's wait: a shard that is busy
+        # answers (it is not silent).
+        return isinstance(exc.__cause__, PoolTimeout)
+    except (psycopg.Error, PoolTimeout, OSError):
+        return False
+
+
+def _forget(ping: asyncio.Future[bool]) -> None:
+    """Whatever became of a ping nobody waits for any more (no "never retrieved" warning)."""
+    if not ping.cancelled():
+        ping.exception()

@@ -67,6 +67,12 @@ class CuttingProxy:
             self._server.close()
             for writer in list(self._links):
                 writer.close()
+            # Links still waiting (opened while frozen, or mid-copy) end here, not when the
+            # loop is closed under them.
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -20,6 +20,7 @@ import psutil
 
 from shoal.config import ShardConfig
 from shoal.ports import free_port
+from tests.fault.serving import NO_SCHEDULE
 from tests.fixtures.serve import Served, start_serve, stop_serve
 
 
@@ -42,6 +43,7 @@ class ServeTree:
             "[metadata]\npool_max_size = 4\n"
             f'[[metadata.shards]]\nname = "{self.shard.name}"\ndsn = "{self.shard.dsn}"\n\n'
             f"[s3]\nworkers = 2\n\n{self.more_config}"
+            + (NO_SCHEDULE if "[pipeline]" not in self.more_config else "")
         )
         self.log = self.folder / "serve.log"
 

@@ -24,13 +24,20 @@ UNION ALL SELECT id FROM {schema}.manta_bucket_upload_part
 """
 
 
+# A test's serve runs no pipeline job on its own: one due while the suite runs (a run
+# across 00:30 UTC, say) would start Spark in the middle of a fault test.
+NO_SCHEDULE = "\n[pipeline]\nscheduled = false\n"
+
+
 @contextlib.contextmanager
 def own_serve(folder: Path, config: str = "") -> Iterator[Served]:
     """`shoal serve` with its data directory in `folder` and `config` added to its
     configuration file; stopped (SIGINT) at the end."""
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / "shoal.toml"
-    config_file.write_text(f'data_dir = "data"\n{config}\n')
+    config_file.write_text(
+        f'data_dir = "data"\n{config}\n{NO_SCHEDULE if "[pipeline]" not in config else ""}'
+    )
     process, served = start_serve(config_file, free_port(), folder / "serve.log")
     try:
         yield served
