@@ -12,7 +12,7 @@ import psycopg
 
 from shoal.config import MetadataConfig
 from shoal.metadata import MetadataStore, migrate
-from shoal.metadata.migrate import _apply
+from shoal.metadata.migrate import apply_migrations
 from shoal.metadata.schema import CATALOG_MIGRATIONS, SHARD_MIGRATIONS, Migration
 from tests.fixtures.postgres import close_later, create_databases
 
@@ -27,8 +27,10 @@ def test_nodes_registered_before_the_migration_keep_their_rows_and_then_report_b
 
     async def registry_before_the_migration() -> None:
         async with await psycopg.AsyncConnection.connect(shards[0].dsn, autocommit=True) as conn:
-            await _apply(conn, "shard", SHARD_MIGRATIONS)
-            await _apply(conn, "catalog", [m for m in CATALOG_MIGRATIONS if m.version < ADDED])
+            await apply_migrations(conn, "shard", SHARD_MIGRATIONS)
+            await apply_migrations(
+                conn, "catalog", [m for m in CATALOG_MIGRATIONS if m.version < ADDED]
+            )
             await conn.execute(
                 "INSERT INTO shoal.storage_node (name, datacenter, url, capacity_bytes,"
                 " free_bytes, heartbeat) VALUES ('n0', 'dc0', 'http://127.0.0.1:1', 10, 5, now())"
@@ -64,9 +66,9 @@ def test_a_version_below_the_highest_applied_is_still_applied(
 
     async def apply_before_and_after_the_merge() -> list[int]:
         async with await psycopg.AsyncConnection.connect(shard.dsn, autocommit=True) as conn:
-            await _apply(conn, "gap-check", [first, third])
-            await _apply(conn, "gap-check", [first, merged_later, third])
-            await _apply(conn, "gap-check", [first, merged_later, third])  # nothing left
+            await apply_migrations(conn, "gap-check", [first, third])
+            await apply_migrations(conn, "gap-check", [first, merged_later, third])
+            await apply_migrations(conn, "gap-check", [first, merged_later, third])  # nothing left
             await conn.execute("SELECT FROM shoal.gap_merged_later")  # exists
             cur = await conn.execute(
                 "SELECT version FROM shoal.schema_migrations WHERE scope = 'gap-check'"
