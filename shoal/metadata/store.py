@@ -61,10 +61,15 @@ class MetadataStore:
         pool_max_size: int = 20,
         *,
         shard_key: bytes | None = None,
+        poll_ring: bool = True,
     ) -> MetadataStore:
         """`shard_key`: the credentials key, with which the store opens the shards that
-        `shoal shard add` adds while it runs (ShardSet)."""
-        shards = await ShardSet.open(configs, pool_max_size, shard_key=shard_key)
+        `shoal shard add` adds while it runs (ShardSet). `poll_ring`: read the ring every
+        few seconds in the background (without it, the store follows a move only when a
+        shard refuses a statement)."""
+        shards = await ShardSet.open(
+            configs, pool_max_size, shard_key=shard_key, poll_ring=poll_ring
+        )
         async with shards.catalog.pool.connection() as conn:
             window = await window_width(conn)
         return cls(shards, window)

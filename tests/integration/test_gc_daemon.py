@@ -40,7 +40,7 @@ def shard(admin_dsn: str, run: Any) -> ShardConfig:
 
 @pytest.fixture
 def store(shard: ShardConfig, run: Any) -> Iterator[MetadataStore]:
-    opened = run(MetadataStore.open([shard], 4))
+    opened = run(MetadataStore.open([shard], 4, poll_ring=False))  # see postgres.py
     yield opened
     run(opened.close())
 

@@ -38,7 +38,7 @@ def test_nodes_registered_before_the_migration_keep_their_rows_and_then_report_b
 
     run(registry_before_the_migration())
     run(migrate(shards, MetadataConfig(vnodes=2, partitions_ahead=1)))
-    store = run(MetadataStore.open(shards, 2))
+    store = run(MetadataStore.open(shards, 2, poll_ring=False))
     close_later(lambda: run(store.close()))
 
     [old] = run(store.nodes.list(DEADLINE))
