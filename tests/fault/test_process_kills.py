@@ -16,6 +16,7 @@ import pytest
 
 from tests.fault.load import MixedLoad, iter_failures, statuses, wait_until
 from tests.fault.serve_tree import ServeTree, wait_for_new_process
+from tests.fixtures.admin import wait_until_ready
 from tests.fixtures.postgres import create_databases, unique
 from tests.fixtures.serve import RawResponse, raw_request
 
@@ -43,7 +44,10 @@ def tree(admin_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 
 def mixed_load(tree: ServeTree, max_seconds: float = 40, threads: int = THREADS) -> MixedLoad:
-    """A load on a bucket of its own (the ledger knows only what this load wrote)."""
+    """A load on a bucket of its own (the ledger knows only what this load wrote), once the
+    serve is ready again after what the test before did to it."""
+    assert tree.served is not None
+    wait_until_ready(tree.served)
     bucket = unique("kills")
     tree.client().create_bucket(Bucket=bucket)
     return MixedLoad(
