@@ -65,7 +65,7 @@ class _ShoalHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def iso_time(seconds: float) -> str:
-    """`seconds` since the epoch as ISO 8601 in UTC with milliseconds: 2024-05-01T12:00:00.123Z"""
+    """`seconds` since the epoch as ISO 8601 in UTC with milliseconds: YYYY-MM-DDTHH:MM:SS.mmmZ"""
     whole = int(seconds)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{_millis(seconds)}Z"
 
