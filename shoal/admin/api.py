@@ -9,12 +9,12 @@ answer (or a schema older than this code's) makes a call that needs it 503 with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from shoal.admin.app import json_answer
 from shoal.admin.census import PIPELINE_RUNS_SHOWN, Census, CensusUnavailable
 
 PREFIX = "/admin/v1"
@@ -51,7 +51,9 @@ def api_routes(census: Census) -> web.RouteTableDef:
         job = request.query.get("job") or None
         limit = request.query.get("limit", str(PIPELINE_RUNS_SHOWN))
         if not limit.isdigit() or not 1 <= int(limit) <= MAX_PIPELINE_RUNS:
-            return _json({"error": f"limit must be a number from 1 to {MAX_PIPELINE_RUNS}"}, 400)
+            return json_answer(
+                {"error": f"limit must be a number from 1 to {MAX_PIPELINE_RUNS}"}, 400
+            )
         return await _answer(lambda: census.pipeline(job, int(limit)))
 
     return routes
@@ -59,17 +61,6 @@ def api_routes(census: Census) -> web.RouteTableDef:
 
 async def _answer(read: Callable[[], Awaitable[dict[str, Any]]]) -> web.Response:
     try:
-        return _json(await read())
+        return json_answer(await read())
     except CensusUnavailable as exc:
-        return _json({"error": str(exc)}, 503, headers={"Retry-After": "5"})
-
-
-def _json(
-    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        text=json.dumps(body, default=str),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
+        return json_answer({"error": str(exc)}, 503, headers={"Retry-After": "5"})

@@ -60,11 +60,11 @@ def admin_app(
     extra = tuple(collectors)
 
     async def alive(request: web.Request) -> web.Response:
-        return _json({"status": "alive", "pid": os.getpid()})
+        return json_answer({"status": "alive", "pid": os.getpid()})
 
     async def ready(request: web.Request) -> web.Response:
         is_ready, details = await health.check()
-        return _json({"ready": is_ready, **details}, status=200 if is_ready else 503)
+        return json_answer({"ready": is_ready, **details}, status=200 if is_ready else 503)
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = telemetry.exposition(extra)
@@ -89,7 +89,7 @@ async def _admin_only(request: web.Request, handler: Handler) -> web.StreamRespo
     token = request.app[TOKEN]
     if path.startswith("/admin/"):
         if token is None or not _admitted(token, request, bearer=True):
-            return _json({"error": "the admin token is needed (Authorization: Bearer)"}, 401)
+            return json_answer({"error": "the admin token is needed (Authorization: Bearer)"}, 401)
         return await handler(request)
     console_page = path.startswith(CONSOLE) and not path.startswith(OPEN_CONSOLE_PATHS)
     if console_page and (token is None or not _admitted(token, request, bearer=False)):
@@ -130,11 +130,15 @@ async def _log_out(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _json(body: dict[str, Any], status: int = 200) -> web.Response:
+def json_answer(
+    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """Every JSON answer of the admin listener (timestamps and UUIDs as strings)."""
     return web.Response(
         text=json.dumps(body, default=str),
         status=status,
         content_type="application/json",
+        headers=headers,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from shoal import telemetry
+from shoal.admin.app import json_answer
 
 log = logging.getLogger("shoal")
 
@@ -144,6 +145,6 @@ def rates_routes(rates: RequestRates) -> web.RouteTableDef:
 
     @routes.get("/admin/v1/requests")
     async def requests(request: web.Request) -> web.Response:
-        return web.json_response(rates.rates())
+        return json_answer(rates.rates())
 
     return routes
