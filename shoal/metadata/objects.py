@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from psycopg.types.json import Jsonb
 
@@ -383,7 +383,7 @@ def listing_templates(reading: Reading) -> tuple[str, str]:
 
 
 # A write's condition: ETag bytes, or ANY_VERSION (`*`), or None (no condition).
-ANY_VERSION = "*"
+ANY_VERSION: Final = "*"
 WriteCondition = bytes | Literal["*"] | None
 
 
