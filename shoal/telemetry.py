@@ -273,7 +273,7 @@ class _SharedFiles(MultiProcessCollector):
     creating at that moment (empty until sized; reading it failed the whole scrape, which a
     worker restarted while Prometheus scrapes would meet)."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
+    def collect(self) -> Iterable[Metric]:
         files = []
         for path in glob.glob(os.path.join(self._path, "*.db")):
             with contextlib.suppress(FileNotFoundError):  # a dead process's, just removed
@@ -285,5 +285,5 @@ class _SharedFiles(MultiProcessCollector):
 class _Everything(Collector):
     """The process's default registry, as one collector of another registry."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
+    def collect(self) -> Iterable[Metric]:
         return REGISTRY.collect()

@@ -8,6 +8,7 @@ or removes a version with blocks records it in manta_bucket_deleted_object exact
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import operator
 import uuid
@@ -242,7 +243,7 @@ class Objects(Component):
 
     async def _keys(
         self, owner: uuid.UUID, bucket_id: uuid.UUID, bounds: tuple[str, str | None], wanted: int
-    ) -> list[ObjectSummary]:
+    ) -> builtins.list[ObjectSummary]:
         """The first `wanted` keys in `bounds`: each shard asked for its share of the page
         (listing.first_keys), not for all of it."""
         shards = self.shards.placed()
@@ -265,7 +266,7 @@ class Objects(Component):
         delimiter: str,
         marker: str,
         wanted: int,
-    ) -> list[ObjectSummary | CommonPrefix]:
+    ) -> builtins.list[ObjectSummary | CommonPrefix]:
         """The first `wanted` entries after `marker`, keys that share a common prefix as one.
 
         Rows are read in order, up to a budget a round, until they prove to be many keys per
@@ -313,7 +314,7 @@ class Objects(Component):
         reading: Reading,
         limit: int,
         rows: RowMaker,
-    ) -> list[list[Any]]:
+    ) -> builtins.list[builtins.list[Any]]:
         """Per shard: up to `limit` entries in key order, as `reading` says to read them."""
         return await asyncio.gather(
             *(
@@ -330,7 +331,7 @@ class Objects(Component):
         reading: Reading,
         limit: int,
         rows: RowMaker,
-    ) -> list[Any]:
+    ) -> builtins.list[Any]:
         """Up to `limit` entries of one shard in key order, as `reading` says to read them."""
         lower, upper = reading.bounds
         params = {

@@ -8,6 +8,7 @@ every unused part become deletion records, and the part rows go.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
 import itertools
 import uuid
@@ -197,7 +198,7 @@ class Uploads(Component):
         bucket: str,
         name: str,
         upload_id: uuid.UUID,
-        chosen: list[tuple[int, bytes]],
+        chosen: builtins.list[tuple[int, bytes]],
         *,
         min_part_size: int = MIN_PART_SIZE_BYTES,
         if_match: WriteCondition = None,
