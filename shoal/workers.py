@@ -98,6 +98,7 @@ class WorkerProcesses:
                     lived,
                     pause,
                 )
+                assert process.pid is not None  # it was started
                 telemetry.forget_process(process.pid)  # its requests in flight are gone
             if schedule.due():
                 self._start(index)
