@@ -79,15 +79,14 @@ class Objects(Component):
         """
         check_object_name(name)
         check_version_id(write.id)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = write_params(owner, found.id, name, write)
+        bucket_id, vnode, _ = await self.locate_object(owner, bucket, name)
+        params = write_params(owner, bucket_id, name, write)
         statement = conditional_statement(params, if_match, if_none_match)
         if write.under_replicated:  # noted first: a crash before the row leaves a stale note
             await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
         rows = await self.write_row(vnode, statement, params)
         if not rows:
-            if if_match is not None and not await self._exists(vnode, owner, found.id, name):
+            if if_match is not None and not await self._exists(vnode, owner, bucket_id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return PutResult(id=write.id, created=rows[0]["created"], replaced=rows[0]["old_id"])
@@ -98,12 +97,9 @@ class Objects(Component):
         """The live version of `name`; with_data=False leaves a small object's bytes out
         (`data` None: for a HEAD, which has no use for them)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        _, vnode, key = await self.locate_object(owner, bucket, name)
         statement = queries.SELECT_OBJECT_WITH_DATA if with_data else queries.SELECT_OBJECT
-        rows = await self.read_rows(
-            vnode, statement, {"owner": owner, "bucket_id": found.id, "name": name}
-        )
+        rows = await self.read_rows(vnode, statement, key)
         if not rows:
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
         return object_from_row(rows[0])
@@ -115,15 +111,8 @@ class Objects(Component):
         version is no longer live (deleted or replaced since it was read): then nothing is
         changed, and the version that replaced it keeps its own tags."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "name": name,
-            "id": version_id,
-            "tags": Jsonb(tags),
-        }
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        params = {**key, "id": version_id, "tags": Jsonb(tags)}
         return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_TAGS, params))
 
     async def set_acl(
@@ -132,9 +121,8 @@ class Objects(Component):
         """Set the canned ACL of version `version_id` of `name` ("private" removes it). False,
         changing nothing, if that version is no longer live (as set_tags)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {"owner": owner, "bucket_id": found.id, "name": name, "id": version_id, "acl": acl}
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        params = {**key, "id": version_id, "acl": acl}
         return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_ACL, params))
 
     async def delete(
@@ -142,13 +130,11 @@ class Objects(Component):
     ) -> ObjectVersion | None:
         """Delete the live version; returns it, or None if there was none (not an error in S3)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {"owner": owner, "bucket_id": found.id, "name": name, "if_match": if_match}
-        rows = await self.write_row(vnode, queries.DELETE_OBJECT, params)
+        bucket_id, vnode, key = await self.locate_object(owner, bucket, name)
+        rows = await self.write_row(vnode, queries.DELETE_OBJECT, {**key, "if_match": if_match})
         if rows:
             return object_from_row(rows[0])
-        if if_match is not None and await self._exists(vnode, owner, found.id, name):
+        if if_match is not None and await self._exists(vnode, owner, bucket_id, name):
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return None
 
