@@ -513,17 +513,12 @@ async def _gateway_admin(
         collectors=[CensusCollector(census), RestartCollector(workers)],
         routes=[api_routes(census), rates_routes(rates), console_routes()],
     )
-    refreshing = asyncio.create_task(census.keep_refreshing(stop))
-    try:
-        async with (
-            rates.sampling(),
-            serving_admin(app, config.admin.host, port or config.admin.port),
-        ):
-            yield
-    finally:
-        refreshing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refreshing
+    async with (
+        shoal.loop.in_background(census.keep_refreshing(stop)),
+        rates.sampling(),
+        serving_admin(app, config.admin.host, port or config.admin.port),
+    ):
+        yield
 
 
 class RestartCollector(Collector):

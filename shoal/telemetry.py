@@ -38,6 +38,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
 
+from shoal.loop import in_background
+
 log = logging.getLogger("shoal")
 
 # prometheus_client's name for the folder; the processes a service starts inherit it.
@@ -251,13 +253,10 @@ async def flushing(seconds: float = FLUSH_SECONDS) -> AsyncIterator[None]:
             await asyncio.sleep(seconds)
             _flush()
 
-    task = asyncio.create_task(flush_forever())
     try:
-        yield
+        async with in_background(flush_forever()):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         _flush()
 
 

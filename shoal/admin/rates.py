@@ -22,6 +22,7 @@ from aiohttp import web
 
 from shoal import telemetry
 from shoal.admin.app import json_answer
+from shoal.loop import in_background
 
 log = logging.getLogger("shoal")
 
@@ -126,13 +127,8 @@ class RequestRates:
     @contextlib.asynccontextmanager
     async def sampling(self) -> AsyncIterator[RequestRates]:
         """Sample now, then every `every` seconds while the context lasts."""
-        task = asyncio.create_task(self._sample_forever())
-        try:
+        async with in_background(self._sample_forever()):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _sample_forever(self) -> None:
         while True:
