@@ -18,7 +18,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -212,7 +211,7 @@ async def _sampled_bytes(
     statement = render_arms(queries.GC_SIZE_SAMPLE, queries.GC_SIZE_SAMPLE_ARM, vnodes)
     row = await (await conn.execute(statement, {"percent": percent})).fetchone()
     assert row is not None  # an aggregate's one row
-    records, size = int(row[0]), Decimal(row[1])  # the sum of bigints is a numeric
+    records, size = int(row[0]), int(row[1])
     if not records:
         return 0
     return round(object_rows * size / records)
