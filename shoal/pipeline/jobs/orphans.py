@@ -91,8 +91,10 @@ def _named_ids(row: Any) -> list[str]:
     return [p["id"] for p in parts] if parts else [row.id]
 
 
+# Not annotated: pyspark reads a UDF's annotations to choose how to run it, and refuses
+# (with a warning) ones that name plain Python types.
 @F.udf(T.DoubleType())
-def _uuid_seconds(version: str) -> float | None:
+def _uuid_seconds(version):
     """When a block's UUIDv7 version id was made (a name that is not one is never an orphan)."""
     try:
         return uuid7_time(uuid.UUID(version)).timestamp()
