@@ -15,11 +15,11 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -45,8 +45,15 @@ from shoal.metadata.deployment import (
     require_instance,
     shard_configs,
 )
-from shoal.metadata.garbage import GcRun
-from shoal.metadata.moves import DEFAULT_GRACE, Mover, MoveResult, add_shard, plan_rebalance
+from shoal.metadata.garbage import Backlog, GcRun
+from shoal.metadata.moves import (
+    DEFAULT_GRACE,
+    Mover,
+    MoveRecord,
+    MoveResult,
+    add_shard,
+    plan_rebalance,
+)
 from shoal.metadata.ring import Ring
 from shoal.metadata.status import cluster_status
 from shoal.storage.auth import load_or_create_secret
@@ -56,6 +63,7 @@ from shoal.workers import stop_on_signals
 PRIVATE_UMASK = 0o077
 # Set (to anything) for Shoal's DEBUG lines and the trace of an unexpected error.
 DEBUG_ENV = "SHOAL_DEBUG"
+T = TypeVar("T")
 
 
 class CommandError(Exception):
@@ -271,13 +279,17 @@ def _shard_add(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_mover(config: Config, args: argparse.Namespace, action):  # type: ignore[no-untyped-def]
+def _with_mover(
+    config: Config,
+    args: argparse.Namespace,
+    action: Callable[[Mover, list[str]], Awaitable[T]],
+) -> T:
     """Run `action(mover, shard names)` after the mover resumed or rolled back what a
     crashed one left, and dropped the old copies past their grace period."""
     if args.grace < 0:
         raise CommandError("--grace must be 0 or more seconds")
 
-    async def run(shards: list[ShardConfig]) -> object:
+    async def run(shards: list[ShardConfig]) -> T:
         async with Mover(shards, config.metadata, timedelta(seconds=args.grace)) as mover:
             for line in [*await mover.recover(), *await mover.finish()]:
                 print(line, flush=True)
@@ -329,7 +341,9 @@ def _print_move(vnode: int, target: str, result: MoveResult | None) -> None:
 
 
 def _ring_status(config: Config, args: argparse.Namespace) -> int:
-    async def read(shards: list[ShardConfig]) -> tuple[Ring, list, list]:  # type: ignore[type-arg]
+    async def read(
+        shards: list[ShardConfig],
+    ) -> tuple[Ring, list[dict[str, Any]], list[MoveRecord]]:
         mover = Mover(shards, config.metadata)
         try:
             return await mover.status()
@@ -577,7 +591,7 @@ def _gc_run(config: Config, args: argparse.Namespace) -> int:
 
 
 def _gc_status(config: Config, args: argparse.Namespace) -> int:
-    async def gather(store: MetadataStore) -> tuple[bool, list, list]:  # type: ignore[type-arg]
+    async def gather(store: MetadataStore) -> tuple[bool, list[Backlog], list[GcRun]]:
         book = store.gc_book
         return await book.paused(), await book.backlog(), await book.last_runs()
 
@@ -765,11 +779,13 @@ def _gc_pause(config: Config, paused: bool) -> int:
     return 0
 
 
-def _with_store(config: Config, action, connections: int = 4):  # type: ignore[no-untyped-def]
+def _with_store(
+    config: Config, action: Callable[[MetadataStore], Awaitable[T]], connections: int = 4
+) -> T:
     """Run `action(store)` against the metadata tier (beside `shoal serve` or alone), with
     up to `connections` connections per shard (as many as `action` uses at once)."""
 
-    async def run(shards: list) -> object:  # type: ignore[type-arg]
+    async def run(shards: list[ShardConfig]) -> T:
         async with await MetadataStore.open(shards, connections) as store:
             return await action(store)
 
@@ -816,7 +832,7 @@ def _account_list(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_credentials(config: Config, action):  # type: ignore[no-untyped-def]
+def _with_credentials(config: Config, action: Callable[[Credentials], Awaitable[T]]) -> T:
     """Run `action(credentials)` against the metadata tier (beside `shoal serve` or alone)."""
     key = load_encryption_key(config.credentials_key_file)
     return _with_store(config, lambda store: action(Credentials(store, key)))
@@ -850,7 +866,7 @@ def _where(config: Config, args: argparse.Namespace) -> list[str]:
 
 
 @contextlib.contextmanager
-def _serve_lock(data_dir: Path):  # type: ignore[no-untyped-def]
+def _serve_lock(data_dir: Path) -> Iterator[None]:
     with open(data_dir / "serve.lock", "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -259,9 +259,7 @@ async def _serve_node(
         workers.start()
         health = DiskHealth(store)
         async with (
-            await MetadataStore.open(
-                shards, pool_max_size=2, shard_key=load_encryption_key(config.credentials_key_file)
-            ) as metadata,
+            await _open_store(config, shards, pool_max_size=2) as metadata,
             _node_admin(node, health),
         ):
             print(
@@ -439,11 +437,7 @@ async def run_gateway(
     extra = config.s3.workers - 1
     workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
     async with (
-        await MetadataStore.open(
-            shards,
-            config.metadata.pool_max_size,
-            shard_key=load_encryption_key(config.credentials_key_file),
-        ) as store,
+        await _open_store(config, shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),
         _gateway_admin(config, shards, admin_port, readiness, stop, workers),
     ):
@@ -519,17 +513,12 @@ async def _gateway_admin(
         collectors=[CensusCollector(census), RestartCollector(workers)],
         routes=[api_routes(census), rates_routes(rates), console_routes()],
     )
-    refreshing = asyncio.create_task(census.keep_refreshing(stop))
-    try:
-        async with (
-            rates.sampling(),
-            serving_admin(app, config.admin.host, port or config.admin.port),
-        ):
-            yield
-    finally:
-        refreshing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refreshing
+    async with (
+        shoal.loop.in_background(census.keep_refreshing(stop)),
+        rates.sampling(),
+        serving_admin(app, config.admin.host, port or config.admin.port),
+    ):
+        yield
 
 
 class RestartCollector(Collector):
@@ -588,23 +577,23 @@ async def _serving_gateway(
             await path.client.close()
 
 
-def _serve_gateway(
+async def _open_store(
+    config: Config, shards: Sequence[ShardConfig], pool_max_size: int
+) -> MetadataStore:
+    """A serving process's metadata store. It holds the credentials key: a shard added while
+    it runs is opened from the catalog's sealed DSN."""
+    return await MetadataStore.open(
+        shards, pool_max_size, shard_key=load_encryption_key(config.credentials_key_file)
+    )
+
+
+async def _serve_gateway(
     worker: int, config: Config, shards: Sequence[ShardConfig], sock: socket.socket
 ) -> None:
     """A gateway worker process: the S3 API on the inherited socket until SIGTERM."""
-    shoal.loop.run(_serve_gateway_until_stopped(config, shards, sock))
-
-
-async def _serve_gateway_until_stopped(
-    config: Config, shards: Sequence[ShardConfig], sock: socket.socket
-) -> None:
     stop = stop_on_signals()
     async with (
-        await MetadataStore.open(
-            shards,
-            config.metadata.pool_max_size,
-            shard_key=load_encryption_key(config.credentials_key_file),
-        ) as store,
+        await _open_store(config, shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock),
     ):
         await stop.wait()

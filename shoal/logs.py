@@ -60,7 +60,7 @@ def current_format() -> str:
     return _format
 
 
-class _ShoalHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _ShoalHandler(logging.StreamHandler[TextIO]):
     """The stderr handler configure() adds (and replaces when called again)."""
 
 

@@ -9,8 +9,9 @@ Every process of Shoal that serves or calls over the network runs its loop throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
@@ -25,6 +26,19 @@ YOUNG_COLLECTION_THRESHOLD = 10_000
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """asyncio.run on a uvloop loop."""
     return uvloop.run(coroutine)
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run `work` as a task while the block runs; at its end the task is cancelled, and
+    waited for."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

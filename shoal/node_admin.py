@@ -15,6 +15,7 @@ from datetime import timedelta
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import ACTIVE, DEAD, DRAINING, StorageNode
 from shoal.storage import BlockClient, NodeError
+from shoal.units import byte_size
 
 # How long `node list` and `node remove` wait for a node to say how many blocks it holds.
 STATUS_SECONDS = 2.0
@@ -129,19 +130,10 @@ def format_nodes(reports: list[NodeReport]) -> str:
     for report in reports:
         node = report.node
         heartbeat = node.heartbeat.strftime("%Y-%m-%d %H:%M:%S") if node.heartbeat else "never"
-        free = _size(node.free_bytes) if node.free_bytes is not None else "?"
+        free = byte_size(node.free_bytes) if node.free_bytes is not None else "?"
         blocks = "?" if report.blocks is None else f"{report.blocks:,}"
         lines.append(
             f"{node.shark:<24} {report.state:<9} {'yes' if node.alive else 'no':<5} "
             f"{heartbeat:<20} {free:>10} {blocks:>8}"
         )
     return "\n".join(lines)
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"

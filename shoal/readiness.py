@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from shoal import telemetry
+from shoal.loop import in_background
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import StorageNode
 from shoal.storage import BlockClient
@@ -81,13 +82,8 @@ class Readiness:
     async def checking(self) -> AsyncIterator[Readiness]:
         """Check now, then every second in the background while the context lasts."""
         await self.refresh()
-        task = asyncio.create_task(self._keep_checking())
-        try:
+        async with in_background(self._keep_checking()):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
         """What /ready answers (the admin listener's Health): the last check's result."""

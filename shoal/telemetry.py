@@ -38,6 +38,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
 
+from shoal.loop import in_background
+
 log = logging.getLogger("shoal")
 
 # prometheus_client's name for the folder; the processes a service starts inherit it.
@@ -251,13 +253,10 @@ async def flushing(seconds: float = FLUSH_SECONDS) -> AsyncIterator[None]:
             await asyncio.sleep(seconds)
             _flush()
 
-    task = asyncio.create_task(flush_forever())
     try:
-        yield
+        async with in_background(flush_forever()):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         _flush()
 
 
@@ -273,7 +272,7 @@ class _SharedFiles(MultiProcessCollector):
     creating at that moment (empty until sized; reading it failed the whole scrape, which a
     worker restarted while Prometheus scrapes would meet)."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
+    def collect(self) -> Iterable[Metric]:
         files = []
         for path in glob.glob(os.path.join(self._path, "*.db")):
             with contextlib.suppress(FileNotFoundError):  # a dead process's, just removed
@@ -285,5 +284,5 @@ class _SharedFiles(MultiProcessCollector):
 class _Everything(Collector):
     """The process's default registry, as one collector of another registry."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
+    def collect(self) -> Iterable[Metric]:
         return REGISTRY.collect()

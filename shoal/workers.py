@@ -20,11 +20,12 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import shoal.logs
+import shoal.loop
 from shoal import telemetry
 from shoal.children import die_with_parent
 from shoal.restarts import Restarts
@@ -54,9 +55,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 class WorkerProcesses:
-    """`count` processes running `target(worker, *args)`; the parent process is worker 0.
+    """`count` processes each running `target(worker, *args)` on its own event loop; the
+    parent process is worker 0.
 
-    `target` must be a module-level function (it is pickled by name) and `args` picklable;
+    `target` must be a module-level coroutine function (it is pickled by name) and `args`
+    picklable;
     a socket in `args` reaches the worker as a duplicate of the parent's.
     """
 
@@ -64,7 +67,7 @@ class WorkerProcesses:
         self,
         name: str,
         count: int,
-        target: Callable[..., None],
+        target: Callable[..., Coroutine[Any, Any, None]],
         *args: Any,
     ) -> None:
         self.name = name
@@ -98,6 +101,7 @@ class WorkerProcesses:
                     lived,
                     pause,
                 )
+                assert process.pid is not None  # it was started
                 telemetry.forget_process(process.pid)  # its requests in flight are gone
             if schedule.due():
                 self._start(index)
@@ -126,12 +130,16 @@ class WorkerProcesses:
 
 
 def _worker_main(
-    parent: int, log_format: str, target: Callable[..., None], worker: int, *args: Any
+    parent: int,
+    log_format: str,
+    target: Callable[..., Coroutine[Any, Any, None]],
+    worker: int,
+    *args: Any,
 ) -> None:
     die_with_parent(parent, signal.SIGKILL)
     shoal.logs.configure(log_format)
     try:
-        target(worker, *args)
+        shoal.loop.run(target(worker, *args))
     except Exception:  # logged in the process's format, not printed by multiprocessing
         log.exception("worker %d failed", worker)
         sys.exit(1)

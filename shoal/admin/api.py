@@ -20,30 +20,22 @@ from shoal.admin.census import PIPELINE_RUNS_SHOWN, Census, CensusUnavailable
 PREFIX = "/admin/v1"
 MAX_PIPELINE_RUNS = 1000
 
+Reading = Callable[[], Awaitable[dict[str, Any]]]
+
 
 def api_routes(census: Census) -> web.RouteTableDef:
     """Every GET of the contract but /admin/v1/requests (the gateway's rates, not census's)."""
     routes = web.RouteTableDef()
-
-    @routes.get(f"{PREFIX}/cluster")
-    async def cluster(request: web.Request) -> web.Response:
-        return await _answer(census.cluster)
-
-    @routes.get(f"{PREFIX}/nodes")
-    async def nodes(request: web.Request) -> web.Response:
-        return await _answer(census.nodes)
-
-    @routes.get(f"{PREFIX}/accounts")
-    async def accounts(request: web.Request) -> web.Response:
-        return await _answer(census.accounts)
-
-    @routes.get(f"{PREFIX}/usage")
-    async def usage(request: web.Request) -> web.Response:
-        return await _answer(census.usage)
-
-    @routes.get(f"{PREFIX}/gc")
-    async def gc(request: web.Request) -> web.Response:
-        return await _answer(census.gc)
+    # The readings a GET answers as they are, with no parameters.
+    plain: dict[str, Reading] = {
+        "cluster": census.cluster,
+        "nodes": census.nodes,
+        "accounts": census.accounts,
+        "usage": census.usage,
+        "gc": census.gc,
+    }
+    for name, read in plain.items():
+        routes.get(f"{PREFIX}/{name}")(_answering(read))
 
     @routes.get(f"{PREFIX}/pipeline")
     async def pipeline(request: web.Request) -> web.Response:
@@ -59,7 +51,14 @@ def api_routes(census: Census) -> web.RouteTableDef:
     return routes
 
 
-async def _answer(read: Callable[[], Awaitable[dict[str, Any]]]) -> web.Response:
+def _answering(read: Reading) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        return await _answer(read)
+
+    return handler
+
+
+async def _answer(read: Reading) -> web.Response:
     try:
         return json_answer(await read())
     except CensusUnavailable as exc:

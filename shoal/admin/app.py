@@ -43,7 +43,7 @@ class Health(Protocol):
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-TOKEN: web.AppKey[AdminToken | None] = web.AppKey("token", AdminToken)  # type: ignore[arg-type]
+TOKEN: web.AppKey[AdminToken | None] = web.AppKey("token", AdminToken)
 
 
 def admin_app(

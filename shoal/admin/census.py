@@ -47,6 +47,7 @@ from shoal.metadata.pipeline_runs import PipelineRun, read_last_per_job, read_ru
 from shoal.metadata.ring import Ring
 from shoal.metadata.shards import first_line, read_ring, render_arms
 from shoal.metadata.status import summarize_versions
+from shoal.units import byte_size
 
 log = logging.getLogger("shoal.admin")
 
@@ -763,11 +764,4 @@ def _count(value: int | None) -> str:
 
 
 def _bytes(value: int | None) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
+    return "-" if value is None else byte_size(value)

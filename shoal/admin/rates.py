@@ -22,6 +22,7 @@ from aiohttp import web
 
 from shoal import telemetry
 from shoal.admin.app import json_answer
+from shoal.loop import in_background
 
 log = logging.getLogger("shoal")
 
@@ -104,12 +105,16 @@ class RequestRates:
             return round(max(0.0, after - before) / seconds, 3)
 
         was = first.counted.by_operation
-        by_operation = [
-            {"operation": operation, "requests_per_second": rate(was.get(operation, 0.0), now)}
+        per_operation = {
+            operation: rate(was.get(operation, 0.0), now)
             for operation, now in last.counted.by_operation.items()
+        }
+        busy = [operation for operation, per_second in per_operation.items() if per_second > 0]
+        busy.sort(key=lambda operation: (-per_operation[operation], operation))
+        by_operation = [
+            {"operation": operation, "requests_per_second": per_operation[operation]}
+            for operation in busy
         ]
-        by_operation = [entry for entry in by_operation if entry["requests_per_second"] > 0]
-        by_operation.sort(key=lambda entry: (-entry["requests_per_second"], entry["operation"]))
         return {
             "window_seconds": round(seconds, 1),
             "requests_per_second": rate(
@@ -122,13 +127,8 @@ class RequestRates:
     @contextlib.asynccontextmanager
     async def sampling(self) -> AsyncIterator[RequestRates]:
         """Sample now, then every `every` seconds while the context lasts."""
-        task = asyncio.create_task(self._sample_forever())
-        try:
+        async with in_background(self._sample_forever()):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _sample_forever(self) -> None:
         while True:

@@ -192,6 +192,15 @@ class Component:
         self.shards.buckets_seen.keep(owner, name, bucket)
         return bucket
 
+    async def locate_object(
+        self, owner: uuid.UUID, bucket: str, name: str
+    ) -> tuple[uuid.UUID, int, dict[str, Any]]:
+        """Where object `name` of a bucket lives: the bucket's id, the object's vnode, and
+        the parameters that name its rows (owner, bucket_id, name)."""
+        bucket_id = (await self.bucket(owner, bucket)).id
+        vnode = self.shards.ring.vnode_for_object(owner, bucket_id, name)
+        return bucket_id, vnode, {"owner": owner, "bucket_id": bucket_id, "name": name}
+
     def forget_bucket(self, owner: uuid.UUID, name: str) -> None:
         self.shards.buckets_seen.forget(owner, name)
 

@@ -7,6 +7,7 @@ catalog shard also records which owner holds each name (shoal.bucket_name).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import uuid
 from typing import Any
 
@@ -29,6 +30,9 @@ from shoal.metadata.shards import render_arms
 
 # S3's largest ListBuckets page and one more, for the gateway to tell whether another follows.
 MAX_BUCKETS_PER_PAGE = 10_001
+
+# A bucket's lifecycle or CORS rules, as stored: JSON documents checked by the gateway.
+Rules = list[dict[str, Any]]
 
 
 class Buckets(Component):
@@ -109,14 +113,14 @@ class Buckets(Component):
             )
         return bucket
 
-    async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: list[dict[str, Any]]) -> None:
+    async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: Rules) -> None:
         """Store a bucket's lifecycle rules (already validated by the caller)."""
         bucket = await self.bucket(owner, name)
         params = {"bucket_id": bucket.id, "owner": owner, "bucket": name, "rules": Jsonb(rules)}
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.PUT_LIFECYCLE, params)
 
-    async def get_lifecycle(self, owner: uuid.UUID, name: str) -> list[dict[str, Any]] | None:
+    async def get_lifecycle(self, owner: uuid.UUID, name: str) -> Rules | None:
         bucket = await self.bucket(owner, name)
         async with self.shards.catalog.pool.connection() as conn:
             cur = await conn.execute(queries.GET_LIFECYCLE, {"bucket_id": bucket.id})
@@ -128,24 +132,24 @@ class Buckets(Component):
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.DELETE_LIFECYCLE, {"bucket_id": bucket.id})
 
-    async def lifecycles(self) -> list[tuple[uuid.UUID, uuid.UUID, str, list[dict[str, Any]]]]:
+    async def lifecycles(self) -> builtins.list[tuple[uuid.UUID, uuid.UUID, str, Rules]]:
         """(bucket id, owner, bucket name, rules) of every bucket with rules."""
         async with self.shards.catalog.pool.connection() as conn:
             rows = await (await conn.execute(queries.ALL_LIFECYCLES)).fetchall()
         return [(r[0], r[1], r[2], list(r[3])) for r in rows]
 
-    async def put_cors(self, owner: uuid.UUID, name: str, rules: list[dict[str, Any]]) -> None:
+    async def put_cors(self, owner: uuid.UUID, name: str, rules: Rules) -> None:
         """Store a bucket's CORS rules (already validated by the caller)."""
         bucket = await self.bucket(owner, name)
         params = {"bucket_id": bucket.id, "owner": owner, "bucket": name, "rules": Jsonb(rules)}
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(queries.PUT_CORS, params)
 
-    async def get_cors(self, owner: uuid.UUID, name: str) -> list[dict[str, Any]] | None:
+    async def get_cors(self, owner: uuid.UUID, name: str) -> Rules | None:
         """The bucket's CORS rules, None without a configuration."""
         return await self.cors_of(await self.bucket(owner, name))
 
-    async def cors_of(self, bucket: Bucket) -> list[dict[str, Any]] | None:
+    async def cors_of(self, bucket: Bucket) -> Rules | None:
         async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.GET_CORS, {"bucket_id": bucket.id})
             row = await cur.fetchone()

@@ -30,7 +30,7 @@ from shoal.metadata.models import DeletedBucket, ObjectVersion
 from shoal.metadata.partitions import window_end
 from shoal.metadata.ring import vnode_schema
 from shoal.metadata.schema import DELETED_TABLES
-from shoal.metadata.shards import render, render_arms
+from shoal.metadata.shards import render, render_arms, scalar
 
 
 @dataclass
@@ -184,7 +184,8 @@ async def read_backlog(
         object_rows = statistics.get("manta_bucket_deleted_object", (0, 0))[1]
         bucket_rows = statistics.get("manta_bucket_deleted_bucket", (0, 0))[1]
         cur = await conn.execute(render_arms(queries.GC_OLDEST, queries.GC_OLDEST_ARM, arms))
-        oldest = (await cur.fetchone())[0]  # type: ignore[index]
+        row = await cur.fetchone()
+        oldest: datetime | None = row[0] if row else None  # None: no deletion records
         if object_rows + bucket_rows <= exact_limit:
             try:
                 async with conn.transaction():  # a savepoint: a timeout leaves the rest usable
@@ -208,7 +209,9 @@ async def _sampled_bytes(
         return 0
     percent = min(100.0, 100.0 * SAMPLED_RECORDS / object_rows)
     statement = render_arms(queries.GC_SIZE_SAMPLE, queries.GC_SIZE_SAMPLE_ARM, vnodes)
-    records, size = await (await conn.execute(statement, {"percent": percent})).fetchone()  # type: ignore[misc]
+    row = await (await conn.execute(statement, {"percent": percent})).fetchone()
+    assert row is not None  # an aggregate's one row
+    records, size = int(row[0]), int(row[1])
     if not records:
         return 0
     return round(object_rows * size / records)
@@ -276,7 +279,7 @@ class GarbageBook(Component):
         schema = vnode_schema(vnode)
         dropped = 0
         async with self.shards.of_vnode(vnode).pool.connection() as conn:
-            now = (await (await conn.execute(queries.DATABASE_NOW)).fetchone())[0]  # type: ignore[index]
+            now = scalar(await (await conn.execute(queries.DATABASE_NOW)).fetchone(), datetime)
             windows = await (await conn.execute(queries.OLD_WINDOWS, {"schema": schema})).fetchall()
             for name, parent in windows:
                 end = window_end(name, self.window)
@@ -286,7 +289,7 @@ class GarbageBook(Component):
                     names = _names(schema, name, parent)
                     await conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
                     cur = await conn.execute(sql.SQL(queries.WINDOW_HOLDS_ANY).format(**names))
-                    if (await cur.fetchone())[0]:  # type: ignore[index]
+                    if scalar(await cur.fetchone(), bool):
                         continue
                     await conn.execute(sql.SQL(queries.DETACH_WINDOW).format(**names))
                     await conn.execute(sql.SQL(queries.DROP_WINDOW).format(**names))
@@ -343,9 +346,10 @@ def clear_window(
             conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
             others = conn.execute(
                 sql.SQL(queries.WINDOW_HOLDS_OTHERS).format(**names), {"ids": list(ids)}
-            ).fetchone()[0]  # type: ignore[index]
-            if not others:
-                count = conn.execute(sql.SQL(queries.COUNT_WINDOW).format(**names)).fetchone()[0]  # type: ignore[index]
+            ).fetchone()
+            if not scalar(others, bool):
+                counted = conn.execute(sql.SQL(queries.COUNT_WINDOW).format(**names)).fetchone()
+                count = scalar(counted, int)
                 conn.execute(sql.SQL(queries.TRUNCATE_WINDOW).format(**names))
                 return WindowClearing(removed=count, whole=True)
     except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable):

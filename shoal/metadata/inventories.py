@@ -8,6 +8,7 @@ are due and records when it did.
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,7 +82,7 @@ class Inventories(Component):
             gone = await (await conn.execute(queries.DELETE_INVENTORY, params)).fetchone()
         return gone is not None
 
-    async def all(self) -> list[InventorySetting]:
+    async def all(self) -> builtins.list[InventorySetting]:
         """Every configuration of every bucket (the pipeline's reading)."""
         async with self.shards.catalog.pool.connection() as conn:
             rows = await (await conn.execute(queries.ALL_INVENTORIES)).fetchall()

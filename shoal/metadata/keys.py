@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -50,8 +52,8 @@ class Keys(Component):
                 raise AccessKeyNotFound(f"no active access key {access_key_id}")
 
     async def _rows(
-        self, query: str, params: dict[str, object], *, reads: bool = False
-    ) -> list[AccessKey]:
+        self, query: str, params: Mapping[str, object], *, reads: bool = False
+    ) -> builtins.list[AccessKey]:
         pool = self.shards.catalog.pool
         async with pool.reading() if reads else pool.connection() as conn:
             cur = conn.cursor(row_factory=class_row(AccessKey))

@@ -8,13 +8,14 @@ or removes a version with blocks records it in manta_bucket_deleted_object exact
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import operator
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from psycopg.types.json import Jsonb
 
@@ -78,15 +79,14 @@ class Objects(Component):
         """
         check_object_name(name)
         check_version_id(write.id)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = write_params(owner, found.id, name, write)
+        bucket_id, vnode, _ = await self.locate_object(owner, bucket, name)
+        params = write_params(owner, bucket_id, name, write)
         statement = conditional_statement(params, if_match, if_none_match)
         if write.under_replicated:  # noted first: a crash before the row leaves a stale note
             await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
         rows = await self.write_row(vnode, statement, params)
         if not rows:
-            if if_match is not None and not await self._exists(vnode, owner, found.id, name):
+            if if_match is not None and not await self._exists(vnode, owner, bucket_id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return PutResult(id=write.id, created=rows[0]["created"], replaced=rows[0]["old_id"])
@@ -97,12 +97,9 @@ class Objects(Component):
         """The live version of `name`; with_data=False leaves a small object's bytes out
         (`data` None: for a HEAD, which has no use for them)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        _, vnode, key = await self.locate_object(owner, bucket, name)
         statement = queries.SELECT_OBJECT_WITH_DATA if with_data else queries.SELECT_OBJECT
-        rows = await self.read_rows(
-            vnode, statement, {"owner": owner, "bucket_id": found.id, "name": name}
-        )
+        rows = await self.read_rows(vnode, statement, key)
         if not rows:
             raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
         return object_from_row(rows[0])
@@ -114,15 +111,8 @@ class Objects(Component):
         version is no longer live (deleted or replaced since it was read): then nothing is
         changed, and the version that replaced it keeps its own tags."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "name": name,
-            "id": version_id,
-            "tags": Jsonb(tags),
-        }
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        params = {**key, "id": version_id, "tags": Jsonb(tags)}
         return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_TAGS, params))
 
     async def set_acl(
@@ -131,9 +121,8 @@ class Objects(Component):
         """Set the canned ACL of version `version_id` of `name` ("private" removes it). False,
         changing nothing, if that version is no longer live (as set_tags)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {"owner": owner, "bucket_id": found.id, "name": name, "id": version_id, "acl": acl}
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        params = {**key, "id": version_id, "acl": acl}
         return bool(await self.write_row(vnode, queries.UPDATE_OBJECT_ACL, params))
 
     async def delete(
@@ -141,13 +130,11 @@ class Objects(Component):
     ) -> ObjectVersion | None:
         """Delete the live version; returns it, or None if there was none (not an error in S3)."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {"owner": owner, "bucket_id": found.id, "name": name, "if_match": if_match}
-        rows = await self.write_row(vnode, queries.DELETE_OBJECT, params)
+        bucket_id, vnode, key = await self.locate_object(owner, bucket, name)
+        rows = await self.write_row(vnode, queries.DELETE_OBJECT, {**key, "if_match": if_match})
         if rows:
             return object_from_row(rows[0])
-        if if_match is not None and await self._exists(vnode, owner, found.id, name):
+        if if_match is not None and await self._exists(vnode, owner, bucket_id, name):
             raise PreconditionFailed(f"precondition failed for {name!r}")
         return None
 
@@ -242,7 +229,7 @@ class Objects(Component):
 
     async def _keys(
         self, owner: uuid.UUID, bucket_id: uuid.UUID, bounds: tuple[str, str | None], wanted: int
-    ) -> list[ObjectSummary]:
+    ) -> builtins.list[ObjectSummary]:
         """The first `wanted` keys in `bounds`: each shard asked for its share of the page
         (listing.first_keys), not for all of it."""
         shards = self.shards.placed()
@@ -265,7 +252,7 @@ class Objects(Component):
         delimiter: str,
         marker: str,
         wanted: int,
-    ) -> list[ObjectSummary | CommonPrefix]:
+    ) -> builtins.list[ObjectSummary | CommonPrefix]:
         """The first `wanted` entries after `marker`, keys that share a common prefix as one.
 
         Rows are read in order, up to a budget a round, until they prove to be many keys per
@@ -313,7 +300,7 @@ class Objects(Component):
         reading: Reading,
         limit: int,
         rows: RowMaker,
-    ) -> list[list[Any]]:
+    ) -> builtins.list[builtins.list[Any]]:
         """Per shard: up to `limit` entries in key order, as `reading` says to read them."""
         return await asyncio.gather(
             *(
@@ -330,7 +317,7 @@ class Objects(Component):
         reading: Reading,
         limit: int,
         rows: RowMaker,
-    ) -> list[Any]:
+    ) -> builtins.list[Any]:
         """Up to `limit` entries of one shard in key order, as `reading` says to read them."""
         lower, upper = reading.bounds
         params = {
@@ -383,7 +370,7 @@ def listing_templates(reading: Reading) -> tuple[str, str]:
 
 
 # A write's condition: ETag bytes, or ANY_VERSION (`*`), or None (no condition).
-ANY_VERSION = "*"
+ANY_VERSION: Final = "*"
 WriteCondition = bytes | Literal["*"] | None
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import errors, generators
+from psycopg import abc, errors, generators
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus, Format
 
@@ -41,7 +41,7 @@ class _Prepared:
         # its columns (choosing a loader per column was a third of the cost of loading a
         # row). By name, not by text: the same text prepared for other parameter types
         # may return other column types (`SELECT $1`).
-        self.loaders: dict[bytes, tuple[tuple[str, ...], Transformer]] = {}
+        self.loaders: dict[bytes, tuple[tuple[str, ...], abc.Transformer]] = {}
 
     def new_name(self) -> bytes:
         self.made += 1
@@ -68,7 +68,7 @@ class Parameters:
     """A statement's values as they travel: bytes (or None for NULL), their types and
     formats (binary or text)."""
 
-    dumped: Sequence[bytes | None]
+    dumped: Sequence[abc.Buffer | None]
     types: tuple[int, ...]
     formats: Sequence[Format]
 

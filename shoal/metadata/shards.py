@@ -15,11 +15,12 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 from psycopg.types import TypeInfo
 from psycopg.types.hstore import register_hstore
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -60,6 +61,10 @@ CONNECT_TIMEOUT_SECONDS = 2
 RING_POLL_SECONDS = 2.0
 RING_RETRY_SECONDS = 0.05
 
+# A pooled connection: autocommit, rows as tuples unless a cursor asks for another factory.
+Connection = psycopg.AsyncConnection[TupleRow]
+T = TypeVar("T")
+
 
 @dataclass
 class Shard:
@@ -90,7 +95,7 @@ class PooledConnection:
     def __init__(self, pool: ShardPool) -> None:
         self.pool = pool
 
-    async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
+    async def __aenter__(self) -> Connection:
         self.conn = await self.pool.getconn()
         return self.conn
 
@@ -274,7 +279,7 @@ class LastInFirstOutPool(AsyncConnectionPool):
     since this overrides a method psycopg_pool does not document.
     """
 
-    async def _get_ready_connection(self, timeout: float | None) -> Any:
+    async def _get_ready_connection(self, timeout: float | None) -> Connection | None:
         if timeout is not None and timeout <= 0.0:
             raise PoolTimeout()
         if not self._pool:
@@ -305,14 +310,17 @@ class ShardPool(LastInFirstOutPool):
     their connects decide.
     """
 
-    def __init__(self, *args: Any, shard: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, conninfo: str, *, shard: str, kwargs: dict[str, Any], **options: Any
+    ) -> None:
+        super().__init__(conninfo, kwargs=kwargs, **options)
         self.shard = shard
+        self._probe_with = conninfo, kwargs  # the pool's own may also be callables
         self.down_since: float | None = None
         self._prober: asyncio.Task[None] | None = None
         self._replacing: asyncio.Task[None] | None = None
 
-    async def getconn(self, timeout: float | None = None) -> Any:
+    async def getconn(self, timeout: float | None = None) -> Connection:
         self.check_reachable()
         try:
             return await super().getconn(timeout)
@@ -377,8 +385,9 @@ class ShardPool(LastInFirstOutPool):
             log.warning("shard %s: dropping idle connections failed: %r", self.shard, exc)
         while self.down_since is not None and not self.closed:
             try:
+                conninfo, kwargs = self._probe_with
                 conn = await asyncio.wait_for(
-                    psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs),
+                    psycopg.AsyncConnection.connect(conninfo, **kwargs),
                     PROBE_TIMEOUT_SECONDS,
                 )
             except Exception:
@@ -414,18 +423,28 @@ class ShardPool(LastInFirstOutPool):
             attempt = _SteadyAttempt(timeout=self.reconnect_timeout)
         await super()._add_connection(attempt, growing)
 
-    def connection(self, timeout: float | None = None) -> Any:
+    @contextlib.asynccontextmanager
+    async def connection(
+        self, timeout: float | None = None, *, may_have_committed: bool = True
+    ) -> AsyncIterator[Connection]:
         """psycopg_pool's connection(), with a failed connection classified (outage.py):
         whatever the block did may have committed, as far as this pool can tell."""
-        return self._classifying(super().connection(timeout), may_have_committed=True)
+        try:
+            async with super().connection(timeout) as conn:
+                yield conn
+        except Exception as exc:
+            failure = self.failure(exc, may_have_committed=may_have_committed)
+            if failure is exc:
+                raise
+            raise failure from exc
 
-    def reading(self) -> Any:
+    def reading(self) -> contextlib.AbstractAsyncContextManager[Connection]:
         """A connection for reads only (`async with`): a failed connection is
         MetadataUnavailable, since nothing the block does commits."""
-        return self._classifying(super().connection(), may_have_committed=False)
+        return self.connection(may_have_committed=False)
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def transaction(self) -> AsyncIterator[Connection]:
         """A connection in a transaction (`async with`), committed at the end of the block. A
         failed connection is MetadataUnavailable before the COMMIT is sent, CommitUnknown at
         the COMMIT."""
@@ -436,19 +455,6 @@ class ShardPool(LastInFirstOutPool):
                 committing = True
         except Exception as exc:
             failure = self.failure(exc, may_have_committed=committing)
-            if failure is exc:
-                raise
-            raise failure from exc
-
-    @contextlib.asynccontextmanager
-    async def _classifying(
-        self, connection: Any, *, may_have_committed: bool
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        try:
-            async with connection as conn:
-                yield conn
-        except Exception as exc:
-            failure = self.failure(exc, may_have_committed=may_have_committed)
             if failure is exc:
                 raise
             raise failure from exc
@@ -555,7 +561,7 @@ _FRAGMENTS = {
 @functools.lru_cache(maxsize=8192)
 def render(template: str, vnode: int | None = None, upper_bound: bool = False) -> str:
     """A statement of queries.py for one vnode, as text ready to execute (and prepare)."""
-    fragments = {
+    fragments: dict[str, sql.Composable] = {
         **_FRAGMENTS,
         "upper_bound": sql.SQL(UPPER_BOUND if upper_bound else ""),
     }
@@ -605,3 +611,11 @@ def positional(statement: str) -> tuple[bytes, tuple[str, ...]]:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def scalar(row: TupleRow | None, kind: type[T]) -> T:
+    """The value of a statement that always returns one row of one column (count(*), EXISTS,
+    current_timestamp), checked to be a `kind`."""
+    if row is None or not isinstance(row[0], kind):
+        raise TypeError(f"a {kind.__name__} was expected as the one value, got {row!r}")
+    return row[0]

@@ -16,7 +16,7 @@ from shoal.metadata.errors import SchemaError
 from shoal.metadata.migrate import applied_versions
 from shoal.metadata.nodes import StorageNode
 from shoal.metadata.ring import Ring, vnode_schema
-from shoal.metadata.shards import first_line, read_ring
+from shoal.metadata.shards import first_line, read_ring, scalar
 
 VNODE_TABLES = (
     "manta_bucket",
@@ -93,13 +93,14 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
             query = sql.SQL("SELECT name, sum(count)::bigint FROM ({arms}) c GROUP BY name").format(
                 arms=arms
             )
-            counts = dict(await (await conn.execute(query)).fetchall())
+            rows = await (await conn.execute(query)).fetchall()
+            counts: dict[str, int] = {name: count for name, count in rows}
             status.row_counts = {
                 t: counts.get(t, 0)
                 for t in (*VNODE_TABLES, *(CATALOG_TABLES if with_catalog else ()))
             }
         windows = await conn.execute(queries.COUNT_WINDOWS, {})
-        status.windows = (await windows.fetchone())[0]  # type: ignore[index]
+        status.windows = scalar(await windows.fetchone(), int)
         return status
 
 

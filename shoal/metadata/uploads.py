@@ -8,6 +8,7 @@ every unused part become deletion records, and the part rows go.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
 import itertools
 import uuid
@@ -58,13 +59,10 @@ class Uploads(Component):
         creator: uuid.UUID | None = None,
     ) -> Upload:
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        _, vnode, key = await self.locate_object(owner, bucket, name)
         params = {
+            **key,
             "id": uuid7(),
-            "owner": owner,
-            "bucket_id": found.id,
-            "name": name,
             "creator": creator,
             "content_type": content_type,
             "headers": dict(headers or {}),
@@ -76,10 +74,8 @@ class Uploads(Component):
 
     async def get(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> Upload:
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
-        rows = await self.rows(vnode, queries.SELECT_UPLOAD, params)
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        rows = await self.rows(vnode, queries.SELECT_UPLOAD, {**key, "upload_id": upload_id})
         if not rows:
             raise UploadNotFound(f"no upload {upload_id} for {name!r}")
         return _upload(rows[0])
@@ -92,12 +88,9 @@ class Uploads(Component):
         check_version_id(part.id)
         if not 1 <= part.part_number <= MAX_PART_NUMBER:
             raise InvalidName(f"part number must be between 1 and {MAX_PART_NUMBER}")
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
+        _, vnode, key = await self.locate_object(owner, bucket, name)
         params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "name": name,
+            **key,
             "upload_id": upload_id,
             "part_number": part.part_number,
             "id": part.id,
@@ -132,15 +125,8 @@ class Uploads(Component):
         limit: int = 1000,
     ) -> list[Part]:
         await self.get(owner, bucket, name, upload_id)  # NoSuchUpload before an empty list
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        params = {
-            "owner": owner,
-            "bucket_id": found.id,
-            "upload_id": upload_id,
-            "after": after,
-            "limit": limit,
-        }
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        params = {**key, "upload_id": upload_id, "after": after, "limit": limit}
         return [_part(row) for row in await self.rows(vnode, queries.LIST_PARTS, params)]
 
     async def list(
@@ -197,7 +183,7 @@ class Uploads(Component):
         bucket: str,
         name: str,
         upload_id: uuid.UUID,
-        chosen: list[tuple[int, bytes]],
+        chosen: builtins.list[tuple[int, bytes]],
         *,
         min_part_size: int = MIN_PART_SIZE_BYTES,
         if_match: WriteCondition = None,
@@ -212,10 +198,9 @@ class Uploads(Component):
         precondition) nothing changes and the upload stays open.
         """
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
+        bucket_id, vnode, key = await self.locate_object(owner, bucket, name)
         upload = await self.get(owner, bucket, name, upload_id)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
+        key["upload_id"] = upload_id
 
         async def attempt() -> PutResult:
             async with self.shards.of_vnode(vnode).pool.transaction() as conn:
@@ -227,7 +212,7 @@ class Uploads(Component):
                 stored = {row["part_number"]: _part(row) for row in await cur.fetchall()}
                 parts = _chosen_parts(chosen, stored, min_part_size)
                 write = _assembled(upload, parts, properties or {})
-                params = write_params(owner, found.id, name, write)
+                params = write_params(owner, bucket_id, name, write)
                 statement = conditional_statement(params, if_match, if_none_match)
                 await cur.execute(render(statement, vnode), params)
                 put = await cur.fetchall()
@@ -246,9 +231,8 @@ class Uploads(Component):
     async def abort(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> int:
         """End an upload; every part becomes a deletion record. Returns the number of parts."""
         check_object_name(name)
-        found = await self.bucket(owner, bucket)
-        vnode = self.shards.ring.vnode_for_object(owner, found.id, name)
-        key = {"owner": owner, "bucket_id": found.id, "name": name, "upload_id": upload_id}
+        _, vnode, key = await self.locate_object(owner, bucket, name)
+        key["upload_id"] = upload_id
 
         async def attempt() -> int:
             async with self.shards.of_vnode(vnode).pool.transaction() as conn:

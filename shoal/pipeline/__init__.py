@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,7 @@ def _run(
     from shoal.pipeline.session import spark_session
 
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
+    run_module: Callable[[JobContext], Summary] = module.run  # each job module's entry point
     ring = asyncio.run(_ring(shards))
     log_file = folder.parent / "spark.log"
     session = spark if spark is not None else spark_session(job, master, log_file, config.pipeline)
@@ -96,7 +98,7 @@ def _run(
             options=dict(options or {}),
             started=started,
         )
-        return module.run(context)  # type: ignore[no-any-return]
+        return run_module(context)
     finally:
         if spark is None:
             session.stop()

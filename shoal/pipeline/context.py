@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
@@ -15,6 +16,8 @@ from shoal.metadata.ring import Ring
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -40,14 +43,16 @@ class JobContext:
             states = await store.nodes.states()
             return {n.shark: n.url for n in nodes if states.get(n.name) != DEAD}
 
-        return self.with_store(read)  # type: ignore[no-any-return]
+        return self.with_store(read)
 
-    def with_store(self, action: Any, connections: int = 4) -> Any:
+    def with_store(
+        self, action: Callable[[MetadataStore], Awaitable[T]], connections: int = 4
+    ) -> T:
         """Run `action(store)` with a metadata store, from the driver, with up to
         `connections` connections per shard: as many as `action` uses at once (a call that
         waits too long for one fails)."""
 
-        async def run() -> Any:
+        async def run() -> T:
             async with await MetadataStore.open(self.shards, connections) as store:
                 return await action(store)
 

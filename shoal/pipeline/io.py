@@ -18,6 +18,7 @@ import contextlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.outage import classified, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.shards import scalar
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
 
@@ -147,7 +149,8 @@ def exported_snapshots(shards: Sequence[ShardConfig]) -> Iterator[dict[str, str]
             conn = connect(shard.name, shard.dsn)
             connections.append(conn)
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshots[shard.name] = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+            exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+            snapshots[shard.name] = scalar(exported, str)
         yield snapshots
     finally:
         for conn in connections:
@@ -185,13 +188,13 @@ def catalog_rows(shards: Sequence[ShardConfig], query: str) -> list[tuple[Any, .
         return conn.execute(query).fetchall()
 
 
-def database_time_minus(shard: ShardConfig, seconds: float) -> Any:
+def database_time_minus(shard: ShardConfig, seconds: float) -> datetime:
     """`now - seconds` by the database's clock (ages are never judged by a worker's clock)."""
     with connect(shard.name, shard.dsn, autocommit=False) as conn:
         row = conn.execute(
             "SELECT current_timestamp - make_interval(secs => %s)", (seconds,)
         ).fetchone()
-    return row[0]  # type: ignore[index]
+    return scalar(row, datetime)
 
 
 def read_rows(

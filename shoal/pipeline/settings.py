@@ -79,7 +79,7 @@ def resolvable_host_name() -> str | None:
     reach (a name that resolves to 127.0.0.1 only would send executors to themselves)."""
     name = socket.getfqdn()
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(name, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
     except OSError:
         return None
     if addresses and not all(_is_loopback(address) for address in addresses):

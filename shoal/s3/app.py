@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 from urllib.parse import parse_qsl
 
 from shoal import logs
@@ -74,6 +75,16 @@ class Gateway:
     readiness: Readiness | None = None  # None: always ready (a gateway in a test)
 
 
+class Authenticated(Protocol):
+    """What authenticated a request, and the body as it lets handlers read it: a signed
+    request's `sigv4.Verified`, a SigV2 request's `UnsignedBody`, a form upload's
+    `post.PostedForm`."""
+
+    trailers: dict[str, str]
+
+    def body(self, raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
+
 @dataclass
 class Call:
     """One authenticated S3 request, as handlers see it."""
@@ -84,7 +95,7 @@ class Call:
     endpoint: Endpoint
     where: Address
     account: uuid.UUID
-    verified: sigv4.Verified | UnsignedBody
+    verified: Authenticated
     query: dict[str, str]  # the query string's parameters, decoded
     # Served to a stranger by a public-read ACL (access.py): an object read then serves only
     # a version that is public-read itself, whatever replaced the one access.py checked.
@@ -195,6 +206,7 @@ async def handle(gateway: Gateway, request: http.Request) -> http.Response:
             await cors.add_headers(call)
         from shoal.s3 import access  # imports this module
 
+        handler: Handler
         if call.account == ANONYMOUS:
             handler = access.serve_anonymous  # a stranger's write learns only AccessDenied
         else:
@@ -314,9 +326,9 @@ def _as_s3_error(error: Exception, request_id: str) -> S3Error:
         mapped.fields = dict(error.details)
         return mapped
     if isinstance(error, MetadataError | StorageUnavailable | DataUnavailable):
-        mapped = from_domain(error)
-        if mapped is not None:
-            return mapped
+        domain = from_domain(error)
+        if domain is not None:
+            return domain
     log.exception("request %s failed", request_id, exc_info=error)
     return InternalError()
 

@@ -135,11 +135,11 @@ class FormReader:
             message[name.strip()] = value.strip()
         if message.get_content_disposition() != "form-data":
             raise MalformedPOSTRequest()
-        name = message.get_param("name", header="content-disposition")
-        if not isinstance(name, str):
+        field = message.get_param("name", header="content-disposition")
+        if not isinstance(field, str):
             raise MalformedPOSTRequest()
         filename = message.get_filename()
-        return name.lower(), filename, message.get("content-type")
+        return field.lower(), filename, message.get("content-type")
 
     async def _small_part(self, limit: int) -> bytes:
         return await self._skip_to_delimiter(limit)

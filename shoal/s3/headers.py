@@ -7,8 +7,9 @@ import binascii
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from email.utils import format_datetime, parsedate_to_datetime
+from email.utils import format_datetime
 
+from shoal import httpdate
 from shoal.metadata import ObjectVersion
 from shoal.s3.errors import (
     InvalidArgument,
@@ -122,17 +123,6 @@ def http_date(moment: datetime) -> str:
     return format_datetime(moment.astimezone(UTC), usegmt=True)
 
 
-def parse_http_date(value: str | None) -> datetime | None:
-    """An HTTP date header, or None if absent or unreadable (S3 ignores a bad date)."""
-    if not value:
-        return None
-    try:
-        parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix: str = "") -> None:
     """If-Match, If-None-Match, If-Modified-Since, If-Unmodified-Since, with S3's precedence.
 
@@ -142,8 +132,9 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
     lowered = _lower(headers)
     if_match = lowered.get(prefix + "if-match")
     if_none_match = lowered.get(prefix + "if-none-match")
-    modified_since = parse_http_date(lowered.get(prefix + "if-modified-since"))
-    unmodified_since = parse_http_date(lowered.get(prefix + "if-unmodified-since"))
+    # A date that cannot be read is ignored, as S3 does.
+    modified_since = httpdate.parse(lowered.get(prefix + "if-modified-since"))
+    unmodified_since = httpdate.parse(lowered.get(prefix + "if-unmodified-since"))
     modified = version.modified.replace(microsecond=0)
     if if_match is not None:
         if not etag_matches(version.etag, if_match):

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from http import HTTPStatus
-from typing import Any, cast
+from typing import TypeVar, cast, overload
 from urllib.parse import unquote
 
 import httptools
@@ -75,13 +75,22 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
+_T = TypeVar("_T")
+
+
 class Headers(dict[str, str]):
     """Request headers by lowercase name; a repeated header is its values joined by commas
     (RFC 9110, 5.3; SigV4 canonicalizes them the same way). Lookups take any case. Values
     (and the request target) are decoded as UTF-8, bytes that are not kept as surrogates,
     so that SigV4 signs what the client sent and a stored value goes back out as it came."""
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    @overload
+    def get(self, name: str, default: None = None, /) -> str | None: ...
+    @overload
+    def get(self, name: str, default: str, /) -> str: ...
+    @overload
+    def get(self, name: str, default: _T, /) -> str | _T: ...
+    def get(self, name: str, default: object = None, /) -> object:
         return dict.get(self, name.lower(), default)
 
     def __getitem__(self, name: str) -> str:
@@ -282,12 +291,12 @@ class StreamResponse(Response):
         self._request = request
         request.stream = self
 
-    async def write(self, chunk: bytes) -> None:
+    async def write(self, chunk: bytes | bytearray) -> None:
         assert self._request is not None, "prepare() first"
         if self.chunked:
             if chunk:
                 self._written += len(chunk)
-                await self._send(_joined(self._head, b"%x\r\n%b\r\n" % (len(chunk), chunk)))
+                await self._send(_joined(self._head, b"%x\r\n" % len(chunk) + chunk + b"\r\n"))
             return
         assert self.content_length is not None
         if self._written + len(chunk) > self.content_length:
@@ -307,7 +316,7 @@ class StreamResponse(Response):
             await self._send(self._head)
         self.finished = True
 
-    async def _send(self, data: bytes | list[bytes]) -> None:
+    async def _send(self, data: _Outgoing) -> None:
         assert self._request is not None
         self._head = None
         self._request.response_started = True
@@ -320,11 +329,15 @@ class StreamResponse(Response):
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+# What is written to the socket: one piece, or pieces written together (a head and a body
+# too large to copy onto it). A block read from the storage nodes is a bytearray.
+_Outgoing = bytes | bytearray | list[bytes | bytearray]
+
 # A body up to this size goes out in one write with its head; a larger one is not copied.
 JOIN_BODY_BYTES = 64 * 1024
 
 
-def _joined(head: bytes | None, body: bytes) -> bytes | list[bytes]:
+def _joined(head: bytes | None, body: bytes | bytearray) -> _Outgoing:
     if head is None:
         return body
     return head + body if len(body) <= JOIN_BODY_BYTES else [head, body]
@@ -580,7 +593,7 @@ class _Connection(asyncio.Protocol):
         lines.append("\r\n")
         return "".join(lines).encode("utf-8", "surrogateescape")
 
-    async def send_body(self, data: bytes | list[bytes]) -> None:
+    async def send_body(self, data: _Outgoing) -> None:
         """Write, then wait while the socket's buffer is full."""
         if self._closed:
             raise ConnectionResetError("the client closed the connection")
@@ -592,7 +605,7 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._writable = None
 
-    def _write(self, data: bytes | list[bytes]) -> None:
+    def _write(self, data: _Outgoing) -> None:
         if self._transport is not None and not self._closed:
             if isinstance(data, list):
                 self._transport.writelines(data)

@@ -239,7 +239,7 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             call.key,
             completing,
             chosen,
-            **conditional_write(call),  # type: ignore[arg-type]
+            **conditional_write(call),
             properties=checksums,
         )
     except UploadNotFound:

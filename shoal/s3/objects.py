@@ -3,6 +3,7 @@ CopyObject."""
 
 from __future__ import annotations
 
+from typing import TypedDict
 from urllib.parse import unquote_plus
 
 from shoal.metadata import (
@@ -14,7 +15,7 @@ from shoal.metadata import (
     ObjectWrite,
 )
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
-from shoal.metadata.objects import ANY_VERSION
+from shoal.metadata.objects import ANY_VERSION, WriteCondition
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
@@ -69,7 +70,14 @@ def check_null_version(call: Call) -> None:
         raise InvalidArgument("Invalid version id specified")
 
 
-def conditional_write(call: Call) -> dict[str, object]:
+class WriteConditions(TypedDict):
+    """The keyword arguments of Objects.put and Uploads.complete that condition a write."""
+
+    if_match: WriteCondition
+    if_none_match: WriteCondition
+
+
+def conditional_write(call: Call) -> WriteConditions:
     """If-Match and If-None-Match on a write (each `*` or an ETag), as put/complete
     arguments: the metadata tier checks them in the statement that writes the row."""
     if_none_match = call.request.headers.get("If-None-Match")
@@ -83,7 +91,7 @@ def conditional_write(call: Call) -> dict[str, object]:
     }
 
 
-def _write_condition(header: str | None) -> bytes | str | None:
+def _write_condition(header: str | None) -> WriteCondition:
     """`*`, or the MD5 bytes of one ETag (PreconditionFailed if it is none Shoal makes)."""
     if header is None:
         return None
@@ -153,7 +161,7 @@ async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> Non
     try:
         await call.store.objects.put(
             call.account, call.bucket, call.key, write, **conditional_write(call)
-        )  # type: ignore[arg-type]
+        )
     except MetadataError as exc:
         if not isinstance(exc, CommitUnknown):
             await payload.discard(call.data, stored.version_id, stored.result)
@@ -181,7 +189,7 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
         h.check_conditions(version, call.request.headers)
     except h.NotModified:
         kept = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
-        return http.Response(status=304, headers=kept)
+        return http.StreamResponse(status=304, headers=kept)  # a head alone, as a HEAD's
     for parameter, header in h.RESPONSE_OVERRIDES.items():
         if parameter in call.query:
             headers[header] = call.query[parameter]

@@ -84,7 +84,7 @@ def requested_checksums(headers: Mapping[str, str]) -> list[str]:
 
 async def store_body(
     data: DataPath,
-    body: AsyncIterator[bytes],
+    body: AsyncIterator[bytes | bytearray],
     headers: Mapping[str, str],
     trailers: Mapping[str, str],
     length: int | None,
@@ -115,7 +115,7 @@ async def store_body(
 
 
 async def _read_small(
-    body: AsyncIterator[bytes], length: int, checksums: list[str]
+    body: AsyncIterator[bytes | bytearray], length: int, checksums: list[str]
 ) -> tuple[bytes, WriteResult]:
     """A body of `length` bytes, whole, with its digests (reading stops past `length`: the
     size check then fails without holding more)."""
@@ -135,7 +135,7 @@ async def _read_small(
 
 def read_version(
     data: DataPath, version: ObjectVersion, start: int = 0, end: int | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[bytes | bytearray]:
     """Bytes [start, end) of a version, from its row or from its blocks.
 
     Where they are is what the row's properties say, not whether `data` holds bytes: a

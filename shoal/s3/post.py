@@ -94,7 +94,7 @@ async def authenticated_call(
     object_where = Address(where.bucket, key, where.virtual)
     return Call(
         gateway, request, request_id, Endpoint.PostObject, object_where, account, form, query
-    )  # type: ignore[arg-type]
+    )
 
 
 async def _verify_signature(

@@ -47,9 +47,18 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 
-from shoal.s3.sigv4 import SignedRequest, SigV4Error, check_clock_skew, utf8
+from shoal import httpdate
+from shoal.s3.sigv4 import (
+    SignedRequest,
+    SigV4Error,
+    check_clock_skew,
+    in_utc,
+    refuse_session_tokens,
+    signature_mismatch,
+    two_mechanisms,
+    utf8,
+)
 
 __all__ = [
     "SUBRESOURCES",
@@ -121,7 +130,6 @@ _EPOCH_SECONDS = re.compile(r"[0-9]{1,19}")
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-_SECURITY_TOKEN = "x-amz-security-token"
 
 
 @dataclass(frozen=True)
@@ -181,17 +189,13 @@ def parse(request: SignedRequest, now: datetime) -> V2Credentials:
     signature is refused with AccessDenied (the gateway serves anonymous requests, which
     carry no credentials at all, without calling this).
     """
-    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
-    _refuse_session_tokens(request)
+    now = in_utc(now)
+    refuse_session_tokens(request)
     authorization = request.headers.get("authorization")
     names = {name for name, _ in request.query}
     in_query = bool(names & (_SIGV4_QUERY | {QUERY_ACCESS_KEY, QUERY_SIGNATURE}))
     if authorization is not None and in_query:
-        raise SigV4Error(
-            "InvalidArgument",
-            "Only one auth mechanism allowed; only the X-Amz-Algorithm query parameter, "
-            "Signature query string parameter or the Authorization header should be specified",
-        )
+        raise two_mechanisms()
     if authorization is not None:
         return _parse_header_auth(request, authorization, now)
     if names & _SIGV4_QUERY:
@@ -222,16 +226,11 @@ def verify(
         matched |= hmac.compare_digest(_sign(key, to_sign), provided)
     if not matched:
         to_sign = candidates[0]
-        raise SigV4Error(
-            "SignatureDoesNotMatch",
-            "The request signature we calculated does not match the signature you provided. "
-            "Check your key and signing method.",
-            {
-                "AWSAccessKeyId": credentials.access_key_id,
-                "StringToSign": to_sign,
-                "SignatureProvided": credentials.signature,
-                "StringToSignBytes": " ".join(f"{byte:02x}" for byte in utf8(to_sign)),
-            },
+        raise signature_mismatch(
+            credentials.access_key_id,
+            to_sign,
+            credentials.signature,
+            StringToSignBytes=" ".join(f"{byte:02x}" for byte in utf8(to_sign)),
         )
 
 
@@ -342,16 +341,6 @@ def _parse_query_auth(query: Sequence[tuple[str, str]], now: datetime) -> V2Cred
     )
 
 
-def _refuse_session_tokens(request: SignedRequest) -> None:
-    in_query = any(name.lower() == _SECURITY_TOKEN for name, _ in request.query)
-    if in_query or _SECURITY_TOKEN in request.headers:
-        raise SigV4Error(
-            "InvalidArgument",
-            "Temporary credentials (X-Amz-Security-Token) are not supported by this store; "
-            "sign with an access key and its secret.",
-        )
-
-
 def _parse_request_time(value: str) -> datetime | None:
     """An HTTP date (RFC 7231: "Tue, 27 Mar 2007 19:36:42 +0000"), or the ISO 8601 basic
     format some clients put in x-amz-date ("20070327T193642Z"); None if it is neither."""
@@ -361,14 +350,7 @@ def _parse_request_time(value: str) -> datetime | None:
             return datetime.strptime(value, _AMZ_DATE_FORMAT).replace(tzinfo=UTC)
         except ValueError:
             return None
-    if len(value) > 64:
-        return None
-    try:
-        when = parsedate_to_datetime(value)
-        # "-0000" means UTC with no claim about the local zone: parsedate leaves it naive.
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
+    return httpdate.parse(value)
 
 
 # --- Canonicalisation --------------------------------------------------------------------------

@@ -37,9 +37,10 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+from shoal import httpdate
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE = "s3"
@@ -100,6 +101,25 @@ class SigV4Error(Exception):
         self.code = code
         self.message = message
         self.details: dict[str, str] = dict(details or {})
+
+
+def signature_mismatch(
+    access_key_id: str, to_sign: str, provided: str, **diagnostics: str
+) -> SigV4Error:
+    """SignatureDoesNotMatch for a request's signature (V4 or V2), with the details S3 gives
+    to find what the client signed differently: what was signed, and `diagnostics` (V4's
+    canonical request, V2's bytes of the string to sign)."""
+    return SigV4Error(
+        "SignatureDoesNotMatch",
+        "The request signature we calculated does not match the signature you provided. "
+        "Check your key and signing method.",
+        {
+            "AWSAccessKeyId": access_key_id,
+            "StringToSign": to_sign,
+            "SignatureProvided": provided,
+            **diagnostics,
+        },
+    )
 
 
 class PayloadMode(StrEnum):
@@ -172,17 +192,13 @@ def parse(request: SignedRequest, now: datetime) -> Credentials:
     signature is refused with AccessDenied (the gateway serves a request with no credentials
     at all as anonymous before it gets here: app.py, access.py).
     """
-    now = now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
-    _refuse_session_tokens(request)
+    now = in_utc(now)
+    refuse_session_tokens(request)
     authorization = request.headers.get("authorization")
     names = {name for name, _ in request.query}
     presigned = any(name in names for name in _PRESIGN_PARAMS[:3])
     if authorization is not None and presigned:
-        raise SigV4Error(
-            "InvalidArgument",
-            "Only one auth mechanism allowed; only the X-Amz-Algorithm query parameter, "
-            "Signature query string parameter or the Authorization header should be specified",
-        )
+        raise two_mechanisms()
     if authorization is not None:
         return _parse_header_auth(request, authorization, now)
     if presigned:
@@ -209,16 +225,11 @@ def verify(credentials: Credentials, request: SignedRequest, secret_key: str | N
         [ALGORITHM, credentials.amz_date, credentials.scope, _sha256_hex(canonical)]
     )
     if not hmac.compare_digest(_hmac(key, to_sign).hex(), credentials.signature):
-        raise SigV4Error(
-            "SignatureDoesNotMatch",
-            "The request signature we calculated does not match the signature you provided. "
-            "Check your key and signing method.",
-            {
-                "AWSAccessKeyId": credentials.access_key_id,
-                "StringToSign": to_sign,
-                "SignatureProvided": credentials.signature,
-                "CanonicalRequest": canonical,
-            },
+        raise signature_mismatch(
+            credentials.access_key_id,
+            to_sign,
+            credentials.signature,
+            CanonicalRequest=canonical,
         )
     return Verified(credentials, key)
 
@@ -400,14 +411,30 @@ def _parse_query_auth(request: SignedRequest, now: datetime) -> Credentials:
     )
 
 
-def _refuse_session_tokens(request: SignedRequest) -> None:
-    in_query = any(name == "X-Amz-Security-Token" for name, _ in request.query)
+def in_utc(now: datetime) -> datetime:
+    """The server's time as an aware UTC datetime (a naive one is taken as UTC)."""
+    return now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
+
+
+def refuse_session_tokens(request: SignedRequest) -> None:
+    """InvalidArgument for temporary credentials, in a header or the query (in any case:
+    a token this store cannot check must not pass as an ordinary parameter)."""
+    in_query = any(name.lower() == "x-amz-security-token" for name, _ in request.query)
     if in_query or "x-amz-security-token" in request.headers:
         raise SigV4Error(
             "InvalidArgument",
             "Temporary credentials (X-Amz-Security-Token) are not supported by this store; "
             "sign with an access key and its secret.",
         )
+
+
+def two_mechanisms() -> SigV4Error:
+    """A request signed both in its Authorization header and in its query."""
+    return SigV4Error(
+        "InvalidArgument",
+        "Only one auth mechanism allowed; only the X-Amz-Algorithm query parameter, "
+        "Signature query string parameter or the Authorization header should be specified",
+    )
 
 
 def _unsupported_algorithm(code: str) -> SigV4Error:
@@ -506,7 +533,7 @@ def _header_request_time(headers: Mapping[str, str]) -> tuple[datetime, str]:
     """The request time from X-Amz-Date or, failing that, the Date header (RFC 7231), and
     as it is signed: X-Amz-Date's value as sent (it was checked to be one), else formatted."""
     stamp = headers.get("x-amz-date")
-    when = _parse_amz_date(stamp) if stamp is not None else _parse_http_date(headers)
+    when = _parse_amz_date(stamp) if stamp is not None else httpdate.parse(headers.get("date"))
     if when is None:
         raise SigV4Error(
             "AccessDenied", "AWS authentication requires a valid Date or x-amz-date header"
@@ -528,18 +555,6 @@ def _parse_amz_date(value: str) -> datetime | None:
             tzinfo=UTC,
         )
     except ValueError:  # a month 13, a 31st of April...
-        return None
-
-
-def _parse_http_date(headers: Mapping[str, str]) -> datetime | None:
-    value = headers.get("date")
-    if value is None or len(value) > 64:
-        return None
-    try:
-        when = parsedate_to_datetime(value)
-        # "-0000" means UTC with no claim about the local zone: parsedate leaves it naive.
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
 

@@ -50,7 +50,7 @@ class ReplayCacheFull(Exception):
     be sent again with a new token)."""
 
 
-def body_content(body: bytes) -> str:
+def body_content(body: bytes | bytearray) -> str:
     """What a token binds of a request body: its SHA-256."""
     return f"sha256:{sha256(body).hexdigest() if body else _EMPTY_SHA256}"
 
@@ -87,7 +87,7 @@ class Signed:
         path: str,
         *,
         query: str = "",
-        body: bytes = b"",
+        body: bytes | bytearray = b"",
         checksum: str | None = None,
         range: str = "",
     ) -> Signed:

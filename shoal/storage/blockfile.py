@@ -442,7 +442,7 @@ def _read_exactly(body: Readable, buffer: memoryview) -> int:
     return filled
 
 
-def checksum_of(data: bytes) -> str:
+def checksum_of(data: bytes | bytearray) -> str:
     """A block's checksum (see the module's docstring), as 32 hex digits."""
     return xxhash.xxh3_128_hexdigest(data)
 

@@ -106,7 +106,7 @@ class BlockClient:
             pool.close()
 
     async def put_block(
-        self, url: str, name: str, data: bytes, checksum: str | None = None
+        self, url: str, name: str, data: bytes | bytearray, checksum: str | None = None
     ) -> bool:
         """Store a block on one node; True if it was new there."""
         headers = {CHECKSUM_HEADER: checksum or checksum_of(data)}
@@ -155,7 +155,7 @@ class BlockClient:
         method: str,
         url: str,
         path: str,
-        body: bytes = b"",
+        body: bytes | bytearray = b"",
         headers: dict[str, str] | None = None,
         query: str = "",
     ) -> _Call:
@@ -176,8 +176,8 @@ class BlockClient:
     def _pool(self, url: str) -> _Pool:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # connections belong to the loop that opened them
-            for pool in self._pools.values():
-                pool.close()
+            for stale in self._pools.values():
+                stale.close()
             self._pools, self._loop = {}, loop
         pool = self._pools.get(url)
         if pool is None:
@@ -232,7 +232,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- what the client does -------------------------------------------------------------
 
-    async def send(self, head: bytes, body: bytes) -> None:
+    async def send(self, head: bytes, body: bytes | bytearray) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError("the connection to the node is closed")
         self._transport.writelines((head, body) if body else (head,))
@@ -460,7 +460,7 @@ class _Call:
         pool: _Pool,
         method: str,
         target: str,
-        body: bytes,
+        body: bytes | bytearray,
         headers: dict[str, str],
         authorize: Callable[[], str],
     ) -> None:

@@ -173,7 +173,7 @@ class DataPath:
     async def write(
         self,
         version_id: uuid.UUID,
-        stream: AsyncIterator[bytes],
+        stream: AsyncIterator[bytes | bytearray],
         checksums: Iterable[str] = S3_CHECKSUMS,
     ) -> WriteResult:
         nodes = await self.directory.writable_nodes()
@@ -249,7 +249,7 @@ class DataPath:
 
     async def read(
         self, runs: Sequence[BlockRun], start: int = 0, end: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | bytearray]:
         """Bytes [start, end) of the object made of `runs`, streamed; up to BLOCKS_IN_FLIGHT
         blocks are fetched ahead while the current one is sent (memory stays bounded)."""
         total = sum(r.size for r in runs)
@@ -470,7 +470,7 @@ class _VersionWriter:
         raise StorageUnavailable(f"no healthy replica holds block {index} any more")
 
 
-async def _blocks(stream: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+async def _blocks(stream: AsyncIterator[bytes | bytearray], size: int) -> AsyncIterator[bytes]:
     """Exactly `size` bytes per block, the last one shorter; nothing for an empty stream.
 
     A block is joined once from views of the chunks received: one copy per byte, where

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import http
+import io
 import json
 import logging
 import multiprocessing
@@ -242,7 +243,7 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         # The client went away, stalled past IDLE_SECONDS or failed the TLS handshake: drop
         # the connection.
-        with contextlib.suppress(_GONE):
+        with contextlib.suppress(*_GONE):
             if isinstance(self.request, ssl.SSLSocket):
                 self.request.do_handshake()
             while not self.close_connection and self._read_request():
@@ -506,7 +507,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class _Body:
     """A request's body: exactly Content-Length bytes of the connection, no more."""
 
-    def __init__(self, stream: Any, length: int | None) -> None:
+    def __init__(self, stream: io.BufferedIOBase, length: int | None) -> None:
         self._stream = stream
         self.length = length
         self._remaining = length or 0

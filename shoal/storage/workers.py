@@ -16,7 +16,6 @@ import socket
 from collections.abc import Collection
 from pathlib import Path
 
-import shoal.loop
 from shoal.storage.auth import ReplayCache
 from shoal.storage.blockfile import BlockStore, in_thread
 from shoal.storage.server import BlockCount, NodeIdentity, NodeServer
@@ -40,20 +39,8 @@ def node_workers(
     sharing the node process's `replays`."""
     access = (tuple(addresses), replays, tls)
     return WorkerProcesses(
-        "storage", count, _serve_node, root, secret, identity, blocks, sock, access
+        "storage", count, _serve_until_stopped, root, secret, identity, blocks, sock, access
     )
-
-
-def _serve_node(
-    worker: int,
-    root: Path,
-    secret: bytes,
-    identity: NodeIdentity,
-    blocks: BlockCount,
-    sock: socket.socket,
-    access: tuple[tuple[str, ...], ReplayCache, ServerFiles | None],
-) -> None:
-    shoal.loop.run(_serve_until_stopped(worker, root, secret, identity, blocks, sock, access))
 
 
 async def _serve_until_stopped(

@@ -3,6 +3,7 @@ their restarts."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -31,8 +32,8 @@ def test_a_process_that_ran_steadily_before_it_died_is_restarted_at_once(
     assert schedule.exited()[1] == 0.0 and schedule.quick_exits == 0
 
 
-def _sleep(worker: int) -> None:
-    time.sleep(60)
+async def _sleep(worker: int) -> None:
+    await asyncio.sleep(60)
 
 
 def test_worker_processes_restart_a_dead_worker_and_count_it() -> None:

@@ -25,6 +25,7 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from shoal.metadata import MetadataStore
 from shoal.metadata.garbage import GcRun, vacuum_windows
 from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
@@ -179,8 +180,8 @@ def _removal(row: Row, width: timedelta) -> tuple[Any, ...]:
     return (row.shard, row.vnode, row.kind, row.id, row.owner, row.bucket_id, window)
 
 
-async def _window_width(store: Any) -> timedelta:
-    return store.gc_book.window  # type: ignore[no-any-return]
+async def _window_width(store: MetadataStore) -> timedelta:
+    return store.gc_book.window
 
 
 def _blocks(key: tuple[Any, ...], row: Row, urls: dict[str, str]) -> list[tuple[Any, ...]]:

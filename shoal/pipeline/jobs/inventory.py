@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from shoal import inventory as spec
@@ -76,6 +77,7 @@ def run(ctx: JobContext) -> Summary:
     totals = everything.agg(
         F.countDistinct("bucket").alias("buckets"), F.sum("size").alias("bytes")
     ).first()
+    assert totals is not None  # an aggregate's one row
     problems = ctx.with_store(lambda store: _deliver(ctx, store, reports)) if reports else []
     # Delivered ones are in their buckets; an undelivered one is written again when next due.
     shutil.rmtree(folder, ignore_errors=True)
@@ -93,7 +95,7 @@ def run(ctx: JobContext) -> Summary:
     )
 
 
-def inventory(objects, buckets):  # type: ignore[no-untyped-def]
+def inventory(objects: DataFrame, buckets: DataFrame) -> DataFrame:
     """The report's rows: pure DataFrame work, testable on inline rows."""
     parts = F.json_array_length(F.get_json_object("properties", "$.parts"))
     etag = F.when(parts.isNull(), F.hex("content_md5")).otherwise(

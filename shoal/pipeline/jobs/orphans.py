@@ -43,7 +43,9 @@ def run(ctx: JobContext) -> Summary:
         referenced.count()
     orphans = orphan_blocks(inventory, referenced, cutoff.timestamp()).cache()
     found = orphans.count()
-    found_bytes = orphans.agg(F.sum("size")).first()[0] or 0
+    summed = orphans.agg(F.sum("size")).first()
+    assert summed is not None  # an aggregate's one row
+    found_bytes = summed[0] or 0
     deleted = 0
     if ctx.options.get("delete") and found:
         # What the nodes report they removed (a block deleted meanwhile is not counted).
@@ -89,8 +91,10 @@ def _named_ids(row: Any) -> list[str]:
     return [p["id"] for p in parts] if parts else [row.id]
 
 
+# Not annotated: pyspark reads a UDF's annotations to choose how to run it, and refuses
+# (with a warning) ones that name plain Python types.
 @F.udf(T.DoubleType())
-def _uuid_seconds(version):  # type: ignore[no-untyped-def]
+def _uuid_seconds(version):
     """When a block's UUIDv7 version id was made (a name that is not one is never an orphan)."""
     try:
         return uuid7_time(uuid.UUID(version)).timestamp()
