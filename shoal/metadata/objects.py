@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
-from shoal.metadata import queries
+from shoal.metadata import prefix_index, queries
 from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import (
     InvalidName,
@@ -225,7 +225,12 @@ class Objects(Component):
         bounds = key_range(prefix, delimiter, marker)
         entries: Sequence[ObjectSummary | CommonPrefix] = []
         if limit and bounds is not None:
-            if delimiter:
+            indexed = prefix_index.serves(prefix, delimiter)
+            if indexed and (found.id, prefix) in prefix_index.dense:
+                entries = await self.under_one_ring(
+                    lambda: self._from_prefix_index(owner, found.id, prefix, bounds, wanted)
+                )
+            elif delimiter:
                 entries = await self.under_one_ring(
                     lambda: self._rolled_up(owner, found.id, prefix, delimiter, marker, wanted)
                 )
@@ -257,6 +262,38 @@ class Objects(Component):
         shares = [len(shard.vnodes) / self.shards.ring.vnodes for shard in shards]
         return await first_keys(shares, read, lower, _name_of, wanted)
 
+    async def _from_prefix_index(
+        self,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        prefix: str,
+        bounds: tuple[str, str | None],
+        wanted: int,
+    ) -> list[ObjectSummary | CommonPrefix]:
+        """The first `wanted` entries in `bounds` of a '/' listing of `prefix` (empty or
+        ending in '/'), from the prefix index (prefix_index.py): each shard gives its first
+        `wanted` in one statement; a common prefix several shards hold is listed once."""
+        lower, upper = bounds
+        params = {
+            "owner": owner,
+            "bucket_id": bucket_id,
+            "prefix": prefix,
+            "segment_lower": prefix_index.segment_lower(prefix, lower),
+            "lower": lower,
+            "upper": upper,
+            "limit": wanted,
+        }
+
+        async def read(shard: Shard) -> list[ObjectSummary | CommonPrefix]:
+            statement = prefix_index.statement(tuple(shard.vnodes), upper is not None)
+            rows = await self.shard_rows(
+                shard, statement, params, rows=_listed_rows, template=queries.LIST_PREFIX_INDEX
+            )
+            return [entry for _, _, entry in rows]
+
+        pages = await asyncio.gather(*(read(shard) for shard in self.shards.placed()))
+        return merge_sorted(pages, key_of=_entry_key, limit=wanted)
+
     async def _rolled_up(
         self,
         owner: uuid.UUID,
@@ -269,7 +306,8 @@ class Objects(Component):
         """The first `wanted` entries after `marker`, keys that share a common prefix as one.
 
         Rows are read in order, up to a budget a round, until they prove to be many keys per
-        common prefix; then the rounds skip-scan, `arm_limit` steps per vnode.
+        common prefix; then the rest comes from the prefix index if it serves the listing
+        (prefix_index.py), else the rounds skip-scan, `arm_limit` steps per vnode.
         """
         shards = self.shards.placed()
         arms_per_shard = max(len(shard.vnodes) for shard in shards)
@@ -299,11 +337,21 @@ class Objects(Component):
             missing = wanted - len(entries)
             if skip_scan:
                 arm_limit = next_arm_limit(arm_limit, len(found_now), missing, wanted)
-            elif prefer_skip_scan(rows * len(shards), len(found_now), arms_per_shard):
+            elif not prefer_skip_scan(rows * len(shards), len(found_now), arms_per_shard):
+                rows = next_row_budget(rows, len(found_now), missing)
+            elif prefix_index.serves(prefix, delimiter):
+                # Prefixes hold many keys: the rest of the page, and the next pages, from the
+                # index, which reads what they return.
+                prefix_index.dense.add((bucket_id, prefix))
+                rest = key_range(prefix, delimiter, marker)
+                if rest is not None:
+                    entries += await self._from_prefix_index(
+                        owner, bucket_id, prefix, rest, missing
+                    )
+                break
+            else:
                 skip_scan = True  # steps, not rows: start from the even share
                 arm_limit = first_arm_limit(missing, self.shards.ring.vnodes)
-            else:
-                rows = next_row_budget(rows, len(found_now), missing)
         return entries
 
     async def _read_arms(
