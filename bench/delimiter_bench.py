@@ -25,11 +25,21 @@ The cases:
 
 The claim under test: with the index, a '/' page costs in proportion to its entries, not to
 the keys under its common prefixes (the same few ms for K = 1,000 and K = 1,000,000).
+
+What the index costs writes (`--writes`): PUTs of new names two levels deep ("w/dN/kRI",
+5 directories, so that after the first round the directories' rows exist, as they do for
+most PUTs of a live bucket) through the API at 16 at once, into a shard with the index and one without
+it (its table and the leaf index dropped, PUT_OBJECT without its prefix rows: the write
+before vnode migration 4), in alternate rounds; PUTs a second, and WAL bytes a PUT (the
+shards share one server, and rounds run one at a time, so each round's WAL is its own).
+Then the sizes of the index beside the object table of the 10 x 100,000 tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import re
 import time
 from dataclasses import dataclass
 
@@ -48,7 +58,7 @@ from listing_bench import Layout, load, vacuum
 
 import shoal.loop
 from shoal.config import ShardConfig
-from shoal.metadata import MetadataStore, prefix_index, queries
+from shoal.metadata import MetadataStore, ObjectWrite, prefix_index, queries
 from shoal.metadata.shards import render
 
 MEASURED_CODE = (
@@ -177,6 +187,118 @@ async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> list[Figure
         await store.close()
 
 
+# -- what the index costs writes -----------------------------------------------------------
+
+WRITERS = 16
+# PUT_OBJECT as it was before the index: without the CTE that adds a new name's rows.
+PUT_WITHOUT_INDEX = re.sub(
+    r"\), prefixes AS \(.*?ON CONFLICT DO NOTHING\n\)\n", ")\n", queries.PUT_OBJECT, flags=re.S
+)
+DROP_INDEX = """
+DROP TABLE {schema}.manta_bucket_prefix;
+DROP INDEX {schema}.manta_bucket_object_directory_idx;
+"""
+
+
+@dataclass
+class WriteFigures:
+    puts: int
+    seconds: dict[str, list[float]]
+    wal_bytes: dict[str, list[int]]
+
+
+async def wal_position(dsn: str) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int((await cur.fetchone())[0])  # type: ignore[index]
+
+
+async def put_round(store: MetadataStore, owner: object, bucket: str, names: list[str]) -> None:
+    queue = list(reversed(names))
+
+    async def writer() -> None:
+        while queue:
+            name = queue.pop()
+            await store.objects.put(owner, bucket, name, ObjectWrite(0, b"\0" * 16))  # type: ignore[arg-type]
+
+    await asyncio.gather(*(writer() for _ in range(WRITERS)))
+
+
+async def write_cost(
+    with_index: ShardConfig, without: ShardConfig, args: argparse.Namespace
+) -> WriteFigures:
+    stores = {
+        "index": await open_store(with_index, args.vnodes, pool_max_size=8),
+        "no index": await open_store(without, args.vnodes, pool_max_size=8),
+    }
+    try:
+        async with await psycopg.AsyncConnection.connect(without.dsn, autocommit=True) as conn:
+            for vnode in range(args.vnodes):
+                await conn.execute(render(DROP_INDEX, vnode))  # type: ignore[arg-type]
+        buckets = {}
+        for way, store in stores.items():
+            account = await store.accounts.create("writer")
+            await store.buckets.create(account.id, "writes")
+            buckets[way] = account.id
+        figures = WriteFigures(args.puts, {w: [] for w in stores}, {w: [] for w in stores})
+        for run in range(args.write_rounds):
+            for way in list(stores)[run % 2 :] + list(stores)[: run % 2]:
+                names = [f"w/d{i % 5}/k{run:02d}{i:06d}" for i in range(args.puts)]
+                original = queries.PUT_OBJECT
+                queries.PUT_OBJECT = original if way == "index" else PUT_WITHOUT_INDEX
+                try:
+                    wal = await wal_position(with_index.dsn)
+                    started = time.perf_counter()
+                    await put_round(stores[way], buckets[way], "writes", names)
+                    figures.seconds[way].append(time.perf_counter() - started)
+                    figures.wal_bytes[way].append(await wal_position(with_index.dsn) - wal)
+                finally:
+                    queries.PUT_OBJECT = original
+            print(f"  write round {run + 1} of {args.write_rounds}", flush=True)
+        return figures
+    finally:
+        for store in stores.values():
+            await store.close()
+
+
+def write_table(figures: WriteFigures) -> str:
+    headers = ["schema", "PUTs a round", "PUT/s (median)", "PUT/s (each round)", "WAL bytes a PUT"]
+    lines = []
+    for way, seconds in figures.seconds.items():
+        rates = [figures.puts / s for s in seconds]
+        wal = median([b / figures.puts for b in figures.wal_bytes[way]])
+        lines.append(
+            [
+                way,
+                f"{figures.puts:,}",
+                f"{median(rates):,.0f}",
+                " / ".join(f"{r:,.0f}" for r in rates),
+                f"{wal:,.0f}",
+            ]
+        )
+    return markdown_table(headers, lines)
+
+
+SIZES = """
+SELECT sum(pg_table_size(format('%I.manta_bucket_object', s))),
+       sum(pg_relation_size(format('%I.manta_bucket_object_pkey', s))),
+       sum(pg_relation_size(format('%I.manta_bucket_object_directory_idx', s))),
+       sum(pg_total_relation_size(format('%I.manta_bucket_prefix', s)))
+FROM (SELECT nspname AS s FROM pg_namespace WHERE nspname LIKE 'manta_bucket_%') AS vnodes
+"""
+
+
+async def sizes(dsn: str) -> str:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(SIZES)
+        row = await cur.fetchone()
+    labels = ("object table", "its primary key", "leaf index", "prefix table and its key")
+    return ", ".join(
+        f"{label} {int(size) / 2**20:.1f} MiB"
+        for label, size in zip(labels, row or (), strict=True)
+    )
+
+
 def table(figures: list[Figures]) -> str:
     headers = ["tree (P x K)", "listing", "entries", "pages"]
     headers += [f"{way} ms/page" for way in WAYS] + [f"{way} pages/s" for way in WAYS]
@@ -199,6 +321,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=7, help="timed runs of each way")
     parser.add_argument("--warmup", type=int, default=6, help="untimed runs first")
     parser.add_argument("--vnodes", type=int, default=64)
+    parser.add_argument("--writes", action="store_true", help="and what the index costs PUTs")
+    parser.add_argument("--puts", type=int, default=3000, help="PUTs a write round")
+    parser.add_argument("--write-rounds", type=int, default=6, help="write rounds, both ways")
+    parser.add_argument("--no-lists", action="store_true", help="only the write cost")
     parser.add_argument(
         "--dsn", help="superuser DSN of an existing PostgreSQL 18 (default: embedded)"
     )
@@ -207,17 +333,31 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    figures: list[Figures] = []
+    writes = None
+    stored = ""
     with postgres_server(args.dsn) as admin, scratch_shard(admin) as shard:
         summary = machine_summary(shard.dsn)
         summary.append(source_digest(*MEASURED_CODE))
         print("\n".join(summary), flush=True)
-        figures = shoal.loop.run(benchmark(shard, args))
+        if not args.no_lists:
+            figures = shoal.loop.run(benchmark(shard, args))
+            stored = shoal.loop.run(sizes(shard.dsn))
+        if args.writes:
+            with scratch_shard(admin) as with_index, scratch_shard(admin) as without:
+                writes = shoal.loop.run(write_cost(with_index, without, args))
     summary.append(load_average("at end"))
     print()
     print("\n".join(summary))
     print(f"vnodes={args.vnodes} warm-up={args.warmup} runs={args.runs} (API, medians)")
-    print()
-    print(table(figures))
+    if figures:
+        print()
+        print(table(figures))
+        print()
+        print(f"sizes after VACUUM, all three trees: {stored}")
+    if writes is not None:
+        print()
+        print(write_table(writes))
 
 
 if __name__ == "__main__":

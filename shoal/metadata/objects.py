@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import operator
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
@@ -45,9 +46,14 @@ from shoal.metadata.models import (
 )
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.prepared import RowMaker
-from shoal.metadata.shards import Shard, render, render_arms
+from shoal.metadata.shards import Shard, ShardSet, render, render_arms
 
 MAX_KEYS = 1000
+# How long the removal of stale prefix index rows waits for its lock on a vnode's object
+# table, during which that vnode's writes wait behind it (Objects._remove_stale_prefixes).
+PREFIX_REPAIR_LOCK_WAIT = "50ms"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,11 @@ class PutResult:
 
 
 class Objects(Component):
+    def __init__(self, shards: ShardSet, window: timedelta) -> None:
+        super().__init__(shards, window)
+        # (vnode, bucket id) whose stale prefix rows are being removed: one removal at a time.
+        self._repairing: set[tuple[int, uuid.UUID]] = set()
+
     async def put(
         self,
         owner: uuid.UUID,
@@ -271,28 +282,89 @@ class Objects(Component):
         wanted: int,
     ) -> list[ObjectSummary | CommonPrefix]:
         """The first `wanted` entries in `bounds` of a '/' listing of `prefix` (empty or
-        ending in '/'), from the prefix index (prefix_index.py): each shard gives its first
-        `wanted` in one statement; a common prefix several shards hold is listed once."""
-        lower, upper = bounds
-        params = {
-            "owner": owner,
-            "bucket_id": bucket_id,
-            "prefix": prefix,
-            "segment_lower": prefix_index.segment_lower(prefix, lower),
-            "lower": lower,
-            "upper": upper,
-            "limit": wanted,
-        }
+        ending in '/'), from the prefix index (prefix_index.py), each shard in one statement
+        a round; a common prefix several shards hold is listed once. Index rows found stale
+        are removed in the background (_remove_stale_prefixes).
 
-        async def read(shard: Shard) -> list[ObjectSummary | CommonPrefix]:
-            statement = prefix_index.statement(tuple(shard.vnodes), upper is not None)
-            rows = await self.shard_rows(
-                shard, statement, params, rows=_listed_rows, template=queries.LIST_PREFIX_INDEX
+        A shard's answer holds up to `limit` rows, entries and stale rows in key order: one
+        that came back full is complete up to its last row, and when stale rows took places
+        that entries needed, the next round reads on from the least such last row."""
+        entries: list[ObjectSummary | CommonPrefix] = []
+        shards = self.shards.placed()
+        while True:
+            lower, upper = bounds
+            limit = wanted - len(entries)
+            params = {
+                "owner": owner,
+                "bucket_id": bucket_id,
+                "prefix": prefix,
+                "segment_lower": prefix_index.segment_lower(prefix, lower),
+                "lower": lower,
+                "upper": upper,
+                "limit": limit,
+            }
+            answers = await asyncio.gather(
+                *(
+                    self.shard_rows(
+                        shard,
+                        prefix_index.statement(tuple(shard.vnodes), upper is not None),
+                        params,
+                        rows=_indexed_rows,
+                        template=queries.LIST_PREFIX_INDEX,
+                    )
+                    for shard in shards
+                )
             )
-            return [entry for _, _, entry in rows]
+            stale = [(arm, key) for answer in answers for key, _, arm in answer if arm is not None]
+            if stale:
+                self._remove_stale_prefixes(owner, bucket_id, prefix, stale)
+            ends = [answer[-1][0] for answer in answers if len(answer) >= limit]
+            through = min(ends) if ends else None
+            usable = [
+                [entry for key, entry, _ in answer if entry and (through is None or key <= through)]
+                for answer in answers
+            ]
+            entries += merge_sorted(usable, key_of=_entry_key, limit=limit)
+            if through is None or len(entries) >= wanted:
+                return entries
+            rest = key_range(prefix, prefix_index.DELIMITER, through)
+            if rest is None:
+                return entries
+            bounds = rest
 
-        pages = await asyncio.gather(*(read(shard) for shard in self.shards.placed()))
-        return merge_sorted(pages, key_of=_entry_key, limit=wanted)
+    def _remove_stale_prefixes(
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, prefix: str, stale: list[tuple[int, str]]
+    ) -> None:
+        """Remove, in the background, index rows a listing found without keys under them.
+
+        Each vnode's rows go in a transaction that holds its object table in SHARE mode, which
+        waits for the writes of that vnode in flight and holds back new ones until it ends
+        (queries.REMOVE_STALE_PREFIXES says why that makes it safe), so it waits for that lock
+        for at most PREFIX_REPAIR_LOCK_WAIT and otherwise leaves the rows to a later listing.
+        """
+        by_vnode: dict[int, list[str]] = {}
+        for vnode, child in stale:
+            by_vnode.setdefault(vnode, []).append(child[len(prefix) :])
+        for vnode, segments in by_vnode.items():
+            if (vnode, bucket_id) in self._repairing:
+                continue
+            self._repairing.add((vnode, bucket_id))
+            task = asyncio.create_task(
+                self._remove_stale_on_vnode(owner, bucket_id, vnode, prefix, segments)
+            )
+            task.add_done_callback(lambda _, key=(vnode, bucket_id): self._repairing.discard(key))
+
+    async def _remove_stale_on_vnode(
+        self, owner: uuid.UUID, bucket_id: uuid.UUID, vnode: int, prefix: str, segments: list[str]
+    ) -> None:
+        params = {"owner": owner, "bucket_id": bucket_id, "prefix": prefix, "segments": segments}
+        try:
+            async with self.shards.of_vnode(vnode).pool.transaction() as conn:
+                await conn.execute(f"SET LOCAL lock_timeout = '{PREFIX_REPAIR_LOCK_WAIT}'")
+                await conn.execute(render(queries.LOCK_OBJECTS, vnode))
+                await conn.execute(render(queries.REMOVE_STALE_PREFIXES, vnode), params)
+        except Exception as exc:  # a later listing finds the rows again
+            log.debug("stale prefix rows of vnode %d left for now: %s", vnode, exc)
 
     async def _rolled_up(
         self,
@@ -483,6 +555,29 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
         # constructor, a Python function call per row.
         fields = (values[key], values[last_modified], values[length], values[etag])
         return values[key], values[through], _new_tuple(ObjectSummary, fields)
+
+    return make
+
+
+# The columns of queries.LIST_PREFIX_INDEX, in _indexed_rows's order.
+_INDEXED_COLUMNS = "key prefix last_modified content_length etag stale_arm"
+
+# A row of a listing from the prefix index: (key, entry or None, the vnode whose index row
+# of this common prefix is stale, or None). No entry: a stale row whose prefix holds no key.
+_IndexedRow = tuple[str, ObjectSummary | CommonPrefix | None, int | None]
+
+
+def _indexed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _IndexedRow]:
+    """Rows of queries.LIST_PREFIX_INDEX made into entries, as _listed_rows makes others."""
+    key, prefix, last_modified, length, etag, stale = map(columns.index, _INDEXED_COLUMNS.split())
+
+    def make(values: Sequence[Any]) -> _IndexedRow:
+        if values[prefix] is not None:
+            return values[key], CommonPrefix(prefix=values[prefix]), values[stale]
+        if values[etag] is None:
+            return values[key], None, values[stale]
+        fields = (values[key], values[last_modified], values[length], values[etag])
+        return values[key], _new_tuple(ObjectSummary, fields), None
 
     return make
 

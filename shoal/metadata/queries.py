@@ -529,36 +529,69 @@ LIST_LEAVES_ARM = """
 """
 
 # The page: the common prefixes (index rows merged in order, grouped by segment with the
-# vnodes that hold a row of it, each kept if one of those vnodes still holds a key under it,
-# which nearly always the first one probed does) and the keys, each up to %(limit)s, merged. A
-# segment always ends in '/', so the names under prefix || segment end before prefix ||
-# segment with its '/' made '0'. Columns as LIST_PREFIXES_MERGE's (objects._listed_rows); one
-# round is exact (`through` NULL).
+# vnodes that hold a row of it, by a window, which never hashes: a page reads its rows only)
+# and the keys, each up to %(limit)s, merged. A common prefix
+# is listed if one of those vnodes still holds a key under it: the first one nearly always
+# does, and the others are probed only if it does not. A row whose first vnode's keys under
+# it are gone is stale there: it comes back with that vnode (`stale_arm`), listed or not,
+# for objects.list to remove (REMOVE_STALE_PREFIXES); an unlisted one takes a place in the
+# page like an entry, so a full page is complete only up to its last row's key (objects.py).
+# A segment always ends in '/', so the names under prefix || segment end before prefix ||
+# segment with its '/' made '0'. OFFSET 0 keeps each probe evaluated once; both levels are
+# `found`, the name PREFIX_HOLDS_KEYS reads. `listed_prefixes` takes the rows in the order
+# the merge gives them, by segment, with no ORDER BY: through the fences the planner no
+# longer knows that order and would sort every prefix under the prefix for one page.
 LIST_PREFIX_INDEX = """
 WITH prefixes AS (
-    SELECT child FROM (
-        SELECT segment, %(prefix)s || segment AS child,
-               %(prefix)s || left(segment, -1) || '0' AS child_end, first_arm, arms
-        FROM (SELECT segment, min(arm) AS first_arm, array_agg(arm) AS arms
-              FROM ({prefix_arms}) AS arms GROUP BY segment) AS grouped
-    ) AS found
-    WHERE CASE found.first_arm {probes} END
-       OR EXISTS (SELECT FROM unnest(found.arms) AS holder(arm)
-                  WHERE CASE holder.arm {probes} END)
-    ORDER BY segment
-    LIMIT %(limit)s
+    SELECT segment, child, first_arm, first_holds,
+           first_holds OR EXISTS (SELECT FROM unnest(arms) AS holder(arm)
+                                  WHERE holder.arm <> first_arm
+                                    AND CASE holder.arm {probes} END) AS holds
+    FROM (SELECT segment, child, child_end, first_arm, arms,
+                 CASE first_arm {probes} END AS first_holds
+          FROM (SELECT segment, child, child_end, arms[1] AS first_arm, arms
+                FROM (SELECT segment, %(prefix)s || segment AS child,
+                             %(prefix)s || left(segment, -1) || '0' AS child_end,
+                             array_agg(arm) OVER by_segment AS arms,
+                             row_number() OVER by_segment AS nth
+                      FROM ({prefix_arms}) AS index_rows
+                      WINDOW by_segment AS (PARTITION BY segment)) AS grouped
+                WHERE nth = 1) AS found
+          OFFSET 0) AS found
+    OFFSET 0
+), listed_prefixes AS (
+    SELECT * FROM prefixes WHERE holds OR NOT first_holds LIMIT %(limit)s
 ), leaves AS (
     SELECT * FROM ({leaf_arms}) AS arms ORDER BY name LIMIT %(limit)s
 )
-SELECT key, prefix, last_modified, content_length, etag, NULL::text AS through
-FROM (SELECT child AS key, child AS prefix, NULL::text AS last_modified,
-             NULL::bigint AS content_length, NULL::text AS etag
-      FROM prefixes
+SELECT key, prefix, last_modified, content_length, etag, stale_arm
+FROM (SELECT child AS key, CASE WHEN holds THEN child END AS prefix,
+             NULL::text AS last_modified, NULL::bigint AS content_length, NULL::text AS etag,
+             CASE WHEN NOT first_holds THEN first_arm END AS stale_arm
+      FROM listed_prefixes
       UNION ALL
-      SELECT name, NULL, {last_modified}, content_length, {etag} FROM leaves) AS entries
+      SELECT name, NULL, {last_modified}, content_length, {etag}, NULL FROM leaves) AS rows
 ORDER BY key
 LIMIT %(limit)s
 """
+
+# Removes index rows of the vnode under %(prefix)s whose keys are all gone. Safe only in a
+# transaction that first holds the vnode's object table in SHARE mode (LOCK_OBJECTS): every
+# write that makes a name new checks for its prefixes' rows and writes its object row in one
+# statement, holding the table in ROW EXCLUSIVE mode until it commits, so once the lock is
+# held no write that found a row is still uncommitted, and none can find one until this
+# commits; the probe below then sees every key there is.
+REMOVE_STALE_PREFIXES = """
+DELETE FROM {schema}.manta_bucket_prefix p
+WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
+  AND segment = ANY(%(segments)s::text[])
+  AND NOT EXISTS (
+      SELECT FROM {schema}.manta_bucket_object o
+      WHERE o.owner = p.owner AND o.bucket_id = p.bucket_id
+        AND o.name >= p.parent || p.segment AND o.name < p.parent || left(p.segment, -1) || '0')
+"""
+
+LOCK_OBJECTS = "LOCK TABLE {schema}.manta_bucket_object IN SHARE MODE"
 
 LIST_BUCKETS_MERGE = """
 SELECT id, owner, name, created FROM ({arms}) AS entries ORDER BY name LIMIT %(limit)s
