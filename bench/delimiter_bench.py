@@ -26,12 +26,12 @@ The cases:
 The claim under test: with the index, a '/' page costs in proportion to its entries, not to
 the keys under its common prefixes (the same few ms for K = 1,000 and K = 1,000,000).
 
-What the index costs writes (`--writes`): PUTs of new names two levels deep ("w/dN/kRI",
-5 directories, so that after the first round the directories' rows exist, as they do for
-most PUTs of a live bucket) through the API at 16 at once, into a shard with the index and one without
-it (its table and the leaf index dropped, PUT_OBJECT without its prefix rows: the write
-before vnode migration 4), in alternate rounds; PUTs a second, and WAL bytes a PUT (the
-shards share one server, and rounds run one at a time, so each round's WAL is its own).
+What the index costs writes (`--writes`): PUTs of new names two levels deep ("w/dN/kRI", 5
+directories, so that after the first round the directories' rows exist, as they do for most
+PUTs of a live bucket) through the API at 16 at once, into a shard with the index and one
+without it (its table and the leaf index dropped, PUT_OBJECT without its prefix rows: the
+write before vnode migration 4), in alternate rounds; PUTs a second, and WAL bytes a PUT
+(the shards share one server, and rounds run one at a time, so each round's WAL is its own).
 Then the sizes of the index beside the object table of the 10 x 100,000 tree.
 """
 

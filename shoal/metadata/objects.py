@@ -66,8 +66,8 @@ class PutResult:
 class Objects(Component):
     def __init__(self, shards: ShardSet, window: timedelta) -> None:
         super().__init__(shards, window)
-        # (vnode, bucket id) whose stale prefix rows are being removed: one removal at a time.
-        self._repairing: set[tuple[int, uuid.UUID]] = set()
+        # Removals of stale prefix index rows under way, by (vnode, bucket id): one at a time.
+        self._repairs: dict[tuple[int, uuid.UUID], asyncio.Task[None]] = {}
 
     async def put(
         self,
@@ -346,13 +346,10 @@ class Objects(Component):
         for vnode, child in stale:
             by_vnode.setdefault(vnode, []).append(child[len(prefix) :])
         for vnode, segments in by_vnode.items():
-            if (vnode, bucket_id) in self._repairing:
-                continue
-            self._repairing.add((vnode, bucket_id))
-            task = asyncio.create_task(
-                self._remove_stale_on_vnode(owner, bucket_id, vnode, prefix, segments)
-            )
-            task.add_done_callback(lambda _, key=(vnode, bucket_id): self._repairing.discard(key))
+            if (vnode, bucket_id) not in self._repairs:
+                self._repairs[vnode, bucket_id] = asyncio.create_task(
+                    self._remove_stale_on_vnode(owner, bucket_id, vnode, prefix, segments)
+                )
 
     async def _remove_stale_on_vnode(
         self, owner: uuid.UUID, bucket_id: uuid.UUID, vnode: int, prefix: str, segments: list[str]
@@ -365,6 +362,8 @@ class Objects(Component):
                 await conn.execute(render(queries.REMOVE_STALE_PREFIXES, vnode), params)
         except Exception as exc:  # a later listing finds the rows again
             log.debug("stale prefix rows of vnode %d left for now: %s", vnode, exc)
+        finally:
+            del self._repairs[vnode, bucket_id]
 
     async def _rolled_up(
         self,
