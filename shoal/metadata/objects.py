@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import operator
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ MAX_KEYS = 1000
 # How long the removal of stale prefix index rows waits for its lock on a vnode's object
 # table, during which that vnode's writes wait behind it (Objects._remove_stale_prefixes).
 PREFIX_REPAIR_LOCK_WAIT = "50ms"
+# After a removal failed, how long listings leave that vnode's stale rows of the bucket be
+# (each try may hold its writes back for PREFIX_REPAIR_LOCK_WAIT).
+PREFIX_REPAIR_BACKOFF_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,8 @@ class Objects(Component):
         super().__init__(shards, window)
         # Removals of stale prefix index rows under way, by (vnode, bucket id): one at a time.
         self._repairs: dict[tuple[int, uuid.UUID], asyncio.Task[None]] = {}
+        # When a removal that failed (its lock not had in time: a busy vnode) may be tried again.
+        self._repairs_deferred: dict[tuple[int, uuid.UUID], float] = {}
 
     async def put(
         self,
@@ -345,9 +351,11 @@ class Objects(Component):
         by_vnode: dict[int, list[str]] = {}
         for vnode, child in stale:
             by_vnode.setdefault(vnode, []).append(child[len(prefix) :])
+        now = time.monotonic()
         for vnode, segments in by_vnode.items():
-            if (vnode, bucket_id) not in self._repairs:
-                self._repairs[vnode, bucket_id] = asyncio.create_task(
+            key = (vnode, bucket_id)
+            if key not in self._repairs and self._repairs_deferred.get(key, now) <= now:
+                self._repairs[key] = asyncio.create_task(
                     self._remove_stale_on_vnode(owner, bucket_id, vnode, prefix, segments)
                 )
 
@@ -362,6 +370,10 @@ class Objects(Component):
                 await conn.execute(render(queries.REMOVE_STALE_PREFIXES, vnode), params)
         except Exception as exc:  # a later listing finds the rows again
             log.debug("stale prefix rows of vnode %d left for now: %s", vnode, exc)
+            deferred = time.monotonic() + PREFIX_REPAIR_BACKOFF_SECONDS
+            self._repairs_deferred[vnode, bucket_id] = deferred
+        else:
+            self._repairs_deferred.pop((vnode, bucket_id), None)
         finally:
             del self._repairs[vnode, bucket_id]
 

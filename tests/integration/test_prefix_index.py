@@ -323,3 +323,38 @@ def test_one_page_from_any_marker_equals_the_model(
     )
     assert listed(page) == expected[:limit]
     assert page.is_truncated == (len(expected) > limit)
+
+
+def test_stale_rows_of_a_busy_vnode_stay_and_its_writes_wait_briefly(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """A removal that cannot have its vnode's lock soon (a write in flight there) gives up,
+    leaving the rows, which listings still check away."""
+    bucket = fill_bucket(store, run, owner, ["busy/1"])
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    vnode = store.ring.vnode_for_object(owner, bucket_id, "busy/1")
+    run(store.objects.delete(owner, bucket, "busy/1"))  # its rows are stale now
+    params = {"owner": owner, "bucket_id": bucket_id}
+
+    async def list_while_a_write_is_open() -> int:
+        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
+            # A write in flight on the vnode: it holds the object table in ROW EXCLUSIVE mode.
+            writing = "DELETE FROM {schema}.manta_bucket_object WHERE bucket_id = %(bucket_id)s"
+            await conn.execute(render(writing, vnode), params)
+            assert await walk(store, owner, bucket, "") == []
+            deadline = time.monotonic() + 10
+            while store.objects._repairs:
+                assert time.monotonic() < deadline, "the removal did not give up"
+                await asyncio.sleep(0.01)
+            cur = await conn.execute(
+                render(
+                    "SELECT count(*) FROM {schema}.manta_bucket_prefix "
+                    "WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s",
+                    vnode,
+                ),
+                params,
+            )
+            return int((await cur.fetchone())[0])  # type: ignore[index]
+
+    assert run(list_while_a_write_is_open()) == 1
+    assert run(walk(store, owner, bucket, "")) == []
