@@ -327,7 +327,11 @@ class Objects(Component):
             ends = [answer[-1][0] for answer in answers if len(answer) >= limit]
             through = min(ends) if ends else None
             usable = [
-                [entry for key, entry, _ in answer if entry and (through is None or key <= through)]
+                [
+                    entry
+                    for key, entry, _ in answer
+                    if entry is not None and (through is None or key <= through)
+                ]
                 for answer in answers
             ]
             entries += merge_sorted(usable, key_of=_entry_key, limit=limit)
