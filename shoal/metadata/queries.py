@@ -530,35 +530,33 @@ LIST_LEAVES_ARM = """
 
 # The page: the common prefixes (index rows merged in order, grouped by segment with the
 # vnodes that hold a row of it, by a window, which never hashes: a page reads its rows only)
-# and the keys, each up to %(limit)s, merged. A common prefix
-# is listed if one of those vnodes still holds a key under it: the first one nearly always
-# does, and the others are probed only if it does not. A row whose first vnode's keys under
-# it are gone is stale there: it comes back with that vnode (`stale_arm`), listed or not,
-# for objects.list to remove (REMOVE_STALE_PREFIXES); an unlisted one takes a place in the
-# page like an entry, so a full page is complete only up to its last row's key (objects.py).
-# A segment always ends in '/', so the names under prefix || segment end before prefix ||
-# segment with its '/' made '0'. OFFSET 0 keeps each probe evaluated once; both levels are
-# `found`, the name PREFIX_HOLDS_KEYS reads. `listed_prefixes` takes the rows in the order
-# the merge gives them, by segment, with no ORDER BY: through the fences the planner no
-# longer knows that order and would sort every prefix under the prefix for one page.
+# and the keys, each up to %(limit)s, merged. A common prefix is listed if one of those vnodes
+# still holds a key under it, probed in order, the first nearly always holding one: `holder`
+# is the first that does. A row whose first vnode's keys under it are gone is stale there: it
+# comes back with that vnode (`stale_arm`), listed or not, for objects.list to remove
+# (REMOVE_STALE_PREFIXES); an unlisted one takes a place in the page like an entry, so a full
+# page is complete only up to its last row's key (objects.py). A segment always ends in '/',
+# so the names under prefix || segment end before prefix || segment with its '/' made '0'.
+# OFFSET 0 keeps each probe evaluated once. `listed_prefixes` takes the rows in the order the
+# merge gives them, by segment, with no ORDER BY: through the fence the planner no longer
+# knows that order and would sort every prefix under the prefix for one page. One set of
+# probes (a CASE of one per vnode), not a first probe and then the others: each probe is a
+# subplan that every execution starts, and a second set cost an empty answer a third more.
 LIST_PREFIX_INDEX = """
 WITH prefixes AS (
-    SELECT segment, child, first_arm, first_holds,
-           first_holds OR EXISTS (SELECT FROM unnest(arms) AS holder(arm)
-                                  WHERE holder.arm <> first_arm
-                                    AND CASE holder.arm {probes} END) AS holds
-    FROM (SELECT segment, child, child_end, first_arm, arms,
-                 CASE first_arm {probes} END AS first_holds
-          FROM (SELECT segment, child, child_end, arms[1] AS first_arm, arms
-                FROM (SELECT segment, %(prefix)s || segment AS child,
-                             %(prefix)s || left(segment, -1) || '0' AS child_end,
-                             array_agg(arm) OVER by_segment AS arms,
-                             row_number() OVER by_segment AS nth
-                      FROM ({prefix_arms}) AS index_rows
-                      WINDOW by_segment AS (PARTITION BY segment)) AS grouped
-                WHERE nth = 1) AS found
-          OFFSET 0) AS found
-    OFFSET 0
+    SELECT segment, child, arms[1] AS first_arm, holder IS NOT DISTINCT FROM arms[1] AS first_holds,
+           holder IS NOT NULL AS holds
+    FROM (SELECT segment, child, arms,
+                 (SELECT holder.arm FROM unnest(arms) WITH ORDINALITY AS holder(arm, nth)
+                  WHERE CASE holder.arm {probes} END ORDER BY holder.nth LIMIT 1) AS holder
+          FROM (SELECT segment, %(prefix)s || segment AS child,
+                       %(prefix)s || left(segment, -1) || '0' AS child_end,
+                       array_agg(arm) OVER by_segment AS arms,
+                       row_number() OVER by_segment AS nth
+                FROM ({prefix_arms}) AS index_rows
+                WINDOW by_segment AS (PARTITION BY segment)) AS found
+          WHERE nth = 1
+          OFFSET 0) AS probed
 ), listed_prefixes AS (
     SELECT * FROM prefixes WHERE holds OR NOT first_holds LIMIT %(limit)s
 ), leaves AS (
