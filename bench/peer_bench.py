@@ -32,6 +32,9 @@ botocore SigV4 with UNSIGNED-PAYLOAD), each phase bounded by a count and a time:
          by 1 and by 4 walkers (pages/s).
   tree   ListObjectsV2 with delimiter '/' under prefix 't/' over 10,000 common prefixes
          (--quick: 1,000) of 3 keys each, pages of 1000 prefixes, one walker (pages/s).
+  dense  (only with --only) ListObjectsV2 with delimiter '/' under prefix 'd/' over 10
+         common prefixes of 10,000 keys each (--quick: 1,000; --dense-keys N), one page each,
+         one client (pages/s; a page's time is 1 / that).
   big    64 MiB objects by multipart (8 MiB parts) at concurrency 1 and 4, then GET of each,
          compared byte for byte (MiB/s); beside them, a 64 MiB write + fsync of a file in this
          process, on the same filesystem, for "% of raw disk".
@@ -119,6 +122,8 @@ WEED_STOP_SECONDS = 25  # its filer gives open gRPC streams 15 s to close on SIG
 PROFILE_RATE = 200
 PROFILER_ATTACH_SECONDS = 0.5
 TREE_PREFIX = "t/"
+DENSE_PREFIX = "d/"
+DENSE_PREFIXES = 10
 CORES = "cores busy: client / server / others"
 
 
@@ -133,6 +138,7 @@ class PeerSettings:
     tree_prefixes: int
     keys_per_prefix: int
     tree_pages: int
+    dense_keys: int  # keys under each of the dense bucket's DENSE_PREFIXES common prefixes
     raw_writes: int  # raw-disk writes per round
     workloads: tuple[str, ...]
 
@@ -162,6 +168,7 @@ class PeerSettings:
             tree_prefixes=args.prefixes or (1_000 if quick else 10_000),
             keys_per_prefix=3,
             tree_pages=100 if quick else 1000,
+            dense_keys=args.dense_keys or (1_000 if quick else 10_000),
             raw_writes=3,
             workloads=workloads,
         )
@@ -198,10 +205,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ops", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--prefixes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dense-keys", type=int, metavar="N", help="keys under each prefix of 'dense'"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: medians of one round hide the noise")
-    unknown = set(args.only.split(",")) - {"small", "list", "tree", "big"}
+    unknown = set(args.only.split(",")) - {"small", "list", "tree", "dense", "big"}
     if unknown:
         parser.error(f"unknown workloads: {sorted(unknown)}")
     return args
@@ -501,11 +511,17 @@ def tree_key(n: int, per_prefix: int) -> str:
     return f"{TREE_PREFIX}{n // per_prefix:06d}/o{n % per_prefix}"
 
 
+def dense_key(n: int) -> str:
+    return f"{DENSE_PREFIX}{n % DENSE_PREFIXES:02d}/o{n // DENSE_PREFIXES:07d}"
+
+
 async def fill(target: Target, settings: PeerSettings, kind: str, count: int) -> Phase:
     """`count` 0-byte PUTs into the target's `kind` bucket at s3_bench's fill concurrency."""
     bucket, conc = target.bucket(kind), settings.s3.fill_concurrency
 
     def key(n: int) -> str:
+        if kind == "dense":
+            return dense_key(n)
         return list_key(n) if kind == "list" else tree_key(n, settings.keys_per_prefix)
 
     async with S3(target.server, conc) as s3:
@@ -518,12 +534,12 @@ async def fill(target: Target, settings: PeerSettings, kind: str, count: int) ->
         return await run_phase(f"fill {kind}: PUT 0 B", conc, put, *bound)
 
 
-async def walk_prefixes(server: Server, bucket: str) -> tuple[int, int]:
-    """Common prefixes and keys under TREE_PREFIX seen by one delimiter walk to the end."""
+async def walk_prefixes(server: Server, bucket: str, prefix: str = TREE_PREFIX) -> tuple[int, int]:
+    """Common prefixes and keys under `prefix` seen by one delimiter walk to the end."""
     prefixes, keys, token = 0, 0, None
     async with S3(server, 1) as s3:
         while True:
-            query = list_query(token, None, TREE_PREFIX, "/")
+            query = list_query(token, None, prefix, "/")
             body, _ = await s3.call("GET", bucket, query=query)
             prefixes += body.count(b"<CommonPrefixes>")
             keys += body.count(b"<Contents>")
@@ -549,6 +565,19 @@ async def tree_pages(target: Target, settings: PeerSettings) -> Phase:
         return await run_phase("LIST delimiter", 1, page, *bound)
 
 
+async def dense_pages(target: Target, settings: PeerSettings) -> Phase:
+    """One client lists the dense bucket's few common prefixes, one page each time."""
+    bucket = target.bucket("dense")
+    async with S3(target.server, 1) as s3:
+
+        async def page(n: int) -> float:
+            body, _ = await s3.call("GET", bucket, query=list_query(None, None, DENSE_PREFIX, "/"))
+            return body.count(b"<CommonPrefixes>")
+
+        bound = (settings.tree_pages, settings.s3.list_seconds, target.processes)
+        return await run_phase("LIST delimiter dense", 1, page, *bound)
+
+
 async def run_workload(
     workload: str, target: Target, settings: PeerSettings, bucket: str, list_keys: int
 ) -> list[Phase]:
@@ -565,6 +594,8 @@ async def run_workload(
         ]
     if workload == "tree":
         return [await tree_pages(target, settings)]
+    if workload == "dense":
+        return [await dense_pages(target, settings)]
     if workload == "big":
         return await big_objects(target.server, settings.s3, target.processes, bucket)
     raise ValueError(workload)
@@ -895,7 +926,7 @@ async def prepare(
         target.round_buckets = [target.bucket(f"r{r + 1}") for r in range(settings.rounds)]
         names = list(target.round_buckets)
         if target.lists:
-            names += [target.bucket("list"), target.bucket("tree")]
+            names += [target.bucket("list"), target.bucket("tree"), target.bucket("dense")]
         await create_buckets(target, names)
     weed_buckets = [t.round_buckets[0] for t in targets if t.name.startswith("SeaweedFS")]
     print(await fsync_check(weed, weed_buckets), flush=True)
@@ -915,6 +946,12 @@ async def prepare(
                 f"{target.name}: tree filled, a delimiter walk sees {prefixes:,} common "
                 f"prefixes and {keys} keys"
             )
+        if "dense" in settings.workloads:
+            phase = await fill(target, settings, "dense", DENSE_PREFIXES * settings.dense_keys)
+            fills.append((target.name, phase))
+            bucket = target.bucket("dense")
+            prefixes, keys = await walk_prefixes(target.server, bucket, DENSE_PREFIX)
+            print(f"{target.name}: dense filled, a walk sees {prefixes} prefixes and {keys} keys")
     return fills, list_keys
 
 
@@ -935,7 +972,7 @@ async def run_rounds(
                     for _ in range(settings.raw_writes)
                 ]
             for target in targets:
-                if workload in ("list", "tree") and not target.lists:
+                if workload in ("list", "tree", "dense") and not target.lists:
                     continue
                 bucket = target.round_buckets[r]
                 for phase in await run_workload(workload, target, settings, bucket, list_keys):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.metadata.queries import DIRECTORY_OF_NAME, FILL_PREFIX_INDEX
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -423,6 +425,31 @@ CREATE TABLE {schema}.manta_bucket_under_replicated (
 
 CREATE INDEX manta_bucket_under_replicated_noted_at_idx
 ON {schema}.manta_bucket_under_replicated (noted_at);
+""",
+    ),
+    Migration(
+        4,
+        "the '/' prefix index",
+        """
+-- Every '/' common prefix of the names of the vnode, as (parent, segment): "a/b/c" gives
+-- ("", "a/") and ("a/", "b/"). Added by the write that makes a name new, never removed by a
+-- delete: a listing checks each prefix it returns (docs/metadata.md, "The '/' prefix index").
+CREATE TABLE {schema}.manta_bucket_prefix (
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    parent text COLLATE "C" NOT NULL,
+    segment text COLLATE "C" NOT NULL,
+
+    PRIMARY KEY (owner, bucket_id, parent, segment)
+);
+"""
+        + FILL_PREFIX_INDEX
+        + """;
+-- The keys of each directory in order: a '/' listing's keys that roll up into no prefix.
+CREATE INDEX manta_bucket_object_directory_idx ON {schema}.manta_bucket_object
+    (owner, bucket_id, """
+        + DIRECTORY_OF_NAME
+        + """, name);
 """,
     ),
 )

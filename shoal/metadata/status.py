@@ -26,6 +26,7 @@ VNODE_TABLES = (
     "manta_bucket_upload",
     "manta_bucket_upload_part",
     "manta_bucket_under_replicated",  # versions waiting for re-replication
+    "manta_bucket_prefix",  # the '/' prefix index
 )
 CATALOG_TABLES = ("account", "access_key", "bucket_name", "storage_node")
 

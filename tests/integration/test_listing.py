@@ -1,4 +1,5 @@
-"""Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3.
+"""Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3,
+and with '/' listings read from the prefix index from their start, on 2.
 
 Both read as few rows (or skip-scan steps) a round as they can, so that delimiter pages take
 several rounds of reads (objects.list): on one shard they skip-scan after the first round, on
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.metadata import MetadataStore, ObjectWrite, listing
+from shoal.metadata import MetadataStore, ObjectWrite, listing, prefix_index
 from tests.fixtures.postgres import MakeStore, unique
 
 # Characters that stress byte order and SQL: multibyte, LIKE wildcards, the delimiter, the
@@ -52,16 +53,36 @@ def listed(page: Any) -> list[tuple[str, bool]]:
     return [(e.prefix, True) if hasattr(e, "prefix") else (e.name, False) for e in page.entries]
 
 
+class EveryListingDense:
+    """For prefix_index.dense: every '/' listing it serves reads the index from its start."""
+
+    def __contains__(self, listing: object) -> bool:
+        return True
+
+    def add(self, listing: object) -> None:
+        pass
+
+
 @pytest.fixture(
     scope="module",
-    params=[1, 3],
-    ids=["1-shard-one-entry-arms-skip-scans", "3-shards-one-entry-arms-rows"],
+    params=[1, 3, "index"],
+    ids=[
+        "1-shard-one-entry-arms-skip-scans-or-index",
+        "3-shards-one-entry-arms-rows",
+        "2-shards-prefix-index-first",
+    ],
 )
 def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Iterator[MetadataStore]:
     # Tiny row budgets and one-step arms, so that most delimiter pages take many rounds. On
-    # one shard they switch from reading rows to skip scans after their first round; on
-    # three, they read rows in every round.
+    # one shard they switch from reading rows to skip scans (or, for '/' listings of a prefix
+    # ending in '/', to the prefix index) after their first round; on three, they read rows
+    # in every round. With "index", '/' listings the index serves read it from their start
+    # (over two shards, which merge their common prefixes), and others read rows.
     with pytest.MonkeyPatch.context() as patch:
+        if request.param == "index":
+            patch.setattr(prefix_index, "dense", EveryListingDense())
+            yield make_store(shards=2, vnodes=6)
+            return
         patch.setattr(listing, "MIN_ROW_BUDGET", 1)
         patch.setattr(listing, "FIRST_ROUND_ROWS_PER_ENTRY", 0.1)
         patch.setattr(listing, "MIN_ARM_LIMIT", 1)

@@ -23,10 +23,12 @@ from shoal.metadata import (
     Ring,
     SchemaError,
     migrate,
+    prefix_index,
     shards,
 )
 from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
 from tests.fixtures.postgres import close_later, create_databases, unique
+from tests.integration.test_listing import EveryListingDense
 
 Run = Callable[[Awaitable[Any]], Any]
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -93,6 +95,12 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
         for name in names[10:]:
             await stale.objects.get(owner, bucket, name)
         source = ring.shard_of(moved)
+        # '/' directories, some on the moved vnode: their prefix index rows move with it.
+        in_dirs = [f"tree/d{i}/k" for i in range(400)]
+        in_dirs = [n for n in in_dirs if ring.vnode_for_object(owner, found.id, n) == moved][:3]
+        in_dirs += ["tree/other/k", "tree/other2/k"]
+        for name in in_dirs:
+            await fresh.objects.put(owner, bucket, name, ObjectWrite(1, b"t" * 16))
 
         async with _mover(configs) as mover:
             assert await mover.recover() == []
@@ -116,8 +124,11 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
                 continue
             want = 1000 if i < 20 else (7777 if name == in_moved[-1] else i)
             assert (await stale.objects.get(owner, bucket, name)).content_length == want
-        page = await stale.objects.list(owner, bucket, limit=1000)
+        page = await stale.objects.list(owner, bucket, prefix="key-", limit=1000)
         assert [o.name for o in page.objects] == names[10:]
+        monkeypatch.setattr(prefix_index, "dense", EveryListingDense())
+        page = await stale.objects.list(owner, bucket, prefix="tree/", delimiter="/")
+        assert page.common_prefixes == sorted(name[: -len("k")] for name in in_dirs)
 
         # Back again: refused while s(source) holds the old copy, then after `finish`.
         async with _mover(configs) as mover:
@@ -127,9 +138,11 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
             back = await mover.move(moved, source)
             assert back is not None and back.target == source
             await mover.finish(now=True)
-        page = await fresh.objects.list(owner, bucket, limit=1000)
+        page = await fresh.objects.list(owner, bucket, prefix="key-", limit=1000)
         assert [o.name for o in page.objects] == names[10:]
         assert (await fresh.objects.get(owner, bucket, in_moved[-1])).content_length == 7777
+        page = await fresh.objects.list(owner, bucket, prefix="tree/", delimiter="/")
+        assert page.common_prefixes == sorted(name[: -len("k")] for name in in_dirs)
 
     run(scenario())
 
