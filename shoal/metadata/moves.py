@@ -3,6 +3,11 @@
 `add_shard` migrates a new shard and lists it in the catalog (its DSN sealed with the
 credentials key); the ring does not change. `Mover.move` moves one vnode:
 
+  held       on the source, the mover takes the vnode's move lock (queries.VNODE_MOVE_LOCK),
+             waiting up to GC_WAIT for the GC transactions in flight on the vnode; from then
+             until the switch (or the roll-back) GC leaves the vnode alone, so it neither
+             holds up the fence nor truncates or drops a window, which logical replication
+             would not carry to the copy. A crashed mover's lock goes with its connection.
   copying    the target gets the vnode's schema (the vnode migrations and the deleted
              tables' windows); the source publishes the schema's tables and the target
              subscribes: PostgreSQL's logical replication copies the tables in bulk (COPY)
@@ -94,6 +99,9 @@ FENCE_DEADLOCK_TIMEOUT = "20ms"
 # How long the target may take to apply the last changes after the fence; past it, the
 # fence is lifted (the source's schema renamed back) rather than keep the vnode paused.
 CATCH_UP_SECONDS = 10.0
+# How long the mover waits for the GC transactions in flight on the vnode (a claimed batch
+# whose blocks are being deleted) before it gives the move up.
+GC_WAIT = "30s"
 POLL_SECONDS = 0.005
 DROP_SLOT_SECONDS = 10.0
 
@@ -283,6 +291,7 @@ class Mover:
         move = (await self._moves(queries.RECENT_MOVES, limit=1))[0]
         assert move.id == row[0]
         try:
+            await self._hold_vnode(move)
             await self._copy(move)
             _fault("copying")
             await self._wait_synced(move)
@@ -303,6 +312,8 @@ class Mover:
         except MoveError:
             await self._roll_back(move)
             raise
+        finally:
+            await self._let_go(move)
         _fault("switched")
         await self._unsubscribe(move)
         return MoveResult(vnode, source, target, version, copied, pause)
@@ -316,6 +327,29 @@ class Mover:
         return await self._ring(), versions, await self._moves(queries.RECENT_MOVES, limit=limit)
 
     # -- the steps ---------------------------------------------------------------------------
+
+    async def _hold_vnode(self, move: MoveRecord) -> None:
+        """Take the vnode's move lock on the source: GC leaves the vnode alone from now on,
+        and the GC transactions in flight on it are over."""
+        source = await self._conn(move.source)
+        try:
+            async with source.transaction():  # the lock is the session's: it outlives this
+                await source.execute(
+                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(GC_WAIT))
+                )
+                await source.execute(queries.VNODE_MOVE_LOCK, {"vnode": move.vnode})
+        except psycopg.errors.LockNotAvailable:
+            raise MoveError(
+                f"vnode {move.vnode}: garbage collection kept it busy for {GC_WAIT}"
+            ) from None
+
+    async def _let_go(self, move: MoveRecord) -> None:
+        """Release the vnode's move lock (GC on the source finds the vnode gone from now on,
+        and follows the ring to its new shard)."""
+        source = self._conns.get(move.source)
+        if source is not None and not source.closed:
+            with contextlib.suppress(psycopg.Error):
+                await source.execute(queries.VNODE_MOVE_UNLOCK, {"vnode": move.vnode})
 
     async def _copy(self, move: MoveRecord) -> None:
         """The target's schema, the source's publication and slot, the target's subscription
@@ -340,7 +374,8 @@ class Mover:
             )
         await ensure_windows(target, [move.vnode], width, ahead)
         name = _replication_name(move)
-        # TRUNCATE is not published: GC truncates only windows it has reclaimed in full.
+        # TRUNCATE is not published: GC truncates only windows it has reclaimed in full,
+        # and never while the mover holds the vnode (_hold_vnode).
         await source.execute(
             sql.SQL(
                 "CREATE PUBLICATION {} FOR TABLES IN SCHEMA {} "

@@ -1309,6 +1309,21 @@ TRY_MOVER_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
 
 MOVER_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
 
+# A vnode being moved belongs to its mover: the mover holds this advisory lock (exclusive, on
+# the source shard, keyed by the vnode) from before its copy until its switch or roll-back.
+# Every GC transaction on a vnode takes it shared first and, when it is not granted, leaves
+# the vnode for a later pass; the mover's lock waits for the GC transactions in flight.
+VNODE_MOVE_LOCK = "SELECT pg_advisory_lock(5456035, %(vnode)s)"
+
+VNODE_MOVE_UNLOCK = "SELECT pg_advisory_unlock(5456035, %(vnode)s)"
+
+GC_VNODE_LOCK = "SELECT pg_try_advisory_xact_lock_shared(5456035, %(vnode)s)"
+
+# For what GC does outside a transaction (VACUUM): held by the session until unlocked.
+GC_VNODE_SESSION_LOCK = "SELECT pg_try_advisory_lock_shared(5456035, %(vnode)s)"
+
+GC_VNODE_SESSION_UNLOCK = "SELECT pg_advisory_unlock_shared(5456035, %(vnode)s)"
+
 SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
 
 SCHEMAS_LIKE = "SELECT nspname FROM pg_namespace WHERE nspname LIKE %(pattern)s ORDER BY nspname"
