@@ -1295,6 +1295,25 @@ FROM shoal.vnode_move WHERE step = 'switched' ORDER BY id
 
 MOVING_VNODES = "SELECT vnode FROM shoal.vnode_move WHERE step IN ('copying', 'fenced')"
 
+# What a process that follows the ring notes at each poll and adoption; old rows (processes
+# gone) are forgotten by the same statement.
+NOTE_RING_READ = """
+WITH forgotten AS (
+    DELETE FROM shoal.ring_reader WHERE seen < current_timestamp - interval '1 day'
+)
+INSERT INTO shoal.ring_reader (process, ring_version) VALUES (%(process)s, %(version)s)
+ON CONFLICT (process) DO UPDATE
+SET ring_version = greatest(shoal.ring_reader.ring_version, excluded.ring_version),
+    seen = current_timestamp
+"""
+
+# The processes noted within `live` that still use a ring older than `version`.
+RING_READERS_BEHIND = """
+SELECT process FROM shoal.ring_reader
+WHERE seen > current_timestamp - %(live)s AND ring_version < %(version)s
+ORDER BY process
+"""
+
 # Errors of a move's subscription: a table that cannot be copied, a change it cannot apply.
 SUBSCRIPTION_ERRORS = """
 SELECT apply_error_count + sync_error_count FROM pg_stat_subscription_stats
