@@ -231,7 +231,11 @@ class ShardSet:
 
     async def _note_ring_read(self) -> None:
         """Note the ring version this process uses (a catalog that cannot take the note
-        now gets it at the next poll)."""
+        now gets it at the next poll). Shielded: a cancellation (the store closing) ends the
+        caller at once and lets the note finish on its own."""
+        await asyncio.shield(self._write_ring_note())
+
+    async def _write_ring_note(self) -> None:
         try:
             async with self.catalog.pool.connection() as conn:
                 await conn.execute(

@@ -25,7 +25,6 @@ from shoal.metadata import (
     Ring,
     SchemaError,
     migrate,
-    moves,
     shards,
 )
 from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
@@ -422,15 +421,24 @@ def test_a_pipeline_read_holds_no_lock_on_the_vnodes_it_has_read(
 
 
 def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
-    cluster: tuple[list[ShardConfig], bytes], run: Run, monkeypatch: pytest.MonkeyPatch
+    cluster: tuple[list[ShardConfig], bytes], run: Run
 ) -> None:
     """Every process that follows the ring notes the version it loaded; a moved vnode's old
     copy is dropped only once every process noted lately has the move's version (and the
     vnode cannot move back before). A process not noted lately counts as gone."""
     configs, key = cluster
-    monkeypatch.setattr(moves, "READERS_WAIT_SECONDS", 0.2)
     store = _open(configs, key, run)
     catalog = configs[0].dsn
+
+    def note_behind(seen: str, version: int = 0) -> None:
+        """A process that still uses ring `version`, last heard of at `seen`."""
+        with psycopg.connect(catalog, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO shoal.ring_reader (process, ring_version, seen)"
+                " VALUES ('behind', %s, " + seen + ") ON CONFLICT (process) DO UPDATE"
+                " SET seen = excluded.seen, ring_version = excluded.ring_version",
+                (version,),
+            )
 
     async def scenario() -> None:
         await store.shards.follow_ring()
@@ -439,29 +447,21 @@ def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
                 "SELECT ring_version FROM shoal.ring_reader WHERE process = %s",
                 (store.shards.reader,),
             ).fetchone()
-            assert noted == (store.ring.version,)
-            conn.execute(
-                "INSERT INTO shoal.ring_reader (process, ring_version) VALUES ('behind', %s)",
-                (store.ring.version,),
-            )
-        ring = store.ring
+        assert noted == (store.ring.version,)
         vnode = 1
-        source = ring.shard_of(vnode)
+        source = store.ring.shard_of(vnode)
         target = next(c.name for c in configs if c.name != source)
         async with _mover(configs) as mover:
-            await mover.finish(now=True)
+            await mover.finish(now=True)  # earlier tests' old copies
             result = await mover.move(vnode, target)
             assert result is not None
-            said = await mover.finish(now=True)
-            assert len(said) == 1 and "stays" in said[0] and "behind" in said[0], said
+            note_behind("current_timestamp", result.ring_version - 1)
+            said = [line for line in await mover.finish(now=True) if f"vnode {vnode}:" in line]
+            assert len(said) == 1 and "stays" in said[0] and "(behind" in said[0], said
             with pytest.raises(MoveError, match="grace period"):
                 await mover.move(vnode, source)
-            with psycopg.connect(catalog, autocommit=True) as conn:
-                conn.execute(
-                    "UPDATE shoal.ring_reader SET seen = seen - interval '1 minute'"
-                    " WHERE process = 'behind'"
-                )
-            said = await mover.finish(now=True)
+            note_behind("current_timestamp - interval '1 minute'")  # gone since
+            said = [line for line in await mover.finish(now=True) if f"vnode {vnode}:" in line]
             assert len(said) == 1 and "dropped" in said[0], said
             assert await mover.move(vnode, source) is not None
             await mover.finish(now=True)
