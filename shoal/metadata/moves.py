@@ -256,10 +256,12 @@ class Mover:
         with `now`, which tests use) and whose ring version every live process has loaded
         (waiting up to READERS_WAIT_SECONDS for those behind)."""
         said = []
+        # One wait for the processes behind, however many moves are due.
+        deadline = time.monotonic() + READERS_WAIT_SECONDS
         for move in await self._moves(queries.SWITCHED_MOVES, grace=self.grace):
             if not (move.grace_over or now):
                 continue
-            behind = await self._readers_behind(move)
+            behind = await self._readers_behind(move, deadline)
             if behind:
                 said.append(
                     f"vnode {move.vnode}: its old copy on shard {move.source} stays: "
@@ -611,10 +613,9 @@ class Mover:
                 "dropped after the grace period (`shoal ring move --finish`)"
             )
 
-    async def _readers_behind(self, move: MoveRecord) -> list[str]:
+    async def _readers_behind(self, move: MoveRecord, deadline: float) -> list[str]:
         """The live processes (noted within LIVE_READER) that have not loaded the move's
-        ring version, after waiting up to READERS_WAIT_SECONDS for them to."""
-        deadline = time.monotonic() + READERS_WAIT_SECONDS
+        ring version, after waiting until `deadline` (monotonic) for them to."""
         catalog = await self._conn(self.catalog_name)
         while True:
             params = {"live": LIVE_READER, "version": move.ring_version}
