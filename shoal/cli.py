@@ -194,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--host", default="127.0.0.1", help="address to listen on")
     node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
     node.add_argument("--admin-port", type=int, help="health and metrics port (default: none)")
+    node.add_argument(
+        "--capacity-bytes",
+        type=int,
+        help="use at most this much of the disk (default: [storage] capacity_bytes, or all)",
+    )
     node.set_defaults(run=_storage_node)
 
     nodes = verbs.add_parser("node", help="storage nodes: list, drain, mark dead, remove")
@@ -547,9 +552,12 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
         url=args.url,
         tls=config.storage.tls_cert is not None,
         admin_port=args.admin_port,
+        capacity_bytes=args.capacity_bytes or config.storage.capacity_bytes,
     )
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")
+    if args.capacity_bytes is not None and args.capacity_bytes < 1:
+        raise CommandError("--capacity-bytes must be a positive number of bytes")
     with shard_configs(config) as shards:
         shoal.loop.run(
             _run_until_stopped(lambda stop: run_storage_node(config, shards, settings, stop))
@@ -571,22 +579,24 @@ def _gc_run(config: Config, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
 
-    async def run(store: MetadataStore) -> GcRun:
+    async def run(store: MetadataStore) -> tuple[GcRun, list[int]]:
         path = data_path(config, store)
         try:
             collector = Collector(
                 store, path, leeway, config.gc.batch_size, config.gc.workers, kind="cli"
             )
-            return await collector.run_once()
+            return await collector.run_once(), collector.vnodes_skipped
         finally:
             await path.client.close()
 
-    done = _with_store(config, run, connections_needed(config.gc.workers))
+    done, skipped = _with_store(config, run, connections_needed(config.gc.workers))
     print(
         f"reclaimed {done.records_reclaimed} of {done.records_found} records "
         f"({done.records_failed} failed), {done.blocks_deleted} block replicas deleted, "
         f"{done.bytes_reclaimed:,} bytes; dropped {done.windows_dropped} windows"
     )
+    if skipped:
+        print(f"left for a later run (being moved): vnode(s) {', '.join(map(str, skipped))}")
     return 0 if done.records_failed == 0 else 1
 
 

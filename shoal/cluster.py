@@ -211,6 +211,9 @@ class NodeSettings:
     url: str | None = None  # how others reach it, when not http(s)://host:port
     tls: bool = False  # serves HTTPS ([storage] tls_cert and tls_key)
     admin_port: int | None = None  # its admin listener (health, metrics), on `host`
+    # Use at most this much of the disk (None: all of it): the node reports this as its size
+    # and what its blocks leave of it as its free space.
+    capacity_bytes: int | None = None
 
     @property
     def public_url(self) -> str:
@@ -243,7 +246,9 @@ async def _serve_node(
     store = BlockStore(node.root)
     identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
     secret = load_or_create_secret(config.secret_file)
-    count = BlockCount(await in_thread(store.count), config.storage.node_workers)
+    # The bytes of the blocks are counted only for a capped node (a scan of every file).
+    stored = await in_thread(store.stored_bytes) if node.capacity_bytes else 0
+    count = BlockCount(await in_thread(store.count), config.storage.node_workers, stored)
     sock = listening_socket(node.host, node.port)
     extra = config.storage.node_workers - 1
     access: dict[str, Any] = {
@@ -290,6 +295,8 @@ async def _heartbeat(
     again, and still read from it."""
     writable, _ = await health.check()
     capacity, free = await in_thread(health.store.usage)
+    if node.capacity_bytes is not None:
+        capacity, free = capped_usage(capacity, free, node.capacity_bytes, count.stored_bytes)
     blocks = count.value
     node_metrics = metrics()
     node_metrics.disk_used.set(capacity - free)
@@ -304,6 +311,13 @@ async def _heartbeat(
         blocks=blocks,
         admin_url=node.admin_url,
     )
+
+
+def capped_usage(disk_size: int, disk_free: int, cap: int, stored: int) -> tuple[int, int]:
+    """(capacity, free) of a node that uses at most `cap` bytes of its disk and whose blocks
+    take `stored`: never more free space than the disk has."""
+    capacity = min(disk_size, cap)
+    return capacity, max(0, min(disk_free, capacity - stored))
 
 
 def _node_admin(

@@ -127,6 +127,9 @@ class StorageConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # Each storage node uses at most this much of its disk (None: all of it); `shoal
+    # storage-node --capacity-bytes` says it for one node (docs/storage.md, "Capacity").
+    capacity_bytes: int | None = None
 
 
 def usable_cores() -> int:
@@ -527,6 +530,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             "tls_cert",
             "tls_key",
             "tls_ca",
+            "capacity_bytes",
         },
         "[storage]",
     )
@@ -552,6 +556,11 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             seconds=_positive_int(raw, "heartbeat_deadline_seconds", 30, "[storage]")
         ),
         node_workers=_positive_int(raw, "node_workers", 1, "[storage]"),
+        capacity_bytes=(
+            _positive_int(raw, "capacity_bytes", 1, "[storage]")
+            if "capacity_bytes" in raw
+            else None
+        ),
         **tls,
     )
 

@@ -6,6 +6,12 @@ until their transaction ends. The blocks of a whole batch are deleted with one r
 storage node (all nodes at once), and each record is removed only if none of the nodes it
 names failed. A collector killed at any point loses nothing: blocks already deleted count as
 gone on the next run, and records it had claimed are released by the rollback.
+
+A vnode being moved to another shard is left alone (garbage.VnodeBeingMoved): the mover holds
+it from before its copy until its switch, waiting first for the GC transactions in flight on
+it, so GC neither holds up the move's write fence nor truncates or drops a window (which
+would not be replicated to the copy). A vnode that moved since this process read the ring is
+left alone too (VnodeMoved); the next pass finds it on its new shard.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from datetime import UTC, datetime, timedelta
 
 from shoal.gc.rules import blocks_of, by_node, may_remove
 from shoal.metadata import MetadataStore, ObjectVersion
-from shoal.metadata.garbage import GcRun
+from shoal.metadata.errors import VnodeMoved
+from shoal.metadata.garbage import GcRun, VnodeBeingMoved
 from shoal.storage import BlockRun, DataPath, DeleteOutcome
 
 log = logging.getLogger("shoal.gc")
@@ -54,6 +61,8 @@ class Tally:
     bytes: int = 0
     windows: int = 0
     vnodes_with_removals: set[int] = field(default_factory=set)
+    # Vnodes left for a later pass: being moved, or moved since the ring was read.
+    vnodes_skipped: set[int] = field(default_factory=set)
 
 
 class Collector:
@@ -73,6 +82,8 @@ class Collector:
         self.workers = workers
         self.kind = kind
         self._deletions = 0
+        # The vnodes the last pass left alone because they were being moved.
+        self.vnodes_skipped: list[int] = []
         fault = os.environ.get(FAULT_AFTER_ENV)
         self._fault_after = int(fault) if fault else None
 
@@ -84,12 +95,19 @@ class Collector:
 
         async def vnode_pass(vnode: int) -> None:
             async with gate:
-                await self._records(vnode, tally)
-                await self._buckets(vnode, tally)
-                # Not `tally.windows += await ...`: that reads the tally before the await, and
-                # the vnode passes running meanwhile would have their counts overwritten.
-                dropped = await self.store.gc_book.drop_empty_windows(vnode)
-                tally.windows += dropped
+                try:
+                    await self._records(vnode, tally)
+                    await self._buckets(vnode, tally)
+                    # Not `tally.windows += await ...`: that reads the tally before the await,
+                    # and the vnode passes running meanwhile would have their counts
+                    # overwritten.
+                    dropped = await self.store.gc_book.drop_empty_windows(vnode)
+                    tally.windows += dropped
+                except VnodeBeingMoved:
+                    tally.vnodes_skipped.add(vnode)
+                except VnodeMoved:
+                    tally.vnodes_skipped.add(vnode)
+                    await self.store.shards.follow_ring()
 
         vnodes = [v for shard in self.store.shards.placed() for v in shard.vnodes]
         try:
@@ -101,8 +119,9 @@ class Collector:
             raise failed.exceptions[0] from None
         # Removed rows are dead tuples until vacuumed; do it now rather than leave it to
         # autovacuum (after every worker's claim has ended, so that they can be reclaimed).
-        for vnode in sorted(tally.vnodes_with_removals):
-            await self.store.gc_book.vacuum_deleted_tables(vnode)
+        for vnode in sorted(tally.vnodes_with_removals - tally.vnodes_skipped):
+            with contextlib.suppress(VnodeMoved):
+                await self.store.gc_book.vacuum_deleted_tables(vnode)
         run = GcRun(
             kind=self.kind,
             leeway=self.leeway,
@@ -127,6 +146,13 @@ class Collector:
             tally.missing,
             tally.windows,
         )
+        if tally.vnodes_skipped:
+            log.info(
+                "gc (%s) left vnode(s) %s for a later pass: being moved to another shard",
+                self.kind,
+                ", ".join(map(str, sorted(tally.vnodes_skipped))),
+            )
+        self.vnodes_skipped = sorted(tally.vnodes_skipped)
         return run
 
     async def run_forever(self, interval: timedelta, stop: asyncio.Event) -> None:

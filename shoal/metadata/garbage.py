@@ -26,11 +26,27 @@ from psycopg.rows import class_row, dict_row
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component, object_from_row
+from shoal.metadata.errors import MetadataError
 from shoal.metadata.models import DeletedBucket, ObjectVersion
 from shoal.metadata.partitions import window_end
 from shoal.metadata.ring import vnode_schema
 from shoal.metadata.schema import DELETED_TABLES
 from shoal.metadata.shards import render, render_arms, scalar
+
+
+class VnodeBeingMoved(MetadataError):
+    """GC left a vnode alone: a mover holds it (queries.VNODE_MOVE_LOCK) until its switch."""
+
+    def __init__(self, vnode: int) -> None:
+        super().__init__(f"vnode {vnode} is being moved; GC leaves it for a later pass")
+        self.vnode = vnode
+
+
+async def _gc_may_work_on(conn: psycopg.AsyncConnection[Any], vnode: int) -> None:
+    """Take the vnode's move lock shared for the transaction, or raise VnodeBeingMoved."""
+    row = await (await conn.execute(queries.GC_VNODE_LOCK, {"vnode": vnode})).fetchone()
+    if not row or not row[0]:
+        raise VnodeBeingMoved(vnode)
 
 
 @dataclass
@@ -69,8 +85,10 @@ class Garbage(Component):
     async def claim_deleted_objects(
         self, vnode: int, leeway: timedelta, limit: int = 100
     ) -> AsyncIterator[ClaimedRecords]:
-        """The oldest deletion records of a vnode older than `leeway`, locked for this worker."""
+        """The oldest deletion records of a vnode older than `leeway`, locked for this worker
+        (VnodeBeingMoved while a mover holds the vnode)."""
         async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            await _gc_may_work_on(conn, vnode)
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 render(queries.CLAIM_DELETED_OBJECTS, vnode), {"leeway": leeway, "limit": limit}
@@ -83,6 +101,7 @@ class Garbage(Component):
         self, vnode: int, leeway: timedelta, limit: int = 25
     ) -> AsyncIterator[ClaimedBuckets]:
         async with self.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            await _gc_may_work_on(conn, vnode)
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 render(queries.CLAIM_DELETED_BUCKETS, vnode), {"leeway": leeway, "limit": limit}
@@ -286,6 +305,8 @@ class GarbageBook(Component):
                 if end is None or end > now - WINDOW_DROP_GRACE:
                     continue
                 async with conn.transaction():
+                    # Dropping a window is not replicated: never while the vnode is copied.
+                    await _gc_may_work_on(conn, vnode)
                     names = _names(schema, name, parent)
                     await conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
                     cur = await conn.execute(sql.SQL(queries.WINDOW_HOLDS_ANY).format(**names))
@@ -297,13 +318,22 @@ class GarbageBook(Component):
         return dropped
 
     async def vacuum_deleted_tables(self, vnode: int) -> None:
-        """Vacuum every window of the vnode's deleted tables (after removing rows from them)."""
+        """Vacuum every window of the vnode's deleted tables (after removing rows from them),
+        unless a mover holds the vnode (a vacuum would hold up its write fence)."""
         async with self.shards.of_vnode(vnode).pool.connection() as conn:  # autocommit
-            for table in DELETED_TABLES:
-                statement = sql.SQL(queries.VACUUM_TABLE).format(
-                    table=sql.Identifier(vnode_schema(vnode), table)
-                )
-                await conn.execute(statement)
+            row = await (
+                await conn.execute(queries.GC_VNODE_SESSION_LOCK, {"vnode": vnode})
+            ).fetchone()
+            if not row or not row[0]:
+                return
+            try:
+                for table in DELETED_TABLES:
+                    statement = sql.SQL(queries.VACUUM_TABLE).format(
+                        table=sql.Identifier(vnode_schema(vnode), table)
+                    )
+                    await conn.execute(statement)
+            finally:
+                await conn.execute(queries.GC_VNODE_SESSION_UNLOCK, {"vnode": vnode})
 
 
 def _names(schema: str, window: str, parent: str = "") -> dict[str, sql.Composable]:
@@ -313,6 +343,10 @@ def _names(schema: str, window: str, parent: str = "") -> dict[str, sql.Composab
 # -- for the Spark job's executors, which use plain (synchronous) connections ------------------
 
 REMOVE_BATCH = 1000
+
+
+class _RowByRow(Exception):
+    """The window may not be truncated now (its vnode is being moved)."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +368,9 @@ def clear_window(
     (other records in the window, or the lock not granted in time) the rows are deleted by id,
     and the caller vacuums the window once every removal is done.
 
+    TRUNCATE is not replicated: while a mover holds the vnode (queries.VNODE_MOVE_LOCK) the
+    rows are deleted by id instead, so that the vnode's copy on its new shard loses them too.
+
     TRUNCATE is not MVCC-safe: a reader whose snapshot is older sees the window empty. That
     only hides records whose blocks are already gone, so the orphan job may list those blocks
     again (they are gone) and the meter counts less waiting for GC; nothing live is at stake.
@@ -343,6 +380,8 @@ def clear_window(
     try:
         with conn.transaction():
             conn.execute(queries.WINDOW_LOCK_TIMEOUT)
+            if not conn.execute(queries.GC_VNODE_LOCK, {"vnode": vnode}).fetchone()[0]:  # type: ignore[index]
+                raise _RowByRow()
             conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
             others = conn.execute(
                 sql.SQL(queries.WINDOW_HOLDS_OTHERS).format(**names), {"ids": list(ids)}
@@ -352,8 +391,8 @@ def clear_window(
                 count = scalar(counted, int)
                 conn.execute(sql.SQL(queries.TRUNCATE_WINDOW).format(**names))
                 return WindowClearing(removed=count, whole=True)
-    except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable):
-        pass  # busy, or not a window of ours: remove row by row below
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable, _RowByRow):
+        pass  # busy, being moved, or not a window of ours: remove row by row below
     removed = 0
     statement = render(queries.REMOVE_DELETED_OBJECTS, vnode)
     for first in range(0, len(ids), REMOVE_BATCH):

@@ -3,6 +3,11 @@
 `add_shard` migrates a new shard and lists it in the catalog (its DSN sealed with the
 credentials key); the ring does not change. `Mover.move` moves one vnode:
 
+  held       on the source, the mover takes the vnode's move lock (queries.VNODE_MOVE_LOCK),
+             waiting up to GC_WAIT for the GC transactions in flight on the vnode; from then
+             until the switch (or the roll-back) GC leaves the vnode alone, so it neither
+             holds up the fence nor truncates or drops a window, which logical replication
+             would not carry to the copy. A crashed mover's lock goes with its connection.
   copying    the target gets the vnode's schema (the vnode migrations and the deleted
              tables' windows); the source publishes the schema's tables and the target
              subscribes: PostgreSQL's logical replication copies the tables in bulk (COPY)
@@ -29,7 +34,9 @@ writes only once a ring version names it, and by then the source's copy is renam
 
 A copy must not come back to a shard while processes may still use a ring version that
 placed the vnode there: a move onto a shard that still holds the vnode's renamed copy is
-refused until `finish` dropped it (the grace period, much longer than RING_POLL_SECONDS).
+refused until `finish` dropped it, which it does only after the grace period (much longer
+than RING_POLL_SECONDS) and once every live process has noted that it loaded the ring
+version of the move (LIVE_READER).
 
 SHOAL_MOVE_FAULT_AT=<step> makes the mover kill itself (SIGKILL) right after that step, for
 the fault tests: copying, synced, fenced, caught_up, switched.
@@ -79,6 +86,13 @@ DEFAULT_GRACE = timedelta(minutes=5)
 # Shorter grace periods are raised to this: every process reads the ring at least every
 # RING_POLL_SECONDS, so past it none still sends the vnode's statements to the old shard.
 MIN_GRACE = timedelta(seconds=2 * RING_POLL_SECONDS + 1)
+# The grace is enforced too: a process notes the ring version it loaded at every poll
+# (shards.ShardSet, shoal.ring_reader), and an old copy is dropped only once every process
+# noted within LIVE_READER has loaded the move's version; one not noted for that long is
+# gone (or cannot reach the catalog, and then serves nothing). `finish` waits up to
+# READERS_WAIT_SECONDS for those behind, a poll and a half.
+LIVE_READER = timedelta(seconds=3 * RING_POLL_SECONDS)
+READERS_WAIT_SECONDS = 1.5 * RING_POLL_SECONDS + 1
 # The fence waits this long for the writes in flight on the vnode's tables, and is tried
 # this many times (a long listing holds them too), a moment apart, before the move gives up.
 # Statements of the vnode queue behind the fence's lock while it waits: each try costs them
@@ -94,6 +108,9 @@ FENCE_DEADLOCK_TIMEOUT = "20ms"
 # How long the target may take to apply the last changes after the fence; past it, the
 # fence is lifted (the source's schema renamed back) rather than keep the vnode paused.
 CATCH_UP_SECONDS = 10.0
+# How long the mover waits for the GC transactions in flight on the vnode (a claimed batch
+# whose blocks are being deleted) before it gives the move up.
+GC_WAIT = "30s"
 POLL_SECONDS = 0.005
 DROP_SLOT_SECONDS = 10.0
 
@@ -236,11 +253,21 @@ class Mover:
 
     async def finish(self, *, now: bool = False) -> list[str]:
         """Drop the source copies of switched moves whose grace period is over (all of them
-        with `now`, which tests use: a process that follows the ring by its polls alone
-        could still read an old copy)."""
+        with `now`, which tests use) and whose ring version every live process has loaded
+        (waiting up to READERS_WAIT_SECONDS for those behind)."""
         said = []
+        # One wait for the processes behind, however many moves are due.
+        deadline = time.monotonic() + READERS_WAIT_SECONDS
         for move in await self._moves(queries.SWITCHED_MOVES, grace=self.grace):
             if not (move.grace_over or now):
+                continue
+            behind = await self._readers_behind(move, deadline)
+            if behind:
+                said.append(
+                    f"vnode {move.vnode}: its old copy on shard {move.source} stays: "
+                    f"{len(behind)} process(es) still use a ring older than version "
+                    f"{move.ring_version} ({', '.join(behind[:3])})"
+                )
                 continue
             await self._unsubscribe(move)
             source = await self._conn(move.source)
@@ -283,6 +310,7 @@ class Mover:
         move = (await self._moves(queries.RECENT_MOVES, limit=1))[0]
         assert move.id == row[0]
         try:
+            await self._hold_vnode(move)
             await self._copy(move)
             _fault("copying")
             await self._wait_synced(move)
@@ -303,6 +331,8 @@ class Mover:
         except MoveError:
             await self._roll_back(move)
             raise
+        finally:
+            await self._let_go(move)
         _fault("switched")
         await self._unsubscribe(move)
         return MoveResult(vnode, source, target, version, copied, pause)
@@ -316,6 +346,29 @@ class Mover:
         return await self._ring(), versions, await self._moves(queries.RECENT_MOVES, limit=limit)
 
     # -- the steps ---------------------------------------------------------------------------
+
+    async def _hold_vnode(self, move: MoveRecord) -> None:
+        """Take the vnode's move lock on the source: GC leaves the vnode alone from now on,
+        and the GC transactions in flight on it are over."""
+        source = await self._conn(move.source)
+        try:
+            async with source.transaction():  # the lock is the session's: it outlives this
+                await source.execute(
+                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(GC_WAIT))
+                )
+                await source.execute(queries.VNODE_MOVE_LOCK, {"vnode": move.vnode})
+        except psycopg.errors.LockNotAvailable:
+            raise MoveError(
+                f"vnode {move.vnode}: garbage collection kept it busy for {GC_WAIT}"
+            ) from None
+
+    async def _let_go(self, move: MoveRecord) -> None:
+        """Release the vnode's move lock (GC on the source finds the vnode gone from now on,
+        and follows the ring to its new shard)."""
+        source = self._conns.get(move.source)
+        if source is not None and not source.closed:
+            with contextlib.suppress(psycopg.Error):
+                await source.execute(queries.VNODE_MOVE_UNLOCK, {"vnode": move.vnode})
 
     async def _copy(self, move: MoveRecord) -> None:
         """The target's schema, the source's publication and slot, the target's subscription
@@ -339,8 +392,19 @@ class Mover:
                 )
             )
         await ensure_windows(target, [move.vnode], width, ahead)
+        # Published through their partitioned parents (publish_via_partition_root), the
+        # deleted tables' changes carry the parents' replica identity: without FULL, a
+        # DELETE of a record (GC reclaiming it during the move) stops the subscription.
+        for table, partitioned, _ in await self._tables(source, schema):
+            if partitioned:
+                await source.execute(
+                    sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                        sql.Identifier(schema), sql.Identifier(table)
+                    )
+                )
         name = _replication_name(move)
-        # TRUNCATE is not published: GC truncates only windows it has reclaimed in full.
+        # TRUNCATE is not published: GC truncates only windows it has reclaimed in full,
+        # and never while the mover holds the vnode (_hold_vnode).
         await source.execute(
             sql.SQL(
                 "CREATE PUBLICATION {} FOR TABLES IN SCHEMA {} "
@@ -548,6 +612,23 @@ class Mover:
                 f"shard {target} still holds vnode {vnode}'s copy from an earlier move; it is "
                 "dropped after the grace period (`shoal ring move --finish`)"
             )
+
+    async def _readers_behind(self, move: MoveRecord, deadline: float) -> list[str]:
+        """The live processes (noted within LIVE_READER) that have not loaded the move's
+        ring version, after waiting until `deadline` (monotonic) for them to."""
+        catalog = await self._conn(self.catalog_name)
+        while True:
+            params = {"live": LIVE_READER, "version": move.ring_version}
+            try:
+                cur = await catalog.execute(queries.RING_READERS_BEHIND, params)
+            except psycopg.errors.UndefinedTable:
+                raise MoveError(
+                    "the catalog predates this version of Shoal: run `shoal db migrate`"
+                ) from None
+            behind = [str(row[0]) for row in await cur.fetchall()]
+            if not behind or time.monotonic() >= deadline:
+                return behind
+            await asyncio.sleep(0.1)
 
     async def _drop_target_copy(self, move: MoveRecord) -> None:
         ring = await self._ring()

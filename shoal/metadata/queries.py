@@ -1462,6 +1462,25 @@ FROM shoal.vnode_move WHERE step = 'switched' ORDER BY id
 
 MOVING_VNODES = "SELECT vnode FROM shoal.vnode_move WHERE step IN ('copying', 'fenced')"
 
+# What a process that follows the ring notes at each poll and adoption; old rows (processes
+# gone) are forgotten by the same statement.
+NOTE_RING_READ = """
+WITH forgotten AS (
+    DELETE FROM shoal.ring_reader WHERE seen < current_timestamp - interval '1 day'
+)
+INSERT INTO shoal.ring_reader (process, ring_version) VALUES (%(process)s, %(version)s)
+ON CONFLICT (process) DO UPDATE
+SET ring_version = greatest(shoal.ring_reader.ring_version, excluded.ring_version),
+    seen = current_timestamp
+"""
+
+# The processes noted within `live` that still use a ring older than `version`.
+RING_READERS_BEHIND = """
+SELECT process FROM shoal.ring_reader
+WHERE seen > current_timestamp - %(live)s AND ring_version < %(version)s
+ORDER BY process
+"""
+
 # Errors of a move's subscription: a table that cannot be copied, a change it cannot apply.
 SUBSCRIPTION_ERRORS = """
 SELECT apply_error_count + sync_error_count FROM pg_stat_subscription_stats
@@ -1475,6 +1494,21 @@ RECENT_MOVES = f"SELECT {MOVE_COLUMNS} FROM shoal.vnode_move ORDER BY id DESC LI
 TRY_MOVER_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
 
 MOVER_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
+
+# A vnode being moved belongs to its mover: the mover holds this advisory lock (exclusive, on
+# the source shard, keyed by the vnode) from before its copy until its switch or roll-back.
+# Every GC transaction on a vnode takes it shared first and, when it is not granted, leaves
+# the vnode for a later pass; the mover's lock waits for the GC transactions in flight.
+VNODE_MOVE_LOCK = "SELECT pg_advisory_lock(5456035, %(vnode)s)"
+
+VNODE_MOVE_UNLOCK = "SELECT pg_advisory_unlock(5456035, %(vnode)s)"
+
+GC_VNODE_LOCK = "SELECT pg_try_advisory_xact_lock_shared(5456035, %(vnode)s)"
+
+# For what GC does outside a transaction (VACUUM): held by the session until unlocked.
+GC_VNODE_SESSION_LOCK = "SELECT pg_try_advisory_lock_shared(5456035, %(vnode)s)"
+
+GC_VNODE_SESSION_UNLOCK = "SELECT pg_advisory_unlock_shared(5456035, %(vnode)s)"
 
 SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
 

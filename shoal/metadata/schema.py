@@ -287,6 +287,20 @@ CREATE TABLE shoal.bucket_inventory (
 );
 """,
     ),
+    Migration(
+        13,
+        "ring readers",
+        """
+-- The ring version each process that follows the ring has loaded (shards.ShardSet), noted
+-- at every poll and adoption. A moved vnode's old copy is dropped only once every process
+-- noted lately has loaded the ring version of the move (moves.Mover.finish).
+CREATE TABLE shoal.ring_reader (
+    process text PRIMARY KEY,
+    ring_version int NOT NULL,
+    seen timestamptz DEFAULT current_timestamp NOT NULL
+);
+""",
+    ),
 )
 
 VNODE_MIGRATIONS = (

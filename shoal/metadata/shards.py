@@ -11,7 +11,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import re
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +110,10 @@ class ShardSet:
     """The open shards, the ring, and the catalog shard (the first one configured).
 
     The ring is followed: a statement refused with VnodeMoved (outage.py) makes its caller
-    reload it (`follow_ring`), and a task reloads it every RING_POLL_SECONDS. A new version
+    reload it (`follow_ring`), and a task reloads it every RING_POLL_SECONDS. The version
+    loaded is noted in the catalog (`shoal.ring_reader`) at each poll and each adoption: a
+    moved vnode's old copy is dropped only once every process noted lately has loaded the
+    move's ring version (moves.Mover.finish). A new version
     is adopted in one step (no await between the ring and the shards' vnode lists), and a
     shard it names that this process has not opened yet (`shoal shard add`) is opened first,
     from the catalog's sealed DSN (that needs `shard_key`, the credentials key).
@@ -131,6 +137,8 @@ class ShardSet:
         self.shard_key = shard_key
         self._reload: asyncio.Task[Ring] | None = None
         self._poller: asyncio.Task[None] | None = None
+        # This process (this ShardSet, for a process may open several) in shoal.ring_reader.
+        self.reader = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     @classmethod
     async def open(
@@ -223,7 +231,23 @@ class ShardSet:
             if missing:
                 await self._open_added(conn, missing)
         self._adopt(ring)
+        await self._note_ring_read()
         return ring
+
+    async def _note_ring_read(self) -> None:
+        """Note the ring version this process uses (a catalog that cannot take the note
+        now gets it at the next poll). Shielded: a cancellation (the store closing) ends the
+        caller at once and lets the note finish on its own."""
+        await asyncio.shield(self._write_ring_note())
+
+    async def _write_ring_note(self) -> None:
+        try:
+            async with self.catalog.pool.connection() as conn:
+                await conn.execute(
+                    queries.NOTE_RING_READ, {"process": self.reader, "version": self.ring.version}
+                )
+        except Exception as exc:
+            log.debug("noting the ring version failed: %r", exc)
 
     async def _open_added(self, conn: psycopg.AsyncConnection[Any], names: set[str]) -> None:
         for added in await added_shards(conn, self.shard_key):
@@ -246,6 +270,7 @@ class ShardSet:
 
     async def _poll_ring(self) -> None:
         while True:
+            await self._note_ring_read()
             await asyncio.sleep(RING_POLL_SECONDS)
             try:
                 await self.follow_ring()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -231,24 +232,27 @@ def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
     """Read each task's vnode, on one connection per shard inside the shard's snapshot. A
     vnode that moved to another shard since the job read the ring is refused by its old
     shard (docs/metadata.md, "Shards and vnodes"): it is read on its new one, at that
-    shard's present (no snapshot of the job's covers it)."""
+    shard's present (no snapshot of the job's covers it).
+
+    Each vnode is read in a transaction of its own (joining the same snapshot), so the locks
+    its read takes go as soon as it is read: a move's write fence waits for one vnode's read
+    at most, never for the rest of the task."""
     connections: dict[str, psycopg.Connection[Any]] = {}
     try:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
                 conn = connect(task.shard, task.dsn)
-                _join_snapshot(conn, task.snapshot)
                 connections[task.shard] = conn
+            _join_snapshot(conn, task.snapshot)
             try:
                 rows = _read_vnode(conn, task)
             except psycopg.Error as exc:
                 if not vnode_gone(exc):
                     raise
-                conn.execute("ROLLBACK")  # the failed statement ended the transaction
-                _join_snapshot(conn, task.snapshot)  # the shard's other vnodes: as before
                 rows = _read_moved(task)
             yield from rows
+            conn.execute("ROLLBACK")  # read only: ends the vnode's transaction and its locks
     finally:
         for conn in connections.values():
             conn.close()
@@ -277,9 +281,20 @@ def _read_vnode(conn: psycopg.Connection[Any], task: ReadTask) -> Iterator[tuple
 def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
     """The rows of a vnode that moved away from `task.shard`, read on its present shard."""
     catalog, dsns = task.shards[0][1], dict(task.shards)
+    # Between a move's fence and its switch the ring still names the old shard: wait for the
+    # switch, which follows within the mover's catch-up time.
+    deadline = time.monotonic() + MOVED_VNODE_WAIT_SECONDS
     with psycopg.connect(catalog, autocommit=True) as conn:
-        placed = conn.execute(queries.SELECT_RING).fetchall()
-    owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
+        while True:
+            placed = conn.execute(queries.SELECT_RING).fetchall()
+            owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
+            if owner != task.shard:
+                break
+            if time.monotonic() >= deadline:
+                raise psycopg.OperationalError(
+                    f"vnode {task.vnode} is being moved from shard {owner}: run the job again"
+                )
+            time.sleep(MOVED_VNODE_POLL_SECONDS)
     if owner not in dsns:
         raise psycopg.OperationalError(
             f"vnode {task.vnode} moved to shard {owner}, which this job does not know: "
@@ -289,6 +304,12 @@ def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
     with psycopg.connect(moved.dsn, autocommit=True) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         yield from _read_vnode(conn, moved)
+
+
+# How long a reader that met a vnode between its move's fence and switch waits for the switch
+# (past the mover's own catch-up bound, moves.CATCH_UP_SECONDS), and how often it looks.
+MOVED_VNODE_WAIT_SECONDS = 30.0
+MOVED_VNODE_POLL_SECONDS = 0.05
 
 
 def _join_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:

@@ -16,6 +16,7 @@ SHA instructions, on the gateway and on every node for every byte written or rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -240,11 +241,27 @@ class BlockStore:
 
     def delete(self, name: str) -> bool:
         """Remove a block; False if it was not there (already deleted is fine)."""
+        return self.remove(name) is not None
+
+    def remove(self, name: str) -> int | None:
+        """Remove a block; the bytes its file took, or None if it was not there."""
+        path = self.path_of(name)
         try:
-            self.path_of(name).unlink()
+            size = path.stat().st_size
+            path.unlink()
         except FileNotFoundError:
-            return False
-        return True
+            return None
+        return size
+
+    def stored_bytes(self) -> int:
+        """The bytes of every block file (a scan of the whole folder)."""
+        total = 0
+        for directory in os.listdir(self.blocks):
+            with os.scandir(self.blocks / directory) as entries:
+                for entry in entries:
+                    with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                        total += entry.stat().st_size
+        return total
 
     def inventory(self, after: str = "", limit: int = 1000) -> list[BlockInfo]:
         """Up to `limit` blocks in (fan-out, name) order, after the block named `after`."""

@@ -46,6 +46,7 @@ from shoal import httpdate
 from shoal.storage import auth
 from shoal.storage.blockfile import (
     CHECKSUM_HEADER,
+    HEADER,
     BlockCorrupt,
     BlockError,
     BlockExists,
@@ -96,24 +97,33 @@ class NodeIdentity:
 
 
 class BlockCount:
-    """Blocks held, counted once at start and kept current by writes and deletes.
+    """Blocks held, and the bytes of their files, counted once at start and kept current by
+    writes and deletes.
 
-    A node's processes (workers.py) share it: each adds to its own slot of shared memory, so
+    A node's processes (workers.py) share it: each adds to its own slots of shared memory, so
     no process waits for another, and every process reports the sum of the slots.
     """
 
-    def __init__(self, value: int, processes: int = 1) -> None:
-        self._slots = multiprocessing.get_context("spawn").RawArray("q", processes)
+    def __init__(self, value: int, processes: int = 1, stored_bytes: int = 0) -> None:
+        # Slot i counts process i's blocks, slot processes + i their bytes.
+        self._processes = processes
+        self._slots = multiprocessing.get_context("spawn").RawArray("q", 2 * processes)
         self._slots[0] = value
+        self._slots[processes] = stored_bytes
         self.slot = 0  # this process's: 0 in the node process, its number in a worker
 
     @property
     def value(self) -> int:
-        return sum(self._slots)
+        return sum(self._slots[: self._processes])
 
-    def add(self, blocks: int) -> None:
-        with _COUNT_LOCK:  # the threads of one process share its slot
+    @property
+    def stored_bytes(self) -> int:
+        return sum(self._slots[self._processes :])
+
+    def add(self, blocks: int, stored_bytes: int = 0) -> None:
+        with _COUNT_LOCK:  # the threads of one process share its slots
             self._slots[self.slot] += blocks
+            self._slots[self._processes + self.slot] += stored_bytes
 
 
 _COUNT_LOCK = threading.Lock()
@@ -382,7 +392,7 @@ class _Handler(socketserver.StreamRequestHandler):
             raise Refused(411, "Content-Length is required")
         created = self.server.store.write(name, self.body, self.body.length, checksum)
         if created:
-            self.server.count.add(1)
+            self.server.count.add(1, HEADER.size + self.body.length)
         self.server.metrics.writes.inc()
         self.server.metrics.bytes_written.inc(self.body.length)
         self._reply(201 if created else 200)
@@ -398,8 +408,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 self.server.metrics.bytes_read.inc(reader.end - reader.start)
 
     def _delete_block(self, name: str) -> None:
-        if self.server.store.delete(name):
-            self.server.count.add(-1)
+        size = self.server.store.remove(name)
+        if size is not None:
+            self.server.count.add(-1, -size)
         self.server.metrics.deletes.inc()
         self._reply(204)
 
@@ -409,8 +420,10 @@ class _Handler(socketserver.StreamRequestHandler):
             raise Refused(400, f"names must be a list of at most {MAX_BATCH_DELETE}")
         for name in names:
             self.server.store.path_of(name)  # refuse the whole batch if any name is invalid
-        deleted = sum(self.server.store.delete(name) for name in names)
-        self.server.count.add(-deleted)
+        sizes = [self.server.store.remove(name) for name in names]
+        removed = [size for size in sizes if size is not None]
+        deleted = len(removed)
+        self.server.count.add(-deleted, -sum(removed))
         self.server.metrics.deletes.inc(len(names))
         self._reply_json({"deleted": deleted, "missing": len(names) - deleted})
 

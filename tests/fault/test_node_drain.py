@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,18 @@ import pytest
 
 from shoal.config import load_config
 from shoal.pipeline import run_job
+from shoal.pipeline.jobs.rebalance import DEFAULT_GAP
 from shoal.ports import free_port
 from shoal.storage import block_runs
 from tests.fault.load import MixedLoad, iter_failures, wait_until
 from tests.fixtures.postgres import unique
 from tests.fixtures.serve import Served, start_serve, stop_serve
-from tests.fixtures.storage import MakeStorage, StorageCluster
+from tests.fixtures.storage import (
+    MakeStorage,
+    StorageCluster,
+    start_node,
+    wait_until_registered,
+)
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 KiB = 1024
@@ -183,7 +190,63 @@ def test_a_stopped_node_marked_dead_has_every_copy_made_again(
     s3.close()
 
 
+# Each node of the even-out test uses at most this much of the disk ([storage]
+# capacity_bytes): every node of one test disk would report the same fill otherwise. Above
+# the 256 MiB a node keeps free for new blocks (cluster.MIN_FREE_BYTES).
+CAPACITY = 320 * MiB
+
+
+@pytest.mark.slow
+def test_rebalance_evens_out_fill_after_nodes_join(
+    make_storage: MakeStorage, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    """Two nodes hold 60 MiB each of 320 MiB, two empty ones join: one `shoal pipeline
+    rebalance` leaves every node's fill within the documented gap (10 points) of the others,
+    every object reads back, copies stay in two datacenters, and audit finds nothing."""
+    cluster = make_storage(nodes=2, datacenters=2, capacity_bytes=CAPACITY)
+    serve = ServeOnNodes(cluster)
+    try:
+        s3 = client(serve.served)
+        bucket = unique("even")
+        s3.create_bucket(Bucket=bucket)
+        objects = {f"k{n:02d}": body(2 * MiB, n) for n in range(30)}
+        for key, data in objects.items():
+            s3.put_object(Bucket=bucket, Key=key, Body=data)
+        root = cluster.config_file.parent
+        for name, datacenter in (("n2", "dc0"), ("n3", "dc1")):
+            cluster.nodes.append(start_node(cluster, name, datacenter, root))
+        wait_until_registered(cluster, run)
+        assert [round(f, 2) for f in fills(cluster)] == [0.19, 0.19, 0.0, 0.0]
+
+        def registry_has_the_fill() -> bool:  # the full nodes' heartbeats since the writes
+            nodes = {n.name: n for n in run(cluster.store.nodes.list(timedelta(seconds=30)))}
+            return all(
+                (nodes[n].free_bytes or 0) < CAPACITY - 50 * MiB for n in ("n0", "n1")
+            ) and all(nodes[n].capacity_bytes == CAPACITY for n in ("n2", "n3"))
+
+        wait_until(registry_has_the_fill, 20, interval=0.2)
+        done = serve.job(spark, "rebalance", tmp_path)
+        print(done.table(), [f"{f:.3f}" for f in fills(cluster)])
+        assert done.figures["mode"] == "even out" and done.figures["copies moved"] > 0
+        assert not done.problems
+        assert max(fills(cluster)) - min(fills(cluster)) <= DEFAULT_GAP
+        for key, data in objects.items():
+            assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data, key
+        assert_copies_in_two_datacenters(cluster, bucket, run)
+        audit = serve.job(spark, "audit", tmp_path)
+        assert audit.figures["versions under-replicated"] == 0
+        assert audit.figures["blocks missing"] == 0 and audit.figures["blocks corrupt"] == 0
+        s3.close()
+    finally:
+        stop_serve(serve.process)
+
+
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def fills(cluster: StorageCluster) -> list[float]:
+    """Each node's share of CAPACITY its block files take, in the order of cluster.nodes."""
+    return [sum(f.stat().st_size for f in n.block_files()) / CAPACITY for n in cluster.nodes]
 
 
 class Fixed:

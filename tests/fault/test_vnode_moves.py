@@ -1,9 +1,13 @@
 """Vnodes move between shards under a real `shoal serve` and a bounded S3 load: to a new
 shard and back, and with the mover killed (SIGKILL) at each of its steps and run again.
 
+Garbage collection runs all along (`shoal gc run` with a short leeway, one run after
+another), so GC passes meet every step of the moves.
+
 What must hold afterwards: every acknowledged write reads back with its bytes, no deleted
-object comes back, each replaced version has exactly one deletion record, listings during
-the moves neither skip nor repeat a key, and the clients saw no error but 503s."""
+object comes back, each replaced version has exactly one deletion record (reclaimed or
+not), listings during the moves neither skip nor repeat a key, and the clients saw no error
+but 503s."""
 
 from __future__ import annotations
 
@@ -21,13 +25,16 @@ import pytest
 from shoal.metadata.embedded import EmbeddedPostgres
 from shoal.metadata.moves import FAULT_ENV, FAULT_STEPS, MIN_GRACE
 from tests.fault.load import MixedLoad, iter_failures, statuses
-from tests.fault.serving import own_serve
+from tests.fault.serving import block_versions, named_versions, own_serve
 from tests.fixtures.serve import SHOAL, Served
 
 pytestmark = pytest.mark.slow
 
 VNODES = 12
+# GC runs as `shoal gc run` passes one after another (the daemon's interval counts in
+# minutes); records older than GC_LEEWAY are reclaimed while the vnodes move.
 CONFIG = f"[s3]\nworkers = 2\n\n[gc]\nenabled = false\n\n[metadata]\nvnodes = {VNODES}\n"
+GC_LEEWAY = "3s"
 STATIC_KEYS = [f"static/{n:03d}" for n in range(40)]
 
 
@@ -41,8 +48,9 @@ def test_vnodes_move_to_a_new_shard_and_back_under_load(tmp_path: Path) -> None:
             client.put_object(Bucket="moving", Key=key, Body=key.encode())
         _shoal(served, "shard", "add", "extra")
         load = _load(served)
+        began = time.monotonic()
         said = []
-        with load, _Lister(served) as lister:
+        with load, _Lister(served) as lister, _Collecting(served) as collecting:
             for vnode, step in enumerate(FAULT_STEPS):
                 load.wait_for_requests(10)
                 _shoal(served, "ring", "move", str(vnode), "--to", "extra", fault=step, rc=-9)
@@ -52,6 +60,7 @@ def test_vnodes_move_to_a_new_shard_and_back_under_load(tmp_path: Path) -> None:
                     _check_one_owner(served, vnode)
                 again = _shoal(served, "ring", "move", str(vnode), "--to", "extra")
                 said.append(f"killed after {step}, then: {again.strip()!r}")
+                print(f"{time.monotonic() - began:.1f} s: {said[-1]}", flush=True)
                 assert vnode in _placed(served, "extra")
                 _check_one_owner(served, vnode)
             moved = _placed(served, "extra")
@@ -63,7 +72,15 @@ def test_vnodes_move_to_a_new_shard_and_back_under_load(tmp_path: Path) -> None:
             )
             assert _placed(served, "extra") == []
             load.wait_for_requests(10)
-        print(*said, f"{lister.listings} complete listings; {statuses(load.outcomes)}", sep="\n")
+        print(
+            *said,
+            f"{lister.listings} complete listings; {statuses(load.outcomes)}",
+            f"{collecting.runs} gc runs, {collecting.reclaimed} records reclaimed, "
+            f"{collecting.skipped} runs left a moving vnode alone",
+            sep="\n",
+        )
+        assert not collecting.failures, collecting.failures
+        assert collecting.runs > 0 and collecting.reclaimed > 0
         _check(served, load, lister, client)
 
 
@@ -116,6 +133,52 @@ class _Lister:
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
 
+class _Collecting:
+    """A thread running `shoal gc run --leeway GC_LEEWAY` one after another until stopped
+    (the run in progress is waited for). A run exits 0, or 1 when a record had to be kept;
+    anything else, or a trace, is a failure."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.runs = 0
+        self.reclaimed = 0
+        self.skipped = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Collecting:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            done = subprocess.run(
+                [
+                    SHOAL,
+                    "gc",
+                    "run",
+                    "--leeway",
+                    GC_LEEWAY,
+                    "--data-dir",
+                    str(self.served.data_dir),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            self.runs += 1
+            if done.returncode not in (0, 1) or "Traceback" in done.stderr:
+                self.failures.append(f"rc {done.returncode}: {done.stdout}{done.stderr}")
+            if done.stdout.startswith("reclaimed "):
+                self.reclaimed += int(done.stdout.split()[1])
+            self.skipped += "being moved" in done.stdout
+
+
 def _load(served: Served) -> MixedLoad:
     return MixedLoad(
         lambda **config: served.raw_client(served.root, **config),
@@ -153,6 +216,17 @@ def _check(served: Served, load: MixedLoad, lister: _Lister, client: Any) -> Non
         assert client.get_object(Bucket="moving", Key=key)["Body"].read() == key.encode()
     twice = _deletion_records_twice(served)
     assert not twice, twice
+    # Exactly one record for each replaced version with blocks: none missing (a version
+    # with blocks that no row names would be a replaced version without its record: GC
+    # deletes only blocks a record names), and no second one of a record GC reclaimed
+    # already (a record whose blocks are all gone: the first one's reclaim deleted them).
+    on_nodes = block_versions(served.data_dir)
+    named: set[Any] = set()
+    for database in _databases(served):
+        named |= named_versions(_dsn(served, database))
+    assert not on_nodes - named, f"versions with blocks and no row: {on_nodes - named}"
+    recorded = _recorded_with_blocks(served)
+    assert not recorded - on_nodes, f"records reclaimed already: {recorded - on_nodes}"
 
 
 def _dsn(served: Served, database: str) -> str:
@@ -201,18 +275,38 @@ def _one(conn: psycopg.Connection[Any], statement: str, *params: Any) -> Any:
     return row[0]
 
 
+def _recorded_with_blocks(served: Served) -> set[Any]:
+    """The versions of the deletion records that name blocks (inline objects' versions
+    leave no record; a multipart part record names its own blocks)."""
+    recorded: set[Any] = set()
+    for database in _databases(served):
+        with psycopg.connect(_dsn(served, database), autocommit=True) as conn:
+            for schema in _vnode_schemas(conn):
+                recorded.update(
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT id FROM {schema}.manta_bucket_deleted_object"
+                        " WHERE cardinality(sharks) > 0 AND content_length > 0"
+                    )
+                )
+    return recorded
+
+
+def _vnode_schemas(conn: psycopg.Connection[Any]) -> list[str]:
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'manta\\_bucket\\_%'"
+        )
+    ]
+
+
 def _deletion_records_twice(served: Served) -> list[str]:
     """Versions with more than one deletion record, across every vnode of every shard."""
     twice = []
     for database in _databases(served):
         with psycopg.connect(_dsn(served, database), autocommit=True) as conn:
-            schemas = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'manta\\_bucket\\_%'"
-                )
-            ]
-            for schema in schemas:
+            for schema in _vnode_schemas(conn):
                 rows = conn.execute(
                     f"SELECT id FROM {schema}.manta_bucket_deleted_object"
                     " GROUP BY id HAVING count(*) > 1"

@@ -21,7 +21,7 @@ import pytest
 from shoal.config import load_config
 from shoal.gc import Collector, blocks_of
 from shoal.ids import uuid7
-from shoal.metadata import PartWrite
+from shoal.metadata import PartWrite, queries
 from shoal.metadata.garbage import clear_window, vacuum_windows
 from shoal.metadata.partitions import (
     ensure_window_holding,
@@ -401,3 +401,47 @@ def test_a_bucket_deleted_with_open_uploads_leaves_them_to_gc(
             return [b.id for b in claim.buckets]
 
     assert found.id not in run(deleted_buckets())
+
+
+def test_gc_leaves_alone_a_vnode_that_a_mover_holds(cluster: StorageCluster, run: Any) -> None:
+    """While a mover holds a vnode (its move lock, as `Mover.move` takes it before copying),
+    a GC pass reclaims nothing there and says so, and a window is cleared row by row (a
+    TRUNCATE would not reach the vnode's copy); once the mover lets go, GC reclaims it."""
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    world = run(build_garbage(cluster.store, path))
+    vnodes = list(range(cluster.store.ring.vnodes))
+    dsn = shard_dsn(cluster)
+    with psycopg.connect(dsn, autocommit=True) as mover:
+        for vnode in vnodes:
+            mover.execute(queries.VNODE_MOVE_LOCK, {"vnode": vnode})
+        collector = Collector(cluster.store, path, timedelta(0))
+        held = run(collector.run_once())
+        assert held.records_found == 0 and held.records_reclaimed == 0
+        assert collector.vnodes_skipped == vnodes
+        assert world.garbage <= block_ids(cluster)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            vnode, window, ids = _a_window_of_records(conn)
+            cleared = clear_window(conn, vnode, window, ids)
+        assert not cleared.whole and cleared.removed == len(ids)
+        for vnode in vnodes:
+            mover.execute(queries.VNODE_MOVE_UNLOCK, {"vnode": vnode})
+    freed = Collector(cluster.store, path, timedelta(0))
+    done = run(freed.run_once())
+    assert done.records_failed == 0 and freed.vnodes_skipped == []
+    assert done.records_reclaimed > 0
+
+
+def _a_window_of_records(conn: psycopg.Connection[Any]) -> tuple[int, str, list[uuid.UUID]]:
+    """(vnode, window, its record ids) of some window of a deleted-object table that holds
+    records."""
+    row = conn.execute(
+        "SELECT c.relname, n.nspname FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE c.relispartition"
+        " AND c.relname LIKE 'manta\\_bucket\\_deleted\\_object\\_w%%' AND c.reltuples <> 0"
+        " ORDER BY n.nspname, c.relname"
+    ).fetchall()
+    for window, schema in row:
+        ids = [r[0] for r in conn.execute(f'SELECT id FROM {schema}."{window}"').fetchall()]
+        if ids:
+            return int(schema.rsplit("_", 1)[1]), window, ids
+    raise AssertionError("no window holds a deletion record")

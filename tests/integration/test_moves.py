@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -137,7 +139,11 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
             assert len(await mover.finish(now=True)) == 1
             back = await mover.move(moved, source)
             assert back is not None and back.target == source
-            await mover.finish(now=True)
+            # These two poll no more: they note a ring version only when they follow one.
+            await fresh.shards.follow_ring()
+            await stale.shards.follow_ring()
+            said = await mover.finish(now=True)
+            assert len(said) == 1 and "dropped" in said[0], said
         page = await fresh.objects.list(owner, bucket, prefix="key-", limit=1000)
         assert [o.name for o in page.objects] == names[10:]
         assert (await fresh.objects.get(owner, bucket, in_moved[-1])).content_length == 7777
@@ -314,3 +320,167 @@ def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
     mine = [row for row in rows if row[5] == str(bucket_id)]
     assert sorted(row[6] for row in mine) == names
     assert {row[0] for row in mine if row[1] == moved} == {"s2"}
+
+
+def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    """A GC worker holds a claimed batch of the vnode's deletion records (its blocks being
+    deleted): the mover waits for it before copying, and the records the worker removed are
+    gone on the new shard too, the others there exactly once."""
+    configs, key = cluster
+    store = _open(configs, key, run)
+
+    async def scenario() -> None:
+        owner = (await store.accounts.create(unique("gcmove"))).id
+        found = await store.buckets.create(owner, unique("gcmove"))
+        ring = store.ring
+        vnode = ring.vnode_for_object(owner, found.id, "k-0")
+        names = [f"k-{i}" for i in range(200)]
+        names = [n for n in names if ring.vnode_for_object(owner, found.id, n) == vnode][:6]
+        for name in names:
+            for size in (1, 2):  # the second replaces the first: one deletion record each
+                write = ObjectWrite(size, b"g" * 16, sharks=["dc0:n1"])
+                await store.objects.put(owner, found.name, name, write)
+        source = ring.shard_of(vnode)
+        target = next(c.name for c in configs if c.name != source)
+        claim = store.garbage.claim_deleted_objects(vnode, timedelta(0))
+        batch = await claim.__aenter__()
+        mine = [r for r in batch.records if r.bucket_id == found.id]
+        assert len(mine) == len(names)
+        async with _mover(configs) as mover:
+            await mover.finish(now=True)  # an earlier test's copy on the target, if any
+            moving = asyncio.create_task(mover.move(vnode, target))
+            source_dsn = next(c.dsn for c in configs if c.name == source)
+            await _until_the_mover_waits(source_dsn)
+            assert not moving.done()
+            await batch.remove(mine[:2])
+            await claim.__aexit__(None, None, None)
+            result = await moving
+            assert result is not None and result.target == target
+            await mover.finish(now=True)
+        target_dsn = next(c.dsn for c in configs if c.name == target)
+        with psycopg.connect(target_dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                f"SELECT id FROM manta_bucket_{vnode}.manta_bucket_deleted_object"
+                " WHERE bucket_id = %s",
+                (found.id,),
+            ).fetchall()
+        assert sorted(r[0] for r in rows) == sorted(r.id for r in mine[2:])
+
+    run(scenario())
+
+
+async def _until_the_mover_waits(dsn: str) -> None:
+    """Until a session waits for a vnode's move lock on this shard (deadline 20 s)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND classid = 5456035 AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())"
+            ).fetchone()
+        if waiting and waiting[0]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the mover never waited for the vnode's move lock")
+
+
+def test_a_pipeline_read_holds_no_lock_on_the_vnodes_it_has_read(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    """A Spark task reading several vnodes of a shard: once it reads the next vnode, a move
+    of the one it read fences at once (its read's locks went with its transaction)."""
+    from shoal.pipeline import io
+
+    configs, key = cluster
+    store = _open(configs, key, run)
+
+    async def objects() -> tuple[uuid.UUID, uuid.UUID, list[str]]:
+        account = await store.accounts.create(unique("locks"))
+        found = await store.buckets.create(account.id, unique("locks"))
+        names = [f"l-{i:02d}" for i in range(40)]
+        for name in names:
+            await store.objects.put(account.id, found.name, name, ObjectWrite(5, b"l" * 16))
+        return account.id, found.id, names
+
+    owner, bucket_id, names = run(objects())
+    ring = store.ring
+    by_shard: dict[str, list[int]] = {}
+    for vnode in sorted({ring.vnode_for_object(owner, bucket_id, n) for n in names}):
+        by_shard.setdefault(ring.shard_of(vnode), []).append(vnode)
+    source, (first, second, *_) = next((s, v) for s, v in by_shard.items() if len(v) > 1)
+    target = next(c.name for c in configs if c.name != source)
+    query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
+    every = tuple((c.name, c.dsn) for c in configs)
+    with io.exported_snapshots(configs) as snapshots:
+        tasks = [
+            io.ReadTask(source, dict(every)[source], snapshots[source], v, query, every)
+            for v in (first, second)
+        ]
+        rows = io._read_tasks(tasks)
+        read = [next(rows)]
+        while read[-1][1] != second:
+            read.append(next(rows))
+
+        async def move() -> None:
+            async with _mover(configs) as mover:
+                await mover.finish(now=True)
+                assert await mover.move(first, target) is not None
+
+        run(move())
+        read += list(rows)
+    mine = sorted(row[6] for row in read if row[5] == str(bucket_id))
+    assert mine == sorted(
+        n for n in names if ring.vnode_for_object(owner, bucket_id, n) in (first, second)
+    )
+
+
+def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    """Every process that follows the ring notes the version it loaded; a moved vnode's old
+    copy is dropped only once every process noted lately has the move's version (and the
+    vnode cannot move back before). A process not noted lately counts as gone."""
+    configs, key = cluster
+    store = _open(configs, key, run)
+    catalog = configs[0].dsn
+
+    def note_behind(seen: str, version: int = 0) -> None:
+        """A process that still uses ring `version`, last heard of at `seen`."""
+        with psycopg.connect(catalog, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO shoal.ring_reader (process, ring_version, seen)"
+                " VALUES ('behind', %s, " + seen + ") ON CONFLICT (process) DO UPDATE"
+                " SET seen = excluded.seen, ring_version = excluded.ring_version",
+                (version,),
+            )
+
+    async def scenario() -> None:
+        await store.shards.follow_ring()
+        with psycopg.connect(catalog, autocommit=True) as conn:
+            noted = conn.execute(
+                "SELECT ring_version FROM shoal.ring_reader WHERE process = %s",
+                (store.shards.reader,),
+            ).fetchone()
+        assert noted == (store.ring.version,)
+        vnode = 1
+        source = store.ring.shard_of(vnode)
+        target = next(c.name for c in configs if c.name != source)
+        async with _mover(configs) as mover:
+            await mover.finish(now=True)  # earlier tests' old copies
+            result = await mover.move(vnode, target)
+            assert result is not None
+            note_behind("current_timestamp", result.ring_version - 1)
+            said = [line for line in await mover.finish(now=True) if f"vnode {vnode}:" in line]
+            assert len(said) == 1 and "stays" in said[0] and "(behind" in said[0], said
+            with pytest.raises(MoveError, match="grace period"):
+                await mover.move(vnode, source)
+            note_behind("current_timestamp - interval '1 minute'")  # gone since
+            said = [line for line in await mover.finish(now=True) if f"vnode {vnode}:" in line]
+            assert len(said) == 1 and "dropped" in said[0], said
+            assert await mover.move(vnode, source) is not None
+            await mover.finish(now=True)
+
+    run(scenario())

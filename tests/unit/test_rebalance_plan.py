@@ -54,3 +54,13 @@ def test_each_run_on_a_leaving_node_is_one_move() -> None:
     )
     [move] = _moves_of(row, {"a:0": 1})
     assert move[4].endswith("0002") and move[8] == "a:0" and move[7] == ["a:0", "b:1"]
+
+
+def test_without_drains_a_node_gives_no_more_than_brings_it_to_the_average() -> None:
+    fill = {"a:0": 0.80, "b:1": 0.10, "a:2": 0.10, "b:3": 0.20}  # average 0.30
+    capacity = {shark: 10 * GiB for shark in fill}
+    plan = registry(fill)
+    leaving, _, _ = _what_moves(
+        Registry(plan.urls, plan.targets, plan.draining, fill, capacity), 0.10, 8 * GiB
+    )
+    assert leaving == {"a:0": int(0.50 * 10 * GiB)}

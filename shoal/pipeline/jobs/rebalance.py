@@ -3,7 +3,8 @@ to the emptiest when none drains (docs/storage.md, "Node states").
 
 1. The driver reads the registry: nodes, states, free space. With nodes draining, every copy
    they hold moves; without, copies move from nodes fuller than the average by more than
-   half the `gap` (fill ratios) towards the nodes below it, at most `max_bytes` per run.
+   half the `gap` (fill ratios) towards the nodes below it: from each, what it holds above
+   the average, and at most `max_bytes` per run in all.
 2. Live versions and parts (objects, open uploads' parts) are read from one snapshot per
    shard, one Spark task per vnode, and each run of blocks on a leaving node becomes a move.
 3. Executors take the moves of some vnodes each. A move copies every block of the run from a
@@ -31,7 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -80,6 +81,7 @@ class Registry:
     targets: list[Node]  # alive, active, with room
     draining: list[str]
     fill: dict[str, float]  # active nodes' used share of their capacity
+    capacity: dict[str, int] = field(default_factory=dict)  # active nodes' size, bytes
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ async def _registry(store: MetadataStore, deadline: timedelta) -> Registry:
             for n in active
             if n.alive and n.capacity_bytes
         },
+        capacity={n.shark: n.capacity_bytes for n in active if n.alive and n.capacity_bytes},
     )
 
 
@@ -203,8 +206,14 @@ def _what_moves(
     if not over:
         return {}, [], 0
     share = max_bytes // len(over)
+    # No more than brings a node down to the average: moving past it would only make the
+    # nodes below the average the fullest ones.
+    excess = {
+        s: int((fill[s] - mean) * registry.capacity[s]) if s in registry.capacity else share
+        for s in over
+    }
     return (
-        {s: share for s in over},
+        {s: min(share, excess[s]) for s in over},
         [n for n in registry.targets if n.shark in under],
         max_bytes,
     )
