@@ -288,7 +288,7 @@ CREATE TABLE shoal.bucket_inventory (
 """,
     ),
     Migration(
-        13,
+        12,
         "ring readers",
         """
 -- The ring version each process that follows the ring has loaded (shards.ShardSet), noted
