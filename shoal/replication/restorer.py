@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shoal.metadata import MetadataStore
+from shoal.metadata.errors import VnodeMoved
 from shoal.metadata.replicas import SETTLE_GRACE, Note
 from shoal.storage import (
     DEFAULT_BLOCK_SIZE,
@@ -97,7 +98,12 @@ class Rereplicator:
             return tally
         gate = asyncio.Semaphore(self.concurrency)
         for vnode in await self.store.under_replicated.vnodes_with_notes():
-            await self._vnode(vnode, target, gate, tally)
+            try:
+                await self._vnode(vnode, target, gate, tally)
+            except VnodeMoved:
+                # Its notes moved with it; the next pass finds them on the new shard.
+                log.info("re-replication: vnode %d moved; left for the next pass", vnode)
+                await self.store.shards.follow_ring()
         if tally.noted:
             log.info(
                 "re-replication: %d versions restored, %d already complete, %d gone, %d waiting",
