@@ -8,18 +8,24 @@ database on that existing server and drops it at the end.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -188,3 +194,68 @@ def run_tool(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     if result.returncode != 0:
         raise RuntimeError(f"{Path(command[0]).name} failed: {result.stderr.strip()}")
     return result
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Calls done in a timed run, and this process's CPU seconds over it."""
+
+    ops: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def ops_per_second(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return self.cpu_seconds * 1e6 / self.ops if self.ops else 0.0
+
+    def line(self) -> str:
+        return f"{self.ops_per_second:,.0f} ops/s, {self.cpu_us_per_op:.0f} us CPU/op"
+
+
+async def rate_for(
+    call: Callable[[random.Random], Awaitable[object]], clients: int, seconds: float
+) -> Rate:
+    """`clients` tasks calling `call` (each with a Random of its own) for `seconds`."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def client(seed: int) -> None:
+        nonlocal done
+        rng = random.Random(seed)
+        while time.perf_counter() < deadline:
+            await call(rng)
+            done += 1
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    await asyncio.gather(*(client(seed) for seed in range(clients)))
+    return Rate(done, time.perf_counter() - started, time.process_time() - cpu)
+
+
+def per_call(action: Callable[[], object], count: int) -> float:
+    """Seconds per call, the best of three runs of `count` calls."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(count):
+            action()
+        best = min(best, (time.perf_counter() - started) / count)
+    return best
+
+
+def ensure_package(distribution: str, version: str) -> None:
+    """Install `distribution`==`version` into this venv (with this interpreter's pip) when it
+    is missing or another version: what a benchmark compares against, not what Shoal needs."""
+    try:
+        installed: str | None = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        command = [sys.executable, "-m", "pip", "install", "--quiet", f"{distribution}=={version}"]
+        print(f"installing {distribution}=={version}: {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+        importlib.invalidate_caches()
