@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,8 +33,10 @@ import psycopg
 from psycopg import sql
 
 from shoal.config import MetadataConfig, ShardConfig
-from shoal.metadata import MetadataStore, migrate
+from shoal.ids import uuid7
+from shoal.metadata import MetadataStore, ObjectWrite, migrate
 from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+from shoal.storage import DataPath
 
 # The server settings that decide what these figures mean.
 REPORTED_SETTINGS = (
@@ -61,6 +63,19 @@ def postgres_server(admin_dsn: str | None) -> Iterator[str]:
             yield server.dsn("postgres")
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def server_and_scratch(admin_dsn: str | None, prefix: str) -> Iterator[tuple[str, Path]]:
+    """postgres_server's DSN and a scratch folder, stopped and removed at the end (SIGTERM
+    included), after printing the machine's summary."""
+    with (
+        exit_on_sigterm(),
+        postgres_server(admin_dsn) as dsn,
+        tempfile.TemporaryDirectory(prefix=prefix) as scratch,
+    ):
+        print("\n".join(machine_summary(dsn)))
+        yield dsn, Path(scratch)
 
 
 @contextlib.contextmanager
@@ -102,6 +117,37 @@ async def open_store(shard: ShardConfig, vnodes: int, pool_max_size: int) -> Met
     """Migrate the shard with `vnodes` vnodes and open the API on it."""
     await migrate([shard], MetadataConfig(vnodes=vnodes, partitions_ahead=1))
     return await MetadataStore.open([shard], pool_max_size)
+
+
+async def write_objects(
+    store: MetadataStore, path: DataPath, count: int, size: int, writers: int
+) -> None:
+    """`count` objects of `size` random bytes through the data path (blocks on the nodes,
+    then the row, as a gateway's PUT), `writers` at a time, in a new bucket of a new account."""
+    owner = (await store.accounts.create(f"bench-{uuid.uuid4().hex[:8]}")).id
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    await store.buckets.create(owner, bucket)
+    data = os.urandom(size)
+    gate = asyncio.Semaphore(writers)
+
+    async def once() -> AsyncIterator[bytes]:
+        yield data
+
+    async def one(index: int) -> None:
+        async with gate:
+            version = uuid7()
+            result = await path.write(version, once())
+            write = ObjectWrite(
+                id=version,
+                content_length=result.size,
+                content_md5=result.md5,
+                sharks=result.sharks,
+                properties={"block_size": result.block_size},
+                under_replicated=result.under_replicated,
+            )
+            await store.objects.put(owner, bucket, f"object-{index:07d}", write)
+
+    await asyncio.gather(*(one(i) for i in range(count)))
 
 
 def pg_tool(name: str) -> str:

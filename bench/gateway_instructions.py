@@ -17,6 +17,12 @@ as the instructions of its user-space side only.
 Workloads: put, get, head, delete (4 KiB objects; the first two also of a 1 MiB object with
 `--size`), list (ListObjectsV2 pages of 1000 from a bucket of --keys). Needs valgrind
 (Debian's package `valgrind`).
+
+`--server uvicorn` or `--server granian` serves the gateway's handlers through that server
+instead of shoal/s3/http.py (http_server_bench.py's ASGI adapter; every thread of the
+gateway process is counted, granian's Rust ones included).
+
+    .venv/bin/python bench/gateway_instructions.py get --server uvicorn --requests 500
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from benchlib import ensure_package
+from http_server_bench import SERVERS, VERSIONS, serve_with_command
 from s3_bench import S3, Server, started_shoal
 
 BUCKET = "instructions"
@@ -47,6 +55,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=2000, help="keys in the bucket (list)")
     parser.add_argument(
         "--keep", type=Path, help="copy the measured dump here (for callgrind_annotate)"
+    )
+    parser.add_argument(
+        "--server", choices=SERVERS, default="shoal", help="the HTTP server (http_server_bench)"
     )
     return parser.parse_args()
 
@@ -130,6 +141,9 @@ def main() -> None:
     dumps = Path(tempfile.mkdtemp(prefix="shoal-callgrind-"))
     try:
         wrapper = [valgrind, "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out.%p"]
+        if args.server != "shoal":
+            ensure_package(args.server, VERSIONS[args.server])
+            wrapper += serve_with_command(args.server)
         with started_shoal(
             "shoal-instructions-", gateway_workers=1, wrapper=wrapper, start_timeout=START_SECONDS
         ) as server:
@@ -140,7 +154,8 @@ def main() -> None:
         unit = "page" if args.workload == "list" else "operation"
         size = "" if args.workload in ("list", "delete") else f" of {args.size} bytes"
         print(
-            f"{args.workload}{size}, c={args.concurrency}: {instructions / requests:,.0f} "
+            f"{args.workload}{size}, c={args.concurrency}, {args.server}: "
+            f"{instructions / requests:,.0f} "
             f"gateway instructions per {unit} ({requests} counted)"
         )
     finally:

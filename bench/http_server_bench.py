@@ -267,7 +267,9 @@ class Cell:
         return sum(len(p.errors) for p in self.phases)
 
 
-def wrapper(name: str) -> list[str]:
+def serve_with_command(name: str) -> list[str]:
+    """The command that runs `shoal serve ...` (its arguments follow) with `name` serving the
+    gateway."""
     return [sys.executable, str(Path(__file__).resolve()), "--serve-with", name]
 
 
@@ -362,7 +364,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         servers = {
             name: stack.enter_context(
-                started_shoal(f"shoal-http-{name}-", gateway_workers=1, wrapper=wrapper(name))
+                started_shoal(
+                    f"shoal-http-{name}-", gateway_workers=1, wrapper=serve_with_command(name)
+                )
             )
             for name in names
         }
