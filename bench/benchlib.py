@@ -8,6 +8,7 @@ database on that existing server and drops it at the end.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -305,3 +306,25 @@ def ensure_package(distribution: str, version: str) -> None:
         print(f"installing {distribution}=={version}: {' '.join(command)}", flush=True)
         subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
         importlib.invalidate_caches()
+
+
+def rounds_parser(
+    description: str, rounds: int, seconds: float, quick: tuple[int, float]
+) -> argparse.ArgumentParser:
+    """The options of a benchmark whose sides take turns in timed rounds; `parsed_rounds`
+    reads them (--quick: `quick` rounds and seconds)."""
+    parser = argparse.ArgumentParser(description=description)
+    smoke = f"{quick[0]} rounds of {quick[1]:g} s: a smoke run"
+    parser.add_argument("--quick", action="store_true", help=smoke)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--seconds", type=float, default=seconds, help="length of one turn")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    parser.set_defaults(quick_rounds=quick)
+    return parser
+
+
+def parsed_rounds(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = args.quick_rounds
+    return args

@@ -34,7 +34,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import ensure_package, load_average, markdown_table, median
+from benchlib import (
+    ensure_package,
+    load_average,
+    markdown_table,
+    median,
+    parsed_rounds,
+    rounds_parser,
+)
 from s3_bench import S3, Phase, Server, ServerProcesses, run_phase, started_shoal
 
 SERVERS = ("shoal", "uvicorn", "granian")
@@ -141,15 +148,9 @@ def report(cells: dict[tuple[str, str], Cell], names: Sequence[str], clients: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s: a smoke run")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=6.0, help="length of one phase")
-    parser.add_argument("--clients", type=int, default=16)
+    parser = rounds_parser(__doc__.split("\n\n")[0], rounds=3, seconds=6.0, quick=(2, 3.0))
     parser.add_argument("--servers", default=",".join(SERVERS), help="which, comma-separated")
-    args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 2, 3.0
+    args = parsed_rounds(parser)
     names = [n for n in args.servers.split(",") if n]
     if names[0] != "shoal":
         parser.error("--servers starts with shoal (the figures are relative to it)")

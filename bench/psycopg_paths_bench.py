@@ -43,8 +43,10 @@ from benchlib import (
     markdown_table,
     median,
     open_store,
+    parsed_rounds,
     postgres_server,
     rate_for,
+    rounds_parser,
     scratch_shard,
     source_digest,
 )
@@ -220,16 +222,12 @@ def report(cells: dict[tuple[str, str], Cell], clients: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s: a smoke run")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=4.0, help="length of one measurement")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent tasks")
+    parser = rounds_parser(__doc__.split("\n")[0], rounds=5, seconds=4.0, quick=(2, 2.0))
     parser.add_argument("--keys", type=int, default=2000)
     parser.add_argument("--dsn", help="a superuser DSN of an existing server (default: embedded)")
-    args = parser.parse_args()
+    args = parsed_rounds(parser)
     if args.quick:
-        args.rounds, args.seconds, args.keys = 2, 2.0, 500
+        args.keys = 500
     with postgres_server(args.dsn) as dsn:
         for line in machine_summary(dsn):
             print(line)
