@@ -53,6 +53,7 @@ RELIANCE: dict[str, dict[str, list[str]]] = {
             "AsyncConnectionPool._add_connection(attempt, growing)",
             "AsyncConnectionPool._connect(timeout)",
             "AsyncConnectionPool._lock, _waiting, and WaitingClient.fail",
+            "AsyncConnectionPool.drain, conninfo, kwargs",
         ],
     },
 }
