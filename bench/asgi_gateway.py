@@ -213,7 +213,7 @@ def serve_with(name: str, command: Sequence[str]) -> int:
 
     replacements = {"uvicorn": _serve_uvicorn, "granian": _serve_granian}
     if name in replacements:
-        http.serve = replacements[name]  # type: ignore[assignment]
+        http.serve = replacements[name]
     return shoal.cli.main(list(command[1:]))
 
 
