@@ -214,7 +214,8 @@ def serve_with(name: str, command: Sequence[str]) -> int:
     replacements = {"uvicorn": _serve_uvicorn, "granian": _serve_granian}
     if name in replacements:
         http.serve = replacements[name]
-    return shoal.cli.main(list(command[1:]))
+    exit_code: int = shoal.cli.main(list(command[1:]))
+    return exit_code
 
 
 if __name__ == "__main__":
