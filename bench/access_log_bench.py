@@ -24,21 +24,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from benchlib import per_call
+
 import shoal.logs
 from shoal.logs import ACCESS_LOGGER, AccessLog
 
 ACCOUNT = "4f9c1d2e-7a1b-4c3d-9e8f-0a1b2c3d4e5f"
-
-
-def per_call(action: Callable[[], object], count: int) -> float:
-    """Seconds per call, the best of three runs of `count` calls."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(count):
-            action()
-        best = min(best, (time.perf_counter() - started) / count)
-    return best
 
 
 def access_line(log: AccessLog) -> Callable[[], None]:

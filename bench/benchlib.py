@@ -8,18 +8,25 @@ database on that existing server and drops it at the end.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,8 +34,10 @@ import psycopg
 from psycopg import sql
 
 from shoal.config import MetadataConfig, ShardConfig
-from shoal.metadata import MetadataStore, migrate
+from shoal.ids import uuid7
+from shoal.metadata import MetadataStore, ObjectWrite, migrate
 from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+from shoal.storage import DataPath
 
 # The server settings that decide what these figures mean.
 REPORTED_SETTINGS = (
@@ -55,6 +64,19 @@ def postgres_server(admin_dsn: str | None) -> Iterator[str]:
             yield server.dsn("postgres")
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def server_and_scratch(admin_dsn: str | None, prefix: str) -> Iterator[tuple[str, Path]]:
+    """postgres_server's DSN and a scratch folder, stopped and removed at the end (SIGTERM
+    included), after printing the machine's summary."""
+    with (
+        exit_on_sigterm(),
+        postgres_server(admin_dsn) as dsn,
+        tempfile.TemporaryDirectory(prefix=prefix) as scratch,
+    ):
+        print("\n".join(machine_summary(dsn)))
+        yield dsn, Path(scratch)
 
 
 @contextlib.contextmanager
@@ -96,6 +118,37 @@ async def open_store(shard: ShardConfig, vnodes: int, pool_max_size: int) -> Met
     """Migrate the shard with `vnodes` vnodes and open the API on it."""
     await migrate([shard], MetadataConfig(vnodes=vnodes, partitions_ahead=1))
     return await MetadataStore.open([shard], pool_max_size)
+
+
+async def write_objects(
+    store: MetadataStore, path: DataPath, count: int, size: int, writers: int
+) -> None:
+    """`count` objects of `size` random bytes through the data path (blocks on the nodes,
+    then the row, as a gateway's PUT), `writers` at a time, in a new bucket of a new account."""
+    owner = (await store.accounts.create(f"bench-{uuid.uuid4().hex[:8]}")).id
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    await store.buckets.create(owner, bucket)
+    data = os.urandom(size)
+    gate = asyncio.Semaphore(writers)
+
+    async def once() -> AsyncIterator[bytes]:
+        yield data
+
+    async def one(index: int) -> None:
+        async with gate:
+            version = uuid7()
+            result = await path.write(version, once())
+            write = ObjectWrite(
+                id=version,
+                content_length=result.size,
+                content_md5=result.md5,
+                sharks=result.sharks,
+                properties={"block_size": result.block_size},
+                under_replicated=result.under_replicated,
+            )
+            await store.objects.put(owner, bucket, f"object-{index:07d}", write)
+
+    await asyncio.gather(*(one(i) for i in range(count)))
 
 
 def pg_tool(name: str) -> str:
@@ -188,3 +241,90 @@ def run_tool(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     if result.returncode != 0:
         raise RuntimeError(f"{Path(command[0]).name} failed: {result.stderr.strip()}")
     return result
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Calls done in a timed run, and this process's CPU seconds over it."""
+
+    ops: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def ops_per_second(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return self.cpu_seconds * 1e6 / self.ops if self.ops else 0.0
+
+    def line(self) -> str:
+        return f"{self.ops_per_second:,.0f} ops/s, {self.cpu_us_per_op:.0f} us CPU/op"
+
+
+async def rate_for(
+    call: Callable[[random.Random], Awaitable[object]], clients: int, seconds: float
+) -> Rate:
+    """`clients` tasks calling `call` (each with a Random of its own) for `seconds`."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def client(seed: int) -> None:
+        nonlocal done
+        rng = random.Random(seed)
+        while time.perf_counter() < deadline:
+            await call(rng)
+            done += 1
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    await asyncio.gather(*(client(seed) for seed in range(clients)))
+    return Rate(done, time.perf_counter() - started, time.process_time() - cpu)
+
+
+def per_call(action: Callable[[], object], count: int) -> float:
+    """Seconds per call, the best of three runs of `count` calls."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(count):
+            action()
+        best = min(best, (time.perf_counter() - started) / count)
+    return best
+
+
+def ensure_package(distribution: str, version: str) -> None:
+    """Install `distribution`==`version` into this venv (with this interpreter's pip) when it
+    is missing or another version: what a benchmark compares against, not what Shoal needs."""
+    try:
+        installed: str | None = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        command = [sys.executable, "-m", "pip", "install", "--quiet", f"{distribution}=={version}"]
+        print(f"installing {distribution}=={version}: {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+        importlib.invalidate_caches()
+
+
+def rounds_parser(
+    description: str, rounds: int, seconds: float, quick: tuple[int, float]
+) -> argparse.ArgumentParser:
+    """The options of a benchmark whose sides take turns in timed rounds; `parsed_rounds`
+    reads them (--quick: `quick` rounds and seconds)."""
+    parser = argparse.ArgumentParser(description=description)
+    smoke = f"{quick[0]} rounds of {quick[1]:g} s: a smoke run"
+    parser.add_argument("--quick", action="store_true", help=smoke)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--seconds", type=float, default=seconds, help="length of one turn")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    parser.set_defaults(quick_rounds=quick)
+    return parser
+
+
+def parsed_rounds(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = args.quick_rounds
+    return args

@@ -24,23 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchlib import exit_on_sigterm, machine_summary, postgres_server, scratch_shard
+from benchlib import scratch_shard, server_and_scratch, write_objects
 from storage_bench import node_cluster, start_node, wait_until_serving
 
 from shoal.cluster import RegistryDirectory
 from shoal.config import MetadataConfig, load_config
-from shoal.ids import uuid7
-from shoal.metadata import MetadataStore, ObjectWrite, migrate
+from shoal.metadata import MetadataStore, migrate
 from shoal.pipeline import run_job
 from shoal.pipeline.session import spark_session
 from shoal.storage import BlockClient, DataPath
@@ -48,33 +43,6 @@ from shoal.storage import BlockClient, DataPath
 HEARTBEAT_DEADLINE = timedelta(seconds=30)
 WRITERS = 16
 GiB = 1024**3
-
-
-async def once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-async def write_objects(store: MetadataStore, path: DataPath, count: int, size: int) -> None:
-    owner = (await store.accounts.create(f"bench-{uuid.uuid4().hex[:8]}")).id
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    await store.buckets.create(owner, bucket)
-    data = os.urandom(size)
-    gate = asyncio.Semaphore(WRITERS)
-
-    async def one(index: int) -> None:
-        async with gate:
-            version = uuid7()
-            result = await path.write(version, once(data))
-            write = ObjectWrite(
-                id=version,
-                content_length=result.size,
-                content_md5=result.md5,
-                sharks=result.sharks,
-                properties={"block_size": result.block_size},
-            )
-            await store.objects.put(owner, bucket, f"object-{index:07d}", write)
-
-    await asyncio.gather(*(one(i) for i in range(count)))
 
 
 async def prepare(config_file: Path, args: argparse.Namespace, client_secret: bytes) -> None:
@@ -88,7 +56,7 @@ async def prepare(config_file: Path, args: argparse.Namespace, client_secret: by
         path = DataPath(client, RegistryDirectory(store, HEARTBEAT_DEADLINE, client))
         count = max(1, int(args.gib * GiB) // args.size)
         started = time.monotonic()
-        await write_objects(store, path, count, args.size)
+        await write_objects(store, path, count, args.size, WRITERS)
         print(
             f"wrote {count} objects of {args.size} bytes (two copies) in "
             f"{time.monotonic() - started:.1f} s"
@@ -149,13 +117,8 @@ def main() -> None:
     parser.add_argument("--master", default="local[*]", help="Spark master URL")
     parser.add_argument("--dsn", help="a superuser DSN (default: an embedded server)")
     args = parser.parse_args()
-    with (
-        exit_on_sigterm(),
-        postgres_server(args.dsn) as dsn,
-        tempfile.TemporaryDirectory(prefix="shoal-drain-bench-") as scratch,
-    ):
-        print("\n".join(machine_summary(dsn)))
-        bench(args, dsn, Path(scratch))
+    with server_and_scratch(args.dsn, "shoal-drain-bench-") as (dsn, scratch):
+        bench(args, dsn, scratch)
 
 
 if __name__ == "__main__":

@@ -26,20 +26,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-
-def per_call(action: Callable[[], object], count: int) -> float:
-    """Seconds per call, the best of three runs of `count` calls."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(count):
-            action()
-        best = min(best, (time.perf_counter() - started) / count)
-    return best
+from benchlib import per_call
 
 
 def main() -> None:

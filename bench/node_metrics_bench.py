@@ -30,20 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchlib import per_call
 from prometheus_client import Counter
 
 from shoal import telemetry
-
-
-def per_call(action: Callable[[], object], count: int) -> float:
-    """Seconds per call, the best of three runs of `count` calls."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(count):
-            action()
-        best = min(best, (time.perf_counter() - started) / count)
-    return best
 
 
 def main() -> None:

@@ -16,28 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
 import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import boto3
 import botocore.exceptions
 import psycopg
 from botocore.config import Config as BotoConfig
+from s3_bench import started_shoal
 
 from shoal.metadata.embedded import EmbeddedPostgres
-from shoal.ports import free_port
 
-SHOAL = str(Path(sys.executable).parent / "shoal")
 BUCKET = "outage-bench"
 BODY = os.urandom(4096)
 SETTLE_SECONDS = 3.0  # healthy load before and after each fault
@@ -178,69 +171,26 @@ def _alive(pid: int) -> bool:
 
 def main() -> None:
     args = parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="shoal-outage-bench-"))
-    config = scratch / "shoal.toml"
-    config.write_text(f'data_dir = "data"\n\n[s3]\nworkers = {args.gateway_workers}\n')
-    port = free_port()
-    log = open(scratch / "serve.log", "w")  # noqa: SIM115 - open for the server's life
-    serve = subprocess.Popen(
-        [
-            SHOAL,
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--admin-port",
-            str(free_port()),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        banner = _banner(serve)
-        keys = (
-            re.search(r"access key id\s+(\S+)", banner)[1],  # type: ignore[index]
-            re.search(r"secret access key\s+(\S+)", banner)[1],  # type: ignore[index]
-        )
-        endpoint = f"http://127.0.0.1:{port}"
+    with started_shoal("shoal-outage-bench-", gateway_workers=args.gateway_workers) as server:
+        assert server.data_dir is not None
+        keys = (server.access_key, server.secret_key)
         boto3.client(
             "s3",
-            endpoint_url=endpoint,
+            endpoint_url=server.endpoint,
             region_name="us-east-1",
             aws_access_key_id=keys[0],
             aws_secret_access_key=keys[1],
         ).create_bucket(Bucket=BUCKET)
-        postgres = EmbeddedPostgres(scratch / "data" / "postgres")
+        postgres = EmbeddedPostgres(server.data_dir / "postgres")
         with psycopg.connect(postgres.dsn("shard0"), autocommit=True) as conn:
             conn.execute("CHECKPOINT")  # as on a server up for a while: no migration to replay
-        load = Load(endpoint, keys, args.clients)
+        load = Load(server.endpoint, keys, args.clients)
         load.start()
         try:
             for fault in ("stop", "kill") if args.fault == "both" else (args.fault,):
                 measure(load, postgres, fault)
         finally:
             load.stop()
-    finally:
-        serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-        log.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _banner(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if "Press Ctrl-C" in line:
-            return "".join(lines)
-    raise RuntimeError("shoal serve exited:\n" + "".join(lines))
 
 
 if __name__ == "__main__":

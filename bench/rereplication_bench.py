@@ -25,24 +25,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
-from benchlib import exit_on_sigterm, machine_summary, postgres_server, scratch_shard
+from benchlib import scratch_shard, server_and_scratch, write_objects
 from psycopg import sql
 from storage_bench import NodeCluster, node_cluster, start_node, stop_nodes, wait_until_serving
 
 from shoal.cluster import RegistryDirectory
 from shoal.config import MetadataConfig, ShardConfig
-from shoal.ids import uuid7
-from shoal.metadata import MetadataStore, ObjectWrite, migrate
+from shoal.metadata import MetadataStore, migrate
 from shoal.metadata.ring import vnode_schema
 from shoal.replication import Rereplicator
 from shoal.storage import BlockClient, DataPath, Node
@@ -60,34 +55,6 @@ class WithoutNode(RegistryDirectory):
 
     async def writable_nodes(self) -> list[Node]:
         return [n for n in await super().writable_nodes() if n.shark != self.shark]
-
-
-async def once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-async def write_versions(store: MetadataStore, path: DataPath, count: int, size: int) -> None:
-    owner = (await store.accounts.create(f"bench-{uuid.uuid4().hex[:8]}")).id
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    await store.buckets.create(owner, bucket)
-    data = os.urandom(size)
-    gate = asyncio.Semaphore(WRITERS)
-
-    async def one(index: int) -> None:
-        async with gate:
-            version = uuid7()
-            result = await path.write(version, once(data))
-            write = ObjectWrite(
-                id=version,
-                content_length=result.size,
-                content_md5=result.md5,
-                sharks=result.sharks,
-                properties={"block_size": result.block_size},
-                under_replicated=result.under_replicated,
-            )
-            await store.objects.put(owner, bucket, f"object-{index:07d}", write)
-
-    await asyncio.gather(*(one(i) for i in range(count)))
 
 
 async def wait_registered(store: MetadataStore, name: str, url: str) -> None:
@@ -120,7 +87,7 @@ async def stop_and_restore(
         stop_nodes([down])
         writer = DataPath(client, WithoutNode(store, client, f"{down.datacenter}:{down.name}"))
         started = time.monotonic()
-        await write_versions(store, writer, args.versions, args.size)
+        await write_objects(store, writer, args.versions, args.size, WRITERS)
         noted = await store.under_replicated.count()
         print(
             f"wrote {args.versions} versions of {args.size} bytes with n1 down in "
@@ -170,13 +137,8 @@ def main() -> None:
     parser.add_argument("--vnodes", type=int, default=8)
     parser.add_argument("--dsn", help="a superuser DSN (default: an embedded server)")
     args = parser.parse_args()
-    with (
-        exit_on_sigterm(),
-        postgres_server(args.dsn) as dsn,
-        tempfile.TemporaryDirectory(prefix="shoal-repl-bench-") as scratch,
-    ):
-        print("\n".join(machine_summary(dsn)))
-        bench(args, dsn, Path(scratch))
+    with server_and_scratch(args.dsn, "shoal-repl-bench-") as (dsn, scratch):
+        bench(args, dsn, scratch)
 
 
 if __name__ == "__main__":

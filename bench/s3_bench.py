@@ -171,6 +171,7 @@ class Server:
     access_key: str
     secret_key: str
     gateway_pid: int | None
+    data_dir: Path | None = None  # of a `shoal serve` started here
 
 
 @contextlib.contextmanager
@@ -191,17 +192,18 @@ def started_shoal(
     wrapper: Sequence[str] = (),
     start_timeout: float = START_TIMEOUT_SECONDS,
     shards: int | None = None,
+    settings: str = "",
 ) -> Iterator[Server]:
     """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
 
     gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, shards: `[metadata]
-    embedded_shards`, in a configuration file (else Shoal's defaults); wrapper: a command that
-    runs it (valgrind, say)."""
+    embedded_shards`, in a configuration file (else Shoal's defaults), with `settings` (more
+    TOML tables) after them; wrapper: a command that runs it (valgrind, say)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
     try:
         port = free_port()
         where = ["--data-dir", str(scratch / "data")]
-        if gateway_workers is not None or replicas is not None or shards is not None:
+        if gateway_workers is not None or replicas is not None or shards is not None or settings:
             config = scratch / "shoal.toml"
             text = 'data_dir = "data"\n'
             if gateway_workers is not None:
@@ -210,7 +212,7 @@ def started_shoal(
                 text += f"\n[storage]\nreplicas = {replicas}\n"
             if shards is not None:
                 text += f"\n[metadata]\nembedded_shards = {shards}\n"
-            config.write_text(text)
+            config.write_text(text + settings)
             where = ["--config", str(config)]
         with open(scratch / "serve.log", "w") as log:
             # A new session: a Ctrl-C in the terminal reaches only us, and we send one SIGINT.
@@ -238,6 +240,7 @@ def started_shoal(
                     banner_value(banner, "access key id"),
                     banner_value(banner, "secret access key"),
                     process.pid,
+                    scratch / "data",
                 )
             finally:
                 stop_server(process, scratch / "data")
@@ -706,21 +709,29 @@ async def small_round(
     return phases
 
 
+def phase_row(p: Phase, rate: str, latencies: list[str], units: float, digits: int) -> list[object]:
+    """A phase's row in a table: what it did, its rate and latencies, then the CPU
+    milliseconds per unit (of `units` moved) of the gateway and of the whole server."""
+    per_unit = [
+        f"{cpu / units * 1000:.{digits}f}" if units else "-"
+        for cpu in (p.cpu.gateway, p.cpu.server)
+    ]
+    return [
+        p.name,
+        p.concurrency,
+        p.ops,
+        len(p.errors),
+        f"{p.seconds:.1f}",
+        rate,
+        *latencies,
+        *per_unit,
+        p.cores(),
+    ]
+
+
 def small_table(phases: Sequence[Phase]) -> str:
     rows = [
-        [
-            p.name,
-            p.concurrency,
-            p.ops,
-            len(p.errors),
-            f"{p.seconds:.1f}",
-            f"{p.rate(p.ops):,.0f}",
-            f"{p.ms(0.5):.1f}",
-            f"{p.ms(0.99):.1f}",
-            f"{p.cpu.gateway / p.ops * 1000:.2f}" if p.ops else "-",
-            f"{p.cpu.server / p.ops * 1000:.2f}" if p.ops else "-",
-            p.cores(),
-        ]
+        phase_row(p, f"{p.rate(p.ops):,.0f}", [f"{p.ms(0.5):.1f}", f"{p.ms(0.99):.1f}"], p.ops, 2)
         for p in phases
     ]
     headers = ["op", "conc", "ops", "errors", "s", "ops/s", "p50 ms", "p99 ms"]
@@ -1019,18 +1030,7 @@ async def big_round(
 
 def big_table(phases: Sequence[Phase]) -> str:
     rows = [
-        [
-            p.name,
-            p.concurrency,
-            p.ops,
-            len(p.errors),
-            f"{p.seconds:.1f}",
-            f"{p.rate(p.units) / MiB:,.0f}",
-            f"{p.ms(0.5) / 1000:.2f}",
-            f"{p.cpu.gateway / (p.units / MiB) * 1000:.1f}" if p.units else "-",
-            f"{p.cpu.server / (p.units / MiB) * 1000:.1f}" if p.units else "-",
-            p.cores(),
-        ]
+        phase_row(p, f"{p.rate(p.units) / MiB:,.0f}", [f"{p.ms(0.5) / 1000:.2f}"], p.units / MiB, 1)
         for p in phases
     ]
     headers = ["op", "conc", "objects", "errors", "s", "MiB/s", "p50 s/object"]

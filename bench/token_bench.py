@@ -24,26 +24,15 @@ import argparse
 import hashlib
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from benchlib import per_call
 
 from shoal.storage.auth import ReplayCache, Signed, sign, verify
 from shoal.storage.blockfile import checksum_of
 
 SECRET = os.urandom(32)
 GET = Signed.request("127.0.0.1:9100", "GET", "/blocks/0192f0e0-0000-7000-8000-000000000000.0")
-
-
-def per_call(action: Callable[[], object], count: int) -> float:
-    """Seconds per call, the best of three runs of `count` calls."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(count):
-            action()
-        best = min(best, (time.perf_counter() - started) / count)
-    return best
 
 
 def main() -> None:

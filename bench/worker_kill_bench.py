@@ -17,16 +17,11 @@ import argparse
 import http.client
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import psutil
-
-SHOAL = str(Path(sys.executable).parent / "shoal")
+from s3_bench import started_shoal
 
 
 def main() -> None:
@@ -34,32 +29,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=9.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        port = free_port()
-        config = Path(folder) / "shoal.toml"
-        config.write_text('data_dir = "data"\n[s3]\nworkers = 2\n[gc]\nenabled = false\n')
-        serve = subprocess.Popen(
-            [
-                SHOAL,
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                "--admin-port",
-                str(free_port()),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            wait_for_banner(serve)
-            run(port, serve.pid, args.clients, args.seconds)
-        finally:
-            serve.send_signal(signal.SIGINT)
-            serve.wait(60)
-            stop_embedded_postgres(Path(folder) / "data")  # serve stops it; in case it did not
+    gc_off = "\n[gc]\nenabled = false\n"
+    with started_shoal("shoal-worker-kill-", gateway_workers=2, settings=gc_off) as server:
+        assert server.gateway_pid is not None
+        port = int(server.endpoint.rsplit(":", 1)[1])
+        run(port, server.gateway_pid, args.clients, args.seconds)
 
 
 def run(port: int, serve_pid: int, clients: int, seconds: float) -> None:
@@ -107,26 +81,6 @@ def run(port: int, serve_pid: int, clients: int, seconds: float) -> None:
             f"  {label:30} {len(group):6} requests, {failed} failed, {slow} took >= 1 s, "
             f"p99 {p99 * 1000:.0f} ms, max {times[-1] * 1000 if times else 0:.0f} ms"
         )
-
-
-def wait_for_banner(serve: subprocess.Popen[str]) -> None:
-    assert serve.stdout is not None
-    for line in serve.stdout:
-        if "Press Ctrl-C" in line:
-            return
-    raise RuntimeError("shoal serve did not start")
-
-
-def stop_embedded_postgres(data: Path) -> None:
-    from shoal.metadata.embedded import EmbeddedPostgres
-
-    EmbeddedPostgres(data / "postgres").stop()
-
-
-def free_port() -> int:
-    from shoal.ports import free_port as pick
-
-    return pick()
 
 
 if __name__ == "__main__":
