@@ -4,8 +4,11 @@ inventories from the storage nodes; and how executors delete blocks and records.
 Metadata: the driver opens one REPEATABLE READ transaction per shard and exports its snapshot
 (`pg_export_snapshot()`); each partition reader (one Spark task per vnode) imports it with
 `SET TRANSACTION SNAPSHOT`, so all readers of a shard see the same instant while reading in
-parallel. Values keep their meaning: uuid as text, hstore as a map, arrays as arrays, bytea as
-binary, timestamptz as timestamps (UTC), jsonb as JSON text.
+parallel. Readers fetch Arrow record batches through ADBC's PostgreSQL driver and hand them
+to Spark as they are (mapInArrow), so no row becomes a Python object. Values keep their
+meaning: uuid as text, hstore as a map, arrays as arrays, bytea as binary, timestamptz as
+timestamps (UTC), jsonb as JSON text. The driver's own small reads (bucket lists, the
+catalog) use psycopg.
 
 Everything an executor does is batched and idempotent, so a task that is retried or a job
 that is run again after a crash converges.
@@ -15,19 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import pickle
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import adbc_driver_postgresql.dbapi as adbc_postgresql
 import psycopg
+import pyarrow as pa
+from adbc_driver_manager import Error as AdbcError
+from adbc_driver_manager import OperationalError as AdbcOperationalError
+from adbc_driver_manager.dbapi import Connection as AdbcConnection
 from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import queries
-from shoal.metadata.outage import classified, vnode_gone
+from shoal.metadata.errors import MetadataUnavailable
+from shoal.metadata.outage import classified, lost_connection, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
@@ -52,6 +63,21 @@ RECORD_SCHEMA = T.StructType(
         T.StructField("deleted_at", T.TimestampType(), True),
     ]
 )
+
+HEADERS_TYPE = T.MapType(T.StringType(), T.StringType())
+SHARKS_TYPE = T.ArrayType(T.StringType())
+
+# What a partition reader hands Spark: RECORD_SCHEMA with `headers` still the JSON text
+# PostgreSQL made of the hstore, and `sharks` NULL where the row has none (read_rows).
+READ_SCHEMA = T.StructType(
+    [
+        T.StructField(f.name, T.StringType(), True) if f.name == "headers" else f
+        for f in RECORD_SCHEMA.fields
+    ]
+)
+ARROW_READ_SCHEMA = to_arrow_schema(READ_SCHEMA, timezone="UTC")
+# The tasks of read_rows, one row each (a pickled ReadTask).
+TASK_SCHEMA = "task binary"
 
 OBJECT_COLUMNS = """
     id::text, owner::text, bucket_id::text, name, created, content_length, content_md5,
@@ -202,10 +228,12 @@ def read_rows(
     template: str,
     **literals: Any,
 ) -> DataFrame:
-    """Rows of RECORD_SCHEMA from every vnode, one Spark task per vnode, in one snapshot.
+    """Rows of RECORD_SCHEMA from every vnode, a few vnodes per Spark task, in one snapshot.
 
     Templates hold `{schema}`, `{columns}` and `{name}` placeholders for `literals`; they are
     replaced as text (no str.format), so SQL braces such as '{}'::jsonb stay as they are.
+    Executors read Arrow record batches (ADBC) and hand them to Spark as they are
+    (mapInArrow): no Python object per row on either side.
     """
     dsns = {s.name: s.dsn for s in shards}
     query = template.replace("{columns}", OBJECT_COLUMNS)
@@ -220,59 +248,99 @@ def read_rows(
     ]
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
-    rdd = spark.sparkContext.parallelize(tasks, slices).mapPartitions(_read_tasks)
-    return spark.createDataFrame(rdd, RECORD_SCHEMA)
+    tasks_frame = spark.sparkContext.parallelize(
+        [(pickle.dumps(task),) for task in tasks], slices
+    ).toDF(TASK_SCHEMA)
+    read = tasks_frame.mapInArrow(_read_task_batches, READ_SCHEMA)
+    # hstore comes as PostgreSQL's JSON text, made a map by Spark; no sharks is an empty list.
+    made = {
+        "headers": F.from_json("headers", HEADERS_TYPE),
+        "sharks": F.coalesce("sharks", F.array().cast(SHARKS_TYPE)),
+    }
+    return read.select(*[made.get(n, F.col(n)).alias(n) for n in RECORD_SCHEMA.fieldNames()])
 
 
-def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
-    """Read each task's vnode, on one connection per shard inside the shard's snapshot. A
-    vnode that moved to another shard since the job read the ring is refused by its old
-    shard (docs/metadata.md, "Shards and vnodes"): it is read on its new one, at that
-    shard's present (no snapshot of the job's covers it)."""
-    connections: dict[str, psycopg.Connection[Any]] = {}
+def _read_task_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow's function: the pickled ReadTasks of one partition -> their rows."""
+    tasks = (pickle.loads(task) for batch in batches for task in batch.column("task").to_pylist())
+    yield from read_batches(tasks)
+
+
+def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
+    """Read each task's vnode as Arrow batches of READ_SCHEMA, on one connection per shard
+    inside the shard's snapshot. A vnode that moved to another shard since the job read the
+    ring is refused by its old shard (docs/metadata.md, "Shards and vnodes"): it is read on
+    its new one, at that shard's present (no snapshot of the job's covers it)."""
+    connections: dict[str, AdbcConnection] = {}
     try:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
-                conn = connect(task.shard, task.dsn)
+                conn = connections[task.shard] = arrow_connect(task.shard, task.dsn)
                 _join_snapshot(conn, task.snapshot)
-                connections[task.shard] = conn
             try:
-                rows = _read_vnode(conn, task)
-            except psycopg.Error as exc:
+                batches = _read_vnode(conn, task)
+            except AdbcError as exc:
                 if not vnode_gone(exc):
-                    raise
-                conn.execute("ROLLBACK")  # the failed statement ended the transaction
+                    raise _arrow_classified(exc, task.shard) from None
+                _statement(conn, "ROLLBACK")  # the failed statement ended the transaction
                 _join_snapshot(conn, task.snapshot)  # the shard's other vnodes: as before
-                rows = _read_moved(task)
-            yield from rows
+                batches = _read_moved(task)
+            yield from batches
     finally:
         for conn in connections.values():
             conn.close()
 
 
-def _read_vnode(conn: psycopg.Connection[Any], task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    """The rows of the task's vnode. The statement is sent before the first row is asked
-    for, so that a vnode that moved fails here, not halfway through its rows."""
+def _read_vnode(conn: AdbcConnection, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """The batches of the task's vnode. The statement is sent before the first batch is
+    asked for, so that a vnode that moved fails here, not halfway through its rows."""
     schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
-    cursor = conn.cursor(name=f"read_{task.vnode}")
-    cursor.itersize = 5000
+    cursor = conn.cursor()
     try:
         cursor.execute(task.query.replace("{schema}", schema))
+        reader = cursor.fetch_record_batch()
     except BaseException:
         cursor.close()
         raise
 
-    def rows() -> Iterator[tuple[Any, ...]]:
-        with cursor:
-            for row in cursor:
-                yield _record_row(task, row)
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in _batches_of(reader, task.shard):
+                yield _with_place(batch, task)
+        finally:
+            cursor.close()
 
-    return rows()
+    return batches()
 
 
-def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    """The rows of a vnode that moved away from `task.shard`, read on its present shard."""
+def _batches_of(reader: pa.RecordBatchReader, shard: str) -> Iterator[pa.RecordBatch]:
+    """The reader's batches; a shard that stops mid-read is named (libpq's error)."""
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise _arrow_classified(exc, shard) from None
+        yield batch
+
+
+def _with_place(batch: pa.RecordBatch, task: ReadTask) -> pa.RecordBatch:
+    """The query's columns, after the shard and vnode they were read from, as READ_SCHEMA."""
+    columns = [
+        pa.repeat(pa.scalar(task.shard, pa.string()), batch.num_rows),
+        pa.repeat(pa.scalar(task.vnode, pa.int32()), batch.num_rows),
+        *batch.columns,
+    ]
+    return pa.RecordBatch.from_arrays(
+        [column.cast(field.type) for column, field in zip(columns, ARROW_READ_SCHEMA, strict=True)],
+        schema=ARROW_READ_SCHEMA,
+    )
+
+
+def _read_moved(task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """The batches of a vnode that moved away from `task.shard`, read on its present shard."""
     catalog, dsns = task.shards[0][1], dict(task.shards)
     with psycopg.connect(catalog, autocommit=True) as conn:
         placed = conn.execute(queries.SELECT_RING).fetchall()
@@ -283,50 +351,60 @@ def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
             "run the job again"
         )
     moved = replace(task, shard=owner, dsn=dsns[owner])
-    with psycopg.connect(moved.dsn, autocommit=True) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn = arrow_connect(moved.shard, moved.dsn)
+    try:
+        _statement(conn, _BEGIN_READ)
         yield from _read_vnode(conn, moved)
+    finally:
+        conn.close()
 
 
-def _join_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:
+def arrow_connect(shard: str, dsn: str) -> AdbcConnection:
+    """An ADBC connection to a shard, in autocommit: transactions are begun by statement, so
+    that the first statement of one can be SET TRANSACTION SNAPSHOT."""
+    try:
+        return adbc_postgresql.connect(dsn, autocommit=True)
+    except AdbcError as exc:
+        raise _arrow_classified(exc, shard) from None
+
+
+def _statement(conn: AdbcConnection, statement: str) -> None:
+    with conn.cursor() as cursor:
+        cursor.execute(statement)
+
+
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def _join_snapshot(conn: psycopg.Connection[Any] | AdbcConnection, snapshot: str) -> None:
     """Begin a read-only transaction that sees exactly the driver's exported snapshot."""
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+    join = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)).as_string(None)
+    if isinstance(conn, psycopg.Connection):
+        conn.execute(_BEGIN_READ)
+        conn.execute(join)
+        return
+    _statement(conn, _BEGIN_READ)
+    _statement(conn, join)
 
 
-def _record_row(task: ReadTask, row: tuple[Any, ...]) -> tuple[Any, ...]:
-    (
-        kind,
-        id_,
-        owner,
-        bucket_id,
-        name,
-        created,
-        length,
-        md5,
-        content_type,
-        headers,
-        sharks,
-        properties,
-        deleted_at,
-    ) = row
-    return (
-        task.shard,
-        task.vnode,
-        kind,
-        id_,
-        owner,
-        bucket_id,
-        name,
-        created,
-        length,
-        bytes(md5) if md5 is not None else None,
-        content_type,
-        json.loads(headers) if headers else None,
-        list(sharks) if sharks else [],
-        properties,
-        deleted_at,
-    )
+# What ADBC and libpq put before the server's or libpq's own words.
+_ADBC_PREFIXES = ("IO: ", "[libpq] ", "Execution error [PGRES_FATAL_ERROR]: ")
+
+
+def _arrow_classified(exc: Exception, shard: str) -> Exception:
+    """What to raise for an error of ADBC's (or of its batch reader, an OSError) met on
+    `shard`: the shard named when the connection failed (never connected, or dropped
+    mid-read), as `classified` does for psycopg; `exc` itself when a statement failed."""
+    text = str(exc).strip()
+    reason = " ".join((text.splitlines() or [type(exc).__name__])[0].split())
+    for prefix in _ADBC_PREFIXES:
+        reason = reason.removeprefix(prefix)
+    reason = reason.replace("Failed to connect: ", "connection failed: ", 1)
+    if isinstance(exc, AdbcError):
+        failed = isinstance(exc, AdbcOperationalError) and lost_connection(exc.sqlstate)
+    else:  # the reader's: the server's ERROR is a statement's, anything else the link's
+        failed = "ERROR:" not in text
+    return MetadataUnavailable(f"shard {shard} is unreachable: {reason}") if failed else exc
 
 
 def run_async(coroutine: Any) -> Any:

@@ -297,7 +297,7 @@ def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
                 assert await mover.move(moved, "s2") is not None
 
         run(move())
-        rows = list(io._read_tasks(tasks))
-    mine = [row for row in rows if row[5] == str(bucket_id)]
-    assert sorted(row[6] for row in mine) == names
-    assert {row[0] for row in mine if row[1] == moved} == {"s2"}
+        rows = [row for batch in io.read_batches(tasks) for row in batch.to_pylist()]
+    mine = [row for row in rows if row["bucket_id"] == str(bucket_id)]
+    assert sorted(row["name"] for row in mine) == names
+    assert {row["shard"] for row in mine if row["vnode"] == moved} == {"s2"}
