@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import pickle
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,12 +26,13 @@ from typing import Any
 import adbc_driver_postgresql.dbapi as adbc_postgresql
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from adbc_driver_manager import Error as AdbcError
 from adbc_driver_manager import OperationalError as AdbcOperationalError
 from adbc_driver_manager.dbapi import Connection as AdbcConnection
 from psycopg import sql
+from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -40,6 +41,7 @@ from shoal.metadata import queries
 from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.outage import classified, lost_connection, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
+from shoal.pipeline.progress import rows_read
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
 
@@ -64,24 +66,14 @@ RECORD_SCHEMA = T.StructType(
     ]
 )
 
-HEADERS_TYPE = T.MapType(T.StringType(), T.StringType())
-SHARKS_TYPE = T.ArrayType(T.StringType())
+# RECORD_SCHEMA as Arrow: what the partition readers hand Spark.
+ARROW_RECORD_SCHEMA = to_arrow_schema(RECORD_SCHEMA, timezone="UTC")
 
-# What a partition reader hands Spark: RECORD_SCHEMA with `headers` still the JSON text
-# PostgreSQL made of the hstore, and `sharks` NULL where the row has none (read_rows).
-READ_SCHEMA = T.StructType(
-    [
-        T.StructField(f.name, T.StringType(), True) if f.name == "headers" else f
-        for f in RECORD_SCHEMA.fields
-    ]
-)
-ARROW_READ_SCHEMA = to_arrow_schema(READ_SCHEMA, timezone="UTC")
-# The tasks of read_rows, one row each (a pickled ReadTask).
-TASK_SCHEMA = "task binary"
-
+# hstore is read as hstore_to_array's text[] (key, value, key, value...), which the reader
+# makes a map without a Python object per row (_map_of_pairs).
 OBJECT_COLUMNS = """
     id::text, owner::text, bucket_id::text, name, created, content_length, content_md5,
-    content_type, hstore_to_json(headers)::text, sharks, properties::text
+    content_type, hstore_to_array(headers), sharks, properties::text
 """
 
 DELETION_RECORDS = """
@@ -97,7 +89,7 @@ SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
 # last change in the `created` column: Last-Modified, as S3 lists it.
 LIVE_OBJECTS_OF_BUCKETS = """
 SELECT 'object', id::text, owner::text, bucket_id::text, name, modified, content_length,
-       content_md5, content_type, hstore_to_json(headers)::text, sharks, properties::text,
+       content_md5, content_type, hstore_to_array(headers), sharks, properties::text,
        NULL::timestamptz
 FROM {schema}.manta_bucket_object WHERE bucket_id = ANY({wanted}::uuid[])
 """
@@ -109,7 +101,7 @@ SELECT 'bucket_object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_
 WHERE bucket_id = ANY({dead}::uuid[])
 UNION ALL
 SELECT 'bucket_part', id::text, owner::text, bucket_id::text, name, created, content_length,
-       content_md5, NULL, NULL, sharks,
+       content_md5, NULL, NULL::text[], sharks,
        (coalesce(properties, '{}'::jsonb) || jsonb_build_object(
            'upload_id', upload_id, 'part_number', part_number))::text,
        NULL::timestamptz
@@ -133,7 +125,7 @@ ACCOUNTS = "SELECT id::text, name FROM shoal.account"
 
 OPEN_PARTS = """
 SELECT 'part', id::text, owner::text, bucket_id::text, name, created, content_length,
-       content_md5, NULL, NULL, sharks, properties::text, NULL::timestamptz
+       content_md5, NULL, NULL::text[], sharks, properties::text, NULL::timestamptz
 FROM {schema}.manta_bucket_upload_part
 """
 
@@ -248,26 +240,26 @@ def read_rows(
     ]
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
-    tasks_frame = spark.sparkContext.parallelize(
-        [(pickle.dumps(task),) for task in tasks], slices
-    ).toDF(TASK_SCHEMA)
-    read = tasks_frame.mapInArrow(_read_task_batches, READ_SCHEMA)
-    # hstore comes as PostgreSQL's JSON text, made a map by Spark; no sharks is an empty list.
-    made = {
-        "headers": F.from_json("headers", HEADERS_TYPE),
-        "sharks": F.coalesce("sharks", F.array().cast(SHARKS_TYPE)),
-    }
-    return read.select(*[made.get(n, F.col(n)).alias(n) for n in RECORD_SCHEMA.fieldNames()])
+    counter = rows_read(spark.sparkContext)
+    # Each task gets the numbers of its tasks' entries (the list travels in the function,
+    # pickled once: its entries share their query and DSNs).
+    numbers = spark.range(0, len(tasks), 1, slices)
+    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter), RECORD_SCHEMA)
 
 
-def _read_task_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow's function: the pickled ReadTasks of one partition -> their rows."""
-    tasks = (pickle.loads(task) for batch in batches for task in batch.column("task").to_pylist())
-    yield from read_batches(tasks)
+def _read_numbered(
+    tasks: list[ReadTask], counter: Accumulator[int], batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow's function: numbers of `tasks` -> the rows of those tasks, counted for the
+    job's progress."""
+    mine = (tasks[number] for batch in batches for number in batch.column("id").to_pylist())
+    for batch in read_batches(mine):
+        counter.add(batch.num_rows)
+        yield batch
 
 
 def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
-    """Read each task's vnode as Arrow batches of READ_SCHEMA, on one connection per shard
+    """Read each task's vnode as Arrow batches of RECORD_SCHEMA, on one connection per shard
     inside the shard's snapshot. A vnode that moved to another shard since the job read the
     ring is refused by its old shard (docs/metadata.md, "Shards and vnodes"): it is read on
     its new one, at that shard's present (no snapshot of the job's covers it)."""
@@ -327,15 +319,32 @@ def _batches_of(reader: pa.RecordBatchReader, shard: str) -> Iterator[pa.RecordB
 
 
 def _with_place(batch: pa.RecordBatch, task: ReadTask) -> pa.RecordBatch:
-    """The query's columns, after the shard and vnode they were read from, as READ_SCHEMA."""
+    """The query's columns, after the shard and vnode they were read from, as RECORD_SCHEMA:
+    headers a map, and no sharks an empty list (as the gateway reads them)."""
     columns = [
         pa.repeat(pa.scalar(task.shard, pa.string()), batch.num_rows),
         pa.repeat(pa.scalar(task.vnode, pa.int32()), batch.num_rows),
         *batch.columns,
     ]
+    names = ARROW_RECORD_SCHEMA.names
+    headers, sharks = names.index("headers"), names.index("sharks")
+    columns[headers] = _map_of_pairs(columns[headers])
+    columns[sharks] = pc.fill_null(
+        columns[sharks].cast(pa.list_(pa.string())), pa.scalar([], pa.list_(pa.string()))
+    )
     return pa.RecordBatch.from_arrays(
-        [column.cast(field.type) for column, field in zip(columns, ARROW_READ_SCHEMA, strict=True)],
-        schema=ARROW_READ_SCHEMA,
+        [c.cast(f.type) for c, f in zip(columns, ARROW_RECORD_SCHEMA, strict=True)],
+        schema=ARROW_RECORD_SCHEMA,
+    )
+
+
+def _map_of_pairs(pairs: pa.Array) -> pa.MapArray:
+    """hstore_to_array's lists (key, value, key, value...) as a map array; NULL stays NULL."""
+    pairs = pairs.cast(pa.list_(pa.string()))
+    keys = pc.list_slice(pairs, 0, None, 2)
+    values = pc.list_slice(pairs, 1, None, 2)
+    return pa.MapArray.from_arrays(
+        keys.offsets, keys.flatten(), values.flatten(), mask=pairs.is_null()
     )
 
 
@@ -662,6 +671,6 @@ def _bad_replica(error: Exception) -> str:
 
 OPEN_UPLOADS = """
 SELECT 'upload', id::text, owner::text, bucket_id::text, name, created, 0::bigint, NULL::bytea,
-       content_type, NULL::text, NULL::text[], properties::text, NULL::timestamptz
+       content_type, NULL::text[], NULL::text[], properties::text, NULL::timestamptz
 FROM {schema}.manta_bucket_upload
 """

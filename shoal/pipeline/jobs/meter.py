@@ -39,6 +39,7 @@ stored_bytes = F.udf(
 
 
 def run(ctx: JobContext) -> Summary:
+    ctx.progress.begin("read metadata")
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         waiting = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.ALL_DELETION_RECORDS)
@@ -53,6 +54,7 @@ def run(ctx: JobContext) -> Summary:
         people = ctx.spark.createDataFrame(accounts, "owner string, account string")
         usage = meter(live, waiting, parts, names, people).cache()
         usage.count()
+    ctx.progress.begin("write history")
     day = datetime.now(UTC).date().isoformat()
     history = ctx.output.parent / "history"
     usage.withColumn("date", F.lit(day)).write.mode("overwrite").option(
