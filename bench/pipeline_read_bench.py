@@ -1,38 +1,43 @@
 """How fast the Spark pipeline reads the metadata: the ADBC Arrow readers against the psycopg
-row readers of an earlier commit, on the same rows, interleaved.
+row readers of an earlier commit, on the same rows, in one Spark session, interleaved.
 
-    .venv/bin/python bench/pipeline_read_bench.py                   # 250,000 objects, 2 rounds
+    .venv/bin/python bench/pipeline_read_bench.py                   # 250,000 objects, 3 rounds
     .venv/bin/python bench/pipeline_read_bench.py --objects 20000 --rounds 1   # a quick look
 
 Set-up: the embedded PostgreSQL 18 (127.0.0.1, a scratch database, 64 vnodes), one account,
 `--buckets` buckets made through the metadata API, and N live objects COPYed into the vnode
 the ring names for each (two sharks, a content type, a header and tags each), plus N/10
-deletion records. The baseline is `--baseline` (a commit whose readers yield psycopg
-tuples), unpacked with `git archive` into the scratch folder; the measured side is this
-checkout.
+deletion records. The baseline is shoal/pipeline/io.py of `--baseline` (the last commit whose
+partition readers yield psycopg tuples), taken with `git archive` into the scratch folder and
+imported as a module of its own (the executors import it from there too); for the psycopg
+side its `read_rows` and SQL templates take the place of this checkout's in
+`shoal.pipeline.io`, so the jobs' own code is the same on both sides.
 
-Each round runs both sides, in alternating order, each in a child process of its own
-(PYTHONPATH set to its tree) with a local[2] Spark session, and times, after a warm-up read:
+One local[2] Spark session. Each round runs both sides, in alternating order, and times,
+after a warm-up read of each:
 - read: `io.read_rows(LIVE_OBJECTS)` written to Spark's `noop` sink (every row and column
   made, nothing written), in its own snapshot;
-- inventory, meter: `run_job(job, spark=session)`, the whole job (reads, joins, outputs)
-  without the Spark session's start, which is printed apart.
-Rows per second are the live objects over the seconds (for meter: over the rows it reads,
-objects + records). The ratio is Arrow over psycopg, from the median of the rounds.
+- inventory, meter: `run_job(job, spark=session)`, the whole job (reads, joins, outputs),
+  and its read phase as its progress line says (`read objects`, `read metadata`).
+Rows per second are the rows read over the seconds (live objects; for meter objects and
+records). The ratio is psycopg's seconds over Arrow's, from the medians of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
+import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,7 +61,8 @@ OBJECT_COLUMNS = (
     "content_type, headers, sharks, properties"
 )
 RECORD_COLUMNS = OBJECT_COLUMNS + ", deleted_at"
-JOBS = ("inventory", "meter")
+# Each job measured, and the phase in which it reads the metadata.
+READ_PHASES = {"inventory": "read objects", "meter": "read metadata"}
 
 
 # -- set-up (parent) ---------------------------------------------------------------------------
@@ -122,39 +128,60 @@ def write_objects(
     return time.monotonic() - started
 
 
-def baseline_tree(commit: str, into: Path) -> Path:
-    """The baseline's `shoal` package, unpacked from git (nothing in the repository changes)."""
+def baseline_reader(commit: str, into: Path) -> Path:
+    """The baseline's shoal/pipeline/io.py as `baseline_io.py` in `into` (nothing in the
+    repository changes)."""
     into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "shoal"], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:shoal/pipeline/io.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (into / "baseline_io.py").write_text(source)
     return into
 
 
-def run_side(tree: Path, config: Path, output: Path) -> dict[str, Any]:
-    """One child: its figures as JSON on its last line of stdout."""
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT / 'bench'}"}
-    child = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(config), str(output)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(tree),
-        timeout=3600,
-        check=False,
-    )
-    if child.returncode != 0:
-        raise SystemExit(f"child in {tree} failed:\n{child.stderr[-4000:]}")
-    return json.loads(child.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+class PhaseLines(logging.Handler):
+    """The jobs' final progress lines: seconds per (job, phase)."""
+
+    FINAL = re.compile(r"^(?P<job>\w+): (?P<phase>[\w -]+): done, .* in (?P<seconds>[\d.]+) s$")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[tuple[str, str], float] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.FINAL.match(record.getMessage())
+        if found:
+            self.seconds[(found["job"], found["phase"])] = float(found["seconds"])
 
 
-# -- measuring (child) -------------------------------------------------------------------------
+@contextlib.contextmanager
+def reader(side: str, baseline: Any) -> Iterator[None]:
+    """`shoal.pipeline.io` with the baseline's read_rows and templates for "psycopg"."""
+    from shoal.pipeline import io
+
+    if side == "arrow":
+        yield
+        return
+    names = ["read_rows"] + [
+        n for n in vars(baseline) if n.isupper() and isinstance(getattr(io, n, None), str)
+    ]
+    saved = {n: getattr(io, n) for n in names}
+    for name in names:
+        setattr(io, name, getattr(baseline, name))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(io, name, value)
 
 
-def child(config_file: Path, output: Path) -> None:
-    """Time the read phase and the jobs with the `shoal` this process imports."""
-    import shoal
+def measure(config_file: Path, output: Path, rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Both sides, `rounds` times, alternating which goes first, in one Spark session."""
+    import baseline_io
+
     from shoal.config import load_config
     from shoal.pipeline import io, run_job
     from shoal.pipeline.session import spark_session
@@ -162,46 +189,55 @@ def child(config_file: Path, output: Path) -> None:
     config = load_config(config_file, None)
     shards = list(config.metadata.shards)
 
-    async def ring() -> Ring:
+    async def read_ring() -> Ring:
         async with await MetadataStore.open(shards, 1) as store:
             return store.ring
 
-    the_ring = asyncio.run(ring())
+    ring = asyncio.run(read_ring())
+    lines = PhaseLines()
+    logging.getLogger("shoal.pipeline").addHandler(lines)
+    logging.getLogger("shoal.pipeline").setLevel(logging.INFO)
     started = time.monotonic()
     spark = spark_session("read-bench", "local[2]", output / "spark.log")
-    figures: dict[str, Any] = {
-        "shoal": str(Path(shoal.__file__).parent.parent),
-        "session": time.monotonic() - started,
-    }
+    print(f"Spark session started in {time.monotonic() - started:.1f} s", flush=True)
 
     def read() -> float:
         began = time.monotonic()
         with io.exported_snapshots(shards) as snapshots:
-            rows = io.read_rows(spark, shards, the_ring, snapshots, io.LIVE_OBJECTS)
+            rows = io.read_rows(spark, shards, ring, snapshots, io.LIVE_OBJECTS)
             rows.write.format("noop").mode("overwrite").save()
         return time.monotonic() - began
 
-    read()  # warm-up: Python workers started, classes loaded
-    figures["read"] = read()
-    for job in JOBS:
-        began = time.monotonic()
-        run_job(job, config, shards, spark=spark, output=output / "jobs")
-        figures[job] = time.monotonic() - began
+    sides = ("psycopg", "arrow")
+    for side in sides:  # warm-up: Python workers started, classes loaded
+        with reader(side, baseline_io):
+            read()
+    results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for round_ in range(rounds):
+        for side in sides if round_ % 2 == 0 else reversed(sides):
+            figures: dict[str, float] = {}
+            with reader(side, baseline_io):
+                figures["read"] = read()
+                for job, phase in READ_PHASES.items():
+                    began = time.monotonic()
+                    run_job(job, config, shards, spark=spark, output=output / side)
+                    figures[job] = time.monotonic() - began
+                    figures[f"{job} read phase"] = lines.seconds[(job, phase)]
+            results[side].append(figures)
+            shown = ", ".join(f"{k} {v:.1f} s" for k, v in figures.items())
+            print(f"round {round_ + 1} {side}: {shown}", flush=True)
     spark.stop()
-    print(json.dumps(figures))
+    return results
 
 
 # -- main --------------------------------------------------------------------------------------
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(Path(sys.argv[2]), Path(sys.argv[3]))
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=250_000)
     parser.add_argument("--buckets", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="a commit with psycopg readers")
     parser.add_argument("--dsn", help="an existing server's superuser DSN (default: embedded)")
     args = parser.parse_args()
@@ -224,21 +260,26 @@ def main() -> None:
             f'[[metadata.shards]]\nname = "{shard.name}"\ndsn = "{shard.dsn}"\n'
         )
         config.chmod(0o600)
-        sides = {"psycopg": baseline_tree(args.baseline, scratch / "baseline"), "arrow": ROOT}
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+        # The executors (Python workers the JVM starts) import the baseline from there too.
+        baseline = baseline_reader(args.baseline, scratch / "baseline")
+        sys.path.insert(0, str(baseline))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(baseline), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        )
         print(load_average("before"), flush=True)
-        for round_ in range(args.rounds):
-            order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
-            for name in order:
-                figures = run_side(sides[name], config, scratch / f"out-{name}-{round_}")
-                results[name].append(figures)
-                print(f"round {round_ + 1} {name}: {json.dumps(figures)}", flush=True)
+        results = measure(config, scratch / "out", args.rounds)
         print(load_average("after"), flush=True)
         report(results, args.objects, records)
 
 
 def report(results: dict[str, list[dict[str, Any]]], objects: int, records: int) -> None:
-    rows_read = {"read": objects, "inventory": objects, "meter": objects + records}
+    rows_read = {
+        "read": objects,
+        "inventory read phase": objects,
+        "meter read phase": objects + records,
+        "inventory": objects,
+        "meter": objects + records,
+    }
     table = []
     for phase, rows in rows_read.items():
         psycopg_s = statistics.median(r[phase] for r in results["psycopg"])
@@ -253,13 +294,8 @@ def report(results: dict[str, list[dict[str, Any]]], objects: int, records: int)
                 f"{psycopg_s / arrow_s:.2f}x",
             ]
         )
-    session = {name: statistics.median(r["session"] for r in rs) for name, rs in results.items()}
     print(
         markdown_table(["phase", "psycopg", "rows/s", "arrow", "rows/s", "arrow / psycopg"], table)
-    )
-    print(
-        f"Spark session start (not in the figures above): psycopg side "
-        f"{session['psycopg']:.1f} s, arrow side {session['arrow']:.1f} s"
     )
 
 
