@@ -7,35 +7,38 @@ bytes per account over every metered day.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 
+# The parts of a multipart object, as its properties list them.
+PARTS_TYPE = "array<struct<size:bigint,sharks:array<string>>>"
 
-def stored_bytes_of(length: int | None, sharks: list[str] | None, properties: str | None) -> int:
+
+def stored_bytes(length: Column, sharks: Column, properties: Column) -> Column:
     """Bytes on disk: each part (or the object) times the nodes that hold it; a small object
-    kept in its metadata row counts once (its shard's copy)."""
-    described = json.loads(properties) if properties else {}
-    if described.get("inline"):
-        return length or 0
-    parts = described.get("parts")
-    if parts:
-        return sum(int(p["size"]) * len(p.get("sharks", [])) for p in parts)
-    return (length or 0) * len(sharks or [])
-
-
-# A plain UDF (Spark reads type hints as a pandas UDF's, so the lambda has none).
-stored_bytes = F.udf(
-    lambda length, sharks, props: stored_bytes_of(length, sharks, props), T.LongType()
-)
+    kept in its metadata row counts once (its shard's copy). Spark's own expressions (no
+    Python UDF), so the rows never leave the JVM."""
+    zero = F.lit(0).cast("long")
+    nothing = F.array().cast("array<string>")
+    size = F.coalesce(length, zero)
+    parts = F.from_json(F.get_json_object(properties, "$.parts"), PARTS_TYPE)
+    per_part = F.aggregate(
+        parts,
+        zero,
+        lambda total, part: total + part.size * F.size(F.coalesce(part.sharks, nothing)),
+    )
+    return (
+        F.when(F.get_json_object(properties, "$.inline") == "true", size)
+        .when(F.coalesce(F.size(parts), F.lit(0)) > 0, per_part)
+        .otherwise(size * F.size(F.coalesce(sharks, nothing)))
+    )
 
 
 def run(ctx: JobContext) -> Summary:
@@ -84,7 +87,9 @@ def meter(
     objects = live.groupBy(keys).agg(
         F.count("*").alias("objects"),
         F.sum("content_length").alias("logical_bytes"),
-        F.sum(stored_bytes("content_length", "sharks", "properties")).alias("stored_bytes"),
+        F.sum(stored_bytes(F.col("content_length"), F.col("sharks"), F.col("properties"))).alias(
+            "stored_bytes"
+        ),
     )
     garbage = waiting.groupBy(keys).agg(F.sum("content_length").alias("gc_bytes"))
     dead_rows = (
