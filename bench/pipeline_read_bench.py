@@ -128,16 +128,19 @@ def write_objects(
     return time.monotonic() - started
 
 
-def baseline_reader(commit: str, into: Path) -> Path:
-    """The baseline's shoal/pipeline/io.py as `baseline_io.py` in `into` (nothing in the
-    repository changes)."""
+def baseline_reader(baseline: str, into: Path) -> Path:
+    """The baseline's shoal/pipeline/io.py (of a commit, or a file: for a run from a copy of
+    the tree) as `baseline_io.py` in `into`; nothing in the repository changes."""
     into.mkdir(parents=True)
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:shoal/pipeline/io.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    if Path(baseline).is_file():
+        source = Path(baseline).read_text()
+    else:
+        source = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{baseline}:shoal/pipeline/io.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     (into / "baseline_io.py").write_text(source)
     return into
 
@@ -238,7 +241,9 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=250_000)
     parser.add_argument("--buckets", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--baseline", default=BASELINE, help="a commit with psycopg readers")
+    parser.add_argument(
+        "--baseline", default=BASELINE, help="a commit with psycopg readers, or its io.py"
+    )
     parser.add_argument("--dsn", help="an existing server's superuser DSN (default: embedded)")
     args = parser.parse_args()
     with (
