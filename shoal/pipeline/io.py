@@ -351,8 +351,8 @@ def _map_of_pairs(pairs: pa.Array) -> pa.MapArray:
 def _read_moved(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """The batches of a vnode that moved away from `task.shard`, read on its present shard."""
     catalog, dsns = task.shards[0][1], dict(task.shards)
-    with psycopg.connect(catalog, autocommit=True) as conn:
-        placed = conn.execute(queries.SELECT_RING).fetchall()
+    with psycopg.connect(catalog, autocommit=True) as catalog_conn:
+        placed = catalog_conn.execute(queries.SELECT_RING).fetchall()
     owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
     if owner not in dsns:
         raise psycopg.OperationalError(
@@ -372,7 +372,8 @@ def arrow_connect(shard: str, dsn: str) -> AdbcConnection:
     """An ADBC connection to a shard, in autocommit: transactions are begun by statement, so
     that the first statement of one can be SET TRANSACTION SNAPSHOT."""
     try:
-        return adbc_postgresql.connect(dsn, autocommit=True)
+        conn: AdbcConnection = adbc_postgresql.connect(dsn, autocommit=True)
+        return conn
     except AdbcError as exc:
         raise _arrow_classified(exc, shard) from None
 
