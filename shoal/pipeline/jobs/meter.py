@@ -92,17 +92,11 @@ def meter(
         ),
     )
     garbage = waiting.groupBy(keys).agg(F.sum("content_length").alias("gc_bytes"))
-    dead_rows = (
-        live.join(names.where("deleted").select("bucket_id"), "bucket_id")
-        .groupBy(keys)
-        .agg(F.sum("content_length").alias("dead_bytes"))
-    )
     open_parts = parts.groupBy(keys).agg(F.sum("content_length").alias("multipart_bytes"))
     usage = (
         names.select("owner", "bucket_id", "bucket", "deleted")
         .join(objects, keys, "left")
         .join(garbage, keys, "left")
-        .join(dead_rows, keys, "left")
         .join(open_parts, keys, "left")
         .join(people, "owner", "left")
     )
@@ -115,7 +109,11 @@ def meter(
             F.coalesce(live_only.otherwise(F.col("objects")), zero).alias("objects"),
             F.coalesce(live_only.otherwise(F.col("logical_bytes")), zero).alias("logical_bytes"),
             F.coalesce(live_only.otherwise(F.col("stored_bytes")), zero).alias("stored_bytes"),
-            (F.coalesce("gc_bytes", zero) + F.coalesce("dead_bytes", zero)).alias("gc_bytes"),
+            # A deleted bucket's rows wait for GC: its objects' bytes (one read of the rows).
+            (
+                F.coalesce("gc_bytes", zero)
+                + F.coalesce(F.when(F.col("deleted"), F.col("logical_bytes")), zero)
+            ).alias("gc_bytes"),
             F.coalesce("multipart_bytes", zero).alias("multipart_bytes"),
             F.col("deleted"),
         )
