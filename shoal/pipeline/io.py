@@ -2,7 +2,7 @@
 inventories from the storage nodes; and how executors delete blocks and records.
 
 Metadata: the driver opens one REPEATABLE READ transaction per shard and exports its snapshot
-(`pg_export_snapshot()`); each partition reader (one Spark task per vnode) imports it with
+(`pg_export_snapshot()`); each partition reader (a few vnodes per Spark task) imports it with
 `SET TRANSACTION SNAPSHOT`, so all readers of a shard see the same instant while reading in
 parallel. Readers fetch Arrow record batches through ADBC's PostgreSQL driver and hand them
 to Spark as they are (mapInArrow), so no row becomes a Python object. Values keep their
@@ -269,7 +269,10 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
             conn = connections.get(task.shard)
             if conn is None:
                 conn = connections[task.shard] = arrow_connect(task.shard, task.dsn)
-                _join_snapshot(conn, task.snapshot)
+                try:
+                    _join_snapshot(conn, task.snapshot)
+                except AdbcError as exc:
+                    raise _arrow_classified(exc, task.shard) from None
             try:
                 batches = _read_vnode(conn, task)
             except AdbcError as exc:
