@@ -30,6 +30,8 @@ from shoal.metadata.errors import CommitUnknown, MetadataUnavailable, VnodeMoved
 # stop), crash_shutdown (another backend crashed), cannot_connect_now (starting up or
 # recovering). Class 08 is "connection exception".
 _GOING_AWAY = {"57P01", "57P02", "57P03"}
+# undefined_table, invalid_schema_name: what naming a vnode's schema that moved away meets.
+_VNODE_MISSING = {"42P01", "3F000"}
 # How every vnode's schema is named (ring.vnode_schema), as it appears in PostgreSQL's errors.
 _VNODE_SCHEMA = "manta_bucket_"
 
@@ -40,17 +42,20 @@ def connection_failed(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return False
-    sqlstate = exc.sqlstate
-    # No SQLSTATE: the failure is the client's own (connect refused, connection lost, the
-    # connection closed), not an error the server sent about a statement.
+    return lost_connection(exc.sqlstate)
+
+
+def lost_connection(sqlstate: str | None) -> bool:
+    """True when a connection error with this SQLSTATE means the connection failed. No
+    SQLSTATE: the failure is the client's own (connect refused, connection lost, the
+    connection closed), not an error the server sent about a statement."""
     return sqlstate is None or sqlstate.startswith("08") or sqlstate in _GOING_AWAY
 
 
 def vnode_gone(exc: BaseException) -> bool:
-    """True when `exc` says a statement named a vnode schema that the shard does not hold."""
-    return isinstance(
-        exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName
-    ) and _VNODE_SCHEMA in str(exc)
+    """True when `exc` (psycopg's, or ADBC's for the pipeline's readers) says a statement
+    named a vnode schema that the shard does not hold."""
+    return getattr(exc, "sqlstate", None) in _VNODE_MISSING and _VNODE_SCHEMA in str(exc)
 
 
 def classified(exc: Exception, shard: str, *, may_have_committed: bool) -> Exception:

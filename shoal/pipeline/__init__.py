@@ -18,6 +18,7 @@ from shoal.metadata import MetadataStore
 from shoal.metadata.outage import connection_failed
 from shoal.metadata.pipeline_runs import PipelineRun, record_run
 from shoal.pipeline.context import JobContext, Summary
+from shoal.pipeline.progress import Progress
 
 if TYPE_CHECKING:  # Spark loads with a job, not with the scheduler in `serve` that reads JOBS
     from pyspark.sql import SparkSession
@@ -88,6 +89,8 @@ def _run(
     ring = asyncio.run(_ring(shards))
     log_file = folder.parent / "spark.log"
     session = spark if spark is not None else spark_session(job, master, log_file, config.pipeline)
+    progress = Progress(job, session.sparkContext)
+    progress.start()
     try:
         context = JobContext(
             spark=session,
@@ -97,9 +100,14 @@ def _run(
             output=folder,
             options=dict(options or {}),
             started=started,
+            progress=progress,
         )
-        return run_module(context)
+        summary = run_module(context)
+        progress.finish()
+        return summary
     finally:
+        progress.finish(finished=False)  # a job that raised: its error says what became of it
+        progress.stop()
         if spark is None:
             session.stop()
         make_private(root, folder.parent)

@@ -13,6 +13,7 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import DEAD
 from shoal.metadata.ring import Ring
+from shoal.pipeline.progress import Progress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,6 +30,8 @@ class JobContext:
     output: Path  # this run's folder of Parquet output
     options: dict[str, Any] = field(default_factory=dict)
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # The job's phases, reported while it runs (progress.py).
+    progress: Progress = field(default_factory=lambda: Progress("job"))
 
     @property
     def dsns(self) -> dict[str, str]:

@@ -2,10 +2,13 @@
 inventories from the storage nodes; and how executors delete blocks and records.
 
 Metadata: the driver opens one REPEATABLE READ transaction per shard and exports its snapshot
-(`pg_export_snapshot()`); each partition reader (one Spark task per vnode) imports it with
+(`pg_export_snapshot()`); each partition reader (a few vnodes per Spark task) imports it with
 `SET TRANSACTION SNAPSHOT`, so all readers of a shard see the same instant while reading in
-parallel. Values keep their meaning: uuid as text, hstore as a map, arrays as arrays, bytea as
-binary, timestamptz as timestamps (UTC), jsonb as JSON text.
+parallel. Readers fetch Arrow record batches through ADBC's PostgreSQL driver and hand them
+to Spark as they are (mapInArrow), so no row becomes a Python object. Values keep their
+meaning: uuid as text, hstore as a map, arrays as arrays, bytea as binary, timestamptz as
+timestamps (UTC), jsonb as JSON text. The driver's own small reads (bucket lists, the
+catalog) use psycopg.
 
 Everything an executor does is batched and idempotent, so a task that is retried or a job
 that is run again after a crash converges.
@@ -15,23 +18,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+import adbc_driver_postgresql.dbapi as adbc_postgresql
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from adbc_driver_manager import Error as AdbcError
+from adbc_driver_manager import OperationalError as AdbcOperationalError
+from adbc_driver_manager.dbapi import Connection as AdbcConnection
 from psycopg import sql
+from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from shoal.config import Config, ShardConfig
 from shoal.metadata import queries
-from shoal.metadata.outage import classified, vnode_gone
+from shoal.metadata.errors import MetadataUnavailable
+from shoal.metadata.outage import classified, lost_connection, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.metadata.shards import scalar
+from shoal.pipeline.progress import rows_read
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
 
@@ -56,9 +69,14 @@ RECORD_SCHEMA = T.StructType(
     ]
 )
 
+# RECORD_SCHEMA as Arrow: what the partition readers hand Spark.
+ARROW_RECORD_SCHEMA = to_arrow_schema(RECORD_SCHEMA, timezone="UTC")
+
+# hstore is read as hstore_to_array's text[] (key, value, key, value...), which the reader
+# makes a map without a Python object per row (_map_of_pairs).
 OBJECT_COLUMNS = """
     id::text, owner::text, bucket_id::text, name, created, content_length, content_md5,
-    content_type, hstore_to_json(headers)::text, sharks, properties::text
+    content_type, hstore_to_array(headers), sharks, properties::text
 """
 
 DELETION_RECORDS = """
@@ -74,7 +92,7 @@ SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
 # last change in the `created` column: Last-Modified, as S3 lists it.
 LIVE_OBJECTS_OF_BUCKETS = """
 SELECT 'object', id::text, owner::text, bucket_id::text, name, modified, content_length,
-       content_md5, content_type, hstore_to_json(headers)::text, sharks, properties::text,
+       content_md5, content_type, hstore_to_array(headers), sharks, properties::text,
        NULL::timestamptz
 FROM {schema}.manta_bucket_object WHERE bucket_id = ANY({wanted}::uuid[])
 """
@@ -86,7 +104,7 @@ SELECT 'bucket_object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_
 WHERE bucket_id = ANY({dead}::uuid[])
 UNION ALL
 SELECT 'bucket_part', id::text, owner::text, bucket_id::text, name, created, content_length,
-       content_md5, NULL, NULL, sharks,
+       content_md5, NULL, NULL::text[], sharks,
        (coalesce(properties, '{}'::jsonb) || jsonb_build_object(
            'upload_id', upload_id, 'part_number', part_number))::text,
        NULL::timestamptz
@@ -110,7 +128,7 @@ ACCOUNTS = "SELECT id::text, name FROM shoal.account"
 
 OPEN_PARTS = """
 SELECT 'part', id::text, owner::text, bucket_id::text, name, created, content_length,
-       content_md5, NULL, NULL, sharks, properties::text, NULL::timestamptz
+       content_md5, NULL, NULL::text[], sharks, properties::text, NULL::timestamptz
 FROM {schema}.manta_bucket_upload_part
 """
 
@@ -206,10 +224,12 @@ def read_rows(
     template: str,
     **literals: Any,
 ) -> DataFrame:
-    """Rows of RECORD_SCHEMA from every vnode, one Spark task per vnode, in one snapshot.
+    """Rows of RECORD_SCHEMA from every vnode, a few vnodes per Spark task, in one snapshot.
 
     Templates hold `{schema}`, `{columns}` and `{name}` placeholders for `literals`; they are
     replaced as text (no str.format), so SQL braces such as '{}'::jsonb stay as they are.
+    Executors read Arrow record batches (ADBC) and hand them to Spark as they are
+    (mapInArrow): no Python object per row on either side.
     """
     dsns = {s.name: s.dsn for s in shards}
     query = template.replace("{columns}", OBJECT_COLUMNS)
@@ -224,69 +244,131 @@ def read_rows(
     ]
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
-    rdd = spark.sparkContext.parallelize(tasks, slices).mapPartitions(_read_tasks)
-    return spark.createDataFrame(rdd, RECORD_SCHEMA)
+    counter = rows_read(spark.sparkContext)
+    # Each task gets the numbers of its tasks' entries (the list travels in the function,
+    # pickled once: its entries share their query and DSNs).
+    numbers = spark.range(0, len(tasks), 1, slices)
+    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter), RECORD_SCHEMA)
 
 
-def _read_tasks(tasks: Iterable[ReadTask]) -> Iterator[tuple[Any, ...]]:
-    """Read each task's vnode, on one connection per shard inside the shard's snapshot. A
-    vnode that moved to another shard since the job read the ring is refused by its old
-    shard (docs/metadata.md, "Shards and vnodes"): it is read on its new one, at that
-    shard's present (no snapshot of the job's covers it).
+def _read_numbered(
+    tasks: list[ReadTask], counter: Accumulator[int], batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow's function: numbers of `tasks` -> the rows of those tasks, counted for the
+    job's progress."""
+    mine = (tasks[number] for batch in batches for number in batch.column("id").to_pylist())
+    for batch in read_batches(mine):
+        counter.add(batch.num_rows)
+        yield batch
+
+
+def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
+    """Read each task's vnode as Arrow batches of RECORD_SCHEMA, on one connection per shard
+    inside the shard's snapshot. A vnode that moved to another shard since the job read the
+    ring is refused by its old shard (docs/metadata.md, "Shards and vnodes"): it is read on
+    its new one, at that shard's present (no snapshot of the job's covers it).
 
     Each vnode is read in a transaction of its own (joining the same snapshot), so the locks
     its read takes go as soon as it is read: a move's write fence waits for one vnode's read
     at most, never for the rest of the task."""
-    connections: dict[str, psycopg.Connection[Any]] = {}
+    connections: dict[str, AdbcConnection] = {}
     try:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
-                conn = connect(task.shard, task.dsn)
-                connections[task.shard] = conn
-            _join_snapshot(conn, task.snapshot)
+                conn = connections[task.shard] = arrow_connect(task.shard, task.dsn)
             try:
-                rows = _read_vnode(conn, task)
-            except psycopg.Error as exc:
+                _join_snapshot(conn, task.snapshot)
+            except AdbcError as exc:
+                raise _arrow_classified(exc, task.shard) from None
+            try:
+                batches = _read_vnode(conn, task)
+            except AdbcError as exc:
                 if not vnode_gone(exc):
-                    raise
-                rows = _read_moved(task)
-            yield from rows
-            conn.execute("ROLLBACK")  # read only: ends the vnode's transaction and its locks
+                    raise _arrow_classified(exc, task.shard) from None
+                _statement(conn, "ROLLBACK")  # the failed statement ended the transaction
+                yield from _read_moved(task)
+                continue
+            yield from batches
+            _statement(conn, "ROLLBACK")  # read only: ends the vnode's transaction and its locks
     finally:
         for conn in connections.values():
             conn.close()
 
 
-def _read_vnode(conn: psycopg.Connection[Any], task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    """The rows of the task's vnode. The statement is sent before the first row is asked
-    for, so that a vnode that moved fails here, not halfway through its rows."""
+def _read_vnode(conn: AdbcConnection, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """The batches of the task's vnode. The statement is sent before the first batch is
+    asked for, so that a vnode that moved fails here, not halfway through its rows."""
     schema = sql.Identifier(vnode_schema(task.vnode)).as_string(None)
-    cursor = conn.cursor(name=f"read_{task.vnode}")
-    cursor.itersize = 5000
+    cursor = conn.cursor()
     try:
         cursor.execute(task.query.replace("{schema}", schema))
+        reader = cursor.fetch_record_batch()
     except BaseException:
         cursor.close()
         raise
 
-    def rows() -> Iterator[tuple[Any, ...]]:
-        with cursor:
-            for row in cursor:
-                yield _record_row(task, row)
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in _batches_of(reader, task.shard):
+                yield _with_place(batch, task)
+        finally:
+            cursor.close()
 
-    return rows()
+    return batches()
 
 
-def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
-    """The rows of a vnode that moved away from `task.shard`, read on its present shard."""
+def _batches_of(reader: pa.RecordBatchReader, shard: str) -> Iterator[pa.RecordBatch]:
+    """The reader's batches; a shard that stops mid-read is named (libpq's error)."""
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise _arrow_classified(exc, shard) from None
+        yield batch
+
+
+def _with_place(batch: pa.RecordBatch, task: ReadTask) -> pa.RecordBatch:
+    """The query's columns, after the shard and vnode they were read from, as RECORD_SCHEMA:
+    headers a map, and no sharks an empty list (as the gateway reads them)."""
+    columns = [
+        pa.repeat(pa.scalar(task.shard, pa.string()), batch.num_rows),
+        pa.repeat(pa.scalar(task.vnode, pa.int32()), batch.num_rows),
+        *batch.columns,
+    ]
+    names = ARROW_RECORD_SCHEMA.names
+    headers, sharks = names.index("headers"), names.index("sharks")
+    columns[headers] = _map_of_pairs(columns[headers])
+    columns[sharks] = pc.fill_null(
+        columns[sharks].cast(pa.list_(pa.string())), pa.scalar([], pa.list_(pa.string()))
+    )
+    return pa.RecordBatch.from_arrays(
+        [c.cast(f.type) for c, f in zip(columns, ARROW_RECORD_SCHEMA, strict=True)],
+        schema=ARROW_RECORD_SCHEMA,
+    )
+
+
+def _map_of_pairs(pairs: pa.Array) -> pa.MapArray:
+    """hstore_to_array's lists (key, value, key, value...) as a map array; NULL stays NULL."""
+    pairs = pairs.cast(pa.list_(pa.string()))
+    keys = pc.list_slice(pairs, 0, None, 2)
+    values = pc.list_slice(pairs, 1, None, 2)
+    return pa.MapArray.from_arrays(
+        keys.offsets, keys.flatten(), values.flatten(), mask=pairs.is_null()
+    )
+
+
+def _read_moved(task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """The batches of a vnode that moved away from `task.shard`, read on its present shard."""
     catalog, dsns = task.shards[0][1], dict(task.shards)
     # Between a move's fence and its switch the ring still names the old shard: wait for the
     # switch, which follows within the mover's catch-up time.
     deadline = time.monotonic() + MOVED_VNODE_WAIT_SECONDS
-    with psycopg.connect(catalog, autocommit=True) as conn:
+    with psycopg.connect(catalog, autocommit=True) as catalog_conn:
         while True:
-            placed = conn.execute(queries.SELECT_RING).fetchall()
+            placed = catalog_conn.execute(queries.SELECT_RING).fetchall()
             owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
             if owner != task.shard:
                 break
@@ -301,9 +383,12 @@ def _read_moved(task: ReadTask) -> Iterator[tuple[Any, ...]]:
             "run the job again"
         )
     moved = replace(task, shard=owner, dsn=dsns[owner])
-    with psycopg.connect(moved.dsn, autocommit=True) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn = arrow_connect(moved.shard, moved.dsn)
+    try:
+        _statement(conn, _BEGIN_READ)
         yield from _read_vnode(conn, moved)
+    finally:
+        conn.close()
 
 
 # How long a reader that met a vnode between its move's fence and switch waits for the switch
@@ -312,45 +397,53 @@ MOVED_VNODE_WAIT_SECONDS = 30.0
 MOVED_VNODE_POLL_SECONDS = 0.05
 
 
-def _join_snapshot(conn: psycopg.Connection[Any], snapshot: str) -> None:
+def arrow_connect(shard: str, dsn: str) -> AdbcConnection:
+    """An ADBC connection to a shard, in autocommit: transactions are begun by statement, so
+    that the first statement of one can be SET TRANSACTION SNAPSHOT."""
+    try:
+        conn: AdbcConnection = adbc_postgresql.connect(dsn, autocommit=True)
+        return conn
+    except AdbcError as exc:
+        raise _arrow_classified(exc, shard) from None
+
+
+def _statement(conn: AdbcConnection, statement: str) -> None:
+    with conn.cursor() as cursor:
+        cursor.execute(statement)
+
+
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def _join_snapshot(conn: psycopg.Connection[Any] | AdbcConnection, snapshot: str) -> None:
     """Begin a read-only transaction that sees exactly the driver's exported snapshot."""
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+    join = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)).as_string(None)
+    if isinstance(conn, psycopg.Connection):
+        conn.execute(_BEGIN_READ)
+        conn.execute(join)
+        return
+    _statement(conn, _BEGIN_READ)
+    _statement(conn, join)
 
 
-def _record_row(task: ReadTask, row: tuple[Any, ...]) -> tuple[Any, ...]:
-    (
-        kind,
-        id_,
-        owner,
-        bucket_id,
-        name,
-        created,
-        length,
-        md5,
-        content_type,
-        headers,
-        sharks,
-        properties,
-        deleted_at,
-    ) = row
-    return (
-        task.shard,
-        task.vnode,
-        kind,
-        id_,
-        owner,
-        bucket_id,
-        name,
-        created,
-        length,
-        bytes(md5) if md5 is not None else None,
-        content_type,
-        json.loads(headers) if headers else None,
-        list(sharks) if sharks else [],
-        properties,
-        deleted_at,
-    )
+# What ADBC and libpq put before the server's or libpq's own words.
+_ADBC_PREFIXES = ("IO: ", "[libpq] ", "Execution error [PGRES_FATAL_ERROR]: ")
+
+
+def _arrow_classified(exc: Exception, shard: str) -> Exception:
+    """What to raise for an error of ADBC's (or of its batch reader, an OSError) met on
+    `shard`: the shard named when the connection failed (never connected, or dropped
+    mid-read), as `classified` does for psycopg; `exc` itself when a statement failed."""
+    text = str(exc).strip()
+    reason = " ".join((text.splitlines() or [type(exc).__name__])[0].split())
+    for prefix in _ADBC_PREFIXES:
+        reason = reason.removeprefix(prefix)
+    reason = reason.replace("Failed to connect: ", "connection failed: ", 1)
+    if isinstance(exc, AdbcError):
+        failed = isinstance(exc, AdbcOperationalError) and lost_connection(exc.sqlstate)
+    else:  # the reader's: the server's ERROR is a statement's, anything else the link's
+        failed = "ERROR:" not in text
+    return MetadataUnavailable(f"shard {shard} is unreachable: {reason}") if failed else exc
 
 
 def run_async(coroutine: Any) -> Any:
@@ -608,6 +701,6 @@ def _bad_replica(error: Exception) -> str:
 
 OPEN_UPLOADS = """
 SELECT 'upload', id::text, owner::text, bucket_id::text, name, created, 0::bigint, NULL::bytea,
-       content_type, NULL::text, NULL::text[], properties::text, NULL::timestamptz
+       content_type, NULL::text[], NULL::text[], properties::text, NULL::timestamptz
 FROM {schema}.manta_bucket_upload
 """

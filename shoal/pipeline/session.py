@@ -57,8 +57,8 @@ def spark_session(
         SparkSession.builder.appName(f"shoal-{app}")
         .master(master)
         .config("spark.ui.enabled", "false")
-        # Spark's progress bar where a person watches; phase lines from the job otherwise.
-        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
+        # The job draws its own bar, naming its phase (progress.py), in place of Spark's.
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
         # A failed task is a failed job: GC must stop, not retry half-done work blindly.

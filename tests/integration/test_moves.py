@@ -316,10 +316,10 @@ def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
                 assert await mover.move(moved, "s2") is not None
 
         run(move())
-        rows = list(io._read_tasks(tasks))
-    mine = [row for row in rows if row[5] == str(bucket_id)]
-    assert sorted(row[6] for row in mine) == names
-    assert {row[0] for row in mine if row[1] == moved} == {"s2"}
+        rows = [row for batch in io.read_batches(tasks) for row in batch.to_pylist()]
+    mine = [row for row in rows if row["bucket_id"] == str(bucket_id)]
+    assert sorted(row["name"] for row in mine) == names
+    assert {row["shard"] for row in mine if row["vnode"] == moved} == {"s2"}
 
 
 def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
@@ -419,10 +419,12 @@ def test_a_pipeline_read_holds_no_lock_on_the_vnodes_it_has_read(
             io.ReadTask(source, dict(every)[source], snapshots[source], v, query, every)
             for v in (first, second)
         ]
-        rows = io._read_tasks(tasks)
-        read = [next(rows)]
-        while read[-1][1] != second:
-            read.append(next(rows))
+        batches = io.read_batches(tasks)
+        read: list[dict[str, Any]] = []
+        for batch in batches:  # until the read is on the second vnode
+            read += batch.to_pylist()
+            if read and read[-1]["vnode"] == second:
+                break
 
         async def move() -> None:
             async with _mover(configs) as mover:
@@ -430,8 +432,8 @@ def test_a_pipeline_read_holds_no_lock_on_the_vnodes_it_has_read(
                 assert await mover.move(first, target) is not None
 
         run(move())
-        read += list(rows)
-    mine = sorted(row[6] for row in read if row[5] == str(bucket_id))
+        read += [row for batch in batches for row in batch.to_pylist()]
+    mine = sorted(row["name"] for row in read if row["bucket_id"] == str(bucket_id))
     assert mine == sorted(
         n for n in names if ring.vnode_for_object(owner, bucket_id, n) in (first, second)
     )

@@ -7,14 +7,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
-from shoal.config import MetadataConfig
-from shoal.metadata import migrate
-from shoal.pipeline import failure_line
+from shoal.config import MetadataConfig, ShardConfig
+from shoal.metadata import MetadataStore, MetadataUnavailable, ObjectWrite, migrate
+from shoal.metadata.ring import initial_ring
+from shoal.pipeline import failure_line, io
 from shoal.pipeline.io import connect
 from shoal.ports import free_port
 from tests.fixtures.postgres import create_databases
@@ -104,6 +108,67 @@ def test_an_executor_error_reaches_the_user_as_its_own_last_line(spark: Any) -> 
     with pytest.raises(Exception) as raised:
         frame.count()
     assert failure_line(raised.value) == line
+
+
+def test_an_arrow_reader_that_cannot_reach_its_shard_names_it(spark: Any) -> None:
+    """The partition readers (ADBC, in executors) name the shard they cannot connect to,
+    and that is the one line the user sees."""
+    shards = [ShardConfig(name="meta7", dsn=closed_dsn())]
+    rows = io.read_rows(
+        spark, shards, initial_ring(["meta7"], 2), {"meta7": "0-1"}, io.LIVE_OBJECTS
+    )
+    with pytest.raises(Exception) as raised:
+        rows.count()
+    line = failure_line(raised.value)
+    assert line.startswith("shard meta7 is unreachable: connection failed: "), line
+    assert "Connection refused" in line and "[libpq]" not in line
+
+
+@pytest.fixture
+def one_object_in_vnode_0(admin_dsn: str, run: Callable[[Awaitable[Any]], Any]) -> ShardConfig:
+    """A shard of 2 vnodes, one object in vnode 0."""
+    shards = create_databases(admin_dsn, 1)
+    run(migrate(shards, MetadataConfig(vnodes=2, partitions_ahead=1)))
+
+    async def put() -> None:
+        async with await MetadataStore.open(shards, 1) as store:
+            account = await store.accounts.create("reader")
+            bucket = await store.buckets.create(account.id, "read")
+            name = next(
+                f"o{i}"
+                for i in range(1000)
+                if store.ring.vnode_for_object(account.id, bucket.id, f"o{i}") == 0
+            )
+            await store.objects.put(account.id, "read", name, ObjectWrite(1, b"x" * 16))
+
+    run(put())
+    return shards[0]
+
+
+def test_a_shard_that_stops_mid_read_is_named(
+    one_object_in_vnode_0: ShardConfig,
+) -> None:
+    """A reader whose shard drops its connection between two vnodes (PostgreSQL stopping ends
+    every backend as pg_terminate_backend does: admin_shutdown) says which shard."""
+    shard = one_object_in_vnode_0
+    watched = replace(shard, dsn=make_conninfo(shard.dsn, application_name="doomed-reader"))
+    query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
+    with io.exported_snapshots([shard]) as snapshots:
+        tasks = [
+            io.ReadTask(shard.name, watched.dsn, snapshots[shard.name], v, query) for v in (0, 1)
+        ]
+        batches = io.read_batches(tasks)
+        assert next(batches).num_rows == 1  # vnode 0 read; vnode 1 not yet
+        with psycopg.connect(shard.dsn, autocommit=True) as conn:
+            stopped = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'doomed-reader'"
+            ).fetchall()
+        assert stopped == [(True,)]
+        with pytest.raises(MetadataUnavailable) as raised:
+            list(batches)
+    assert str(raised.value).startswith(f"shard {shard.name} is unreachable: "), raised.value
+    assert "terminating connection due to administrator command" in str(raised.value)
 
 
 # -- Java --------------------------------------------------------------------------------------

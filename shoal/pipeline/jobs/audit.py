@@ -30,6 +30,7 @@ def run(ctx: JobContext) -> Summary:
     urls = ctx.node_urls()
     access = io.node_access(ctx.config)
     target = placement.target_replicas(ctx.config.storage.replicas, len(urls))
+    ctx.progress.begin("read metadata")
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_PARTS)
@@ -50,6 +51,7 @@ def run(ctx: JobContext) -> Summary:
             .cache()
         )
         blocks_checked = expected.count()
+    ctx.progress.begin("read inventories and check blocks")
     inventory = io.read_inventories(ctx.spark, urls, access)
     joined = compared(expected, inventory)
     present = joined.where("found_size = size")
@@ -68,6 +70,7 @@ def run(ctx: JobContext) -> Summary:
         .toDF("shark string, name string, verdict string")
     )
     findings = [r.asDict() for r in problems(joined, verdicts).collect()]
+    ctx.progress.begin("re-check findings")
     confirmed = ctx.with_store(lambda store: _still_live(store, findings))
     repaired = restored = 0
     if ctx.options.get("repair") and confirmed:
@@ -76,6 +79,7 @@ def run(ctx: JobContext) -> Summary:
         restored = ctx.with_store(
             lambda store: _rereplicate(store, ctx, short), connections=REREPLICATION_CONNECTIONS
         )
+    ctx.progress.begin("write output")
     ctx.spark.createDataFrame(short, UNDER_REPLICATED_SCHEMA).write.mode("overwrite").parquet(
         str(ctx.output / "under_replicated")
     )

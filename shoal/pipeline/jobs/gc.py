@@ -42,6 +42,7 @@ def run(ctx: JobContext) -> Summary:
     access = io.node_access(ctx.config)
     width = ctx.with_store(_window_width)
 
+    ctx.progress.begin("read records")
     with io.exported_snapshots(ctx.shards) as snapshots:
         records = io.read_rows(
             ctx.spark, ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff
@@ -62,6 +63,7 @@ def run(ctx: JobContext) -> Summary:
         found = garbage.count()
     phases["read"] = _lap(clock)
 
+    ctx.progress.begin("delete blocks")
     keyed = garbage.rdd.map(lambda r: ((r.shard, r.vnode, r.kind, r.id), r))
     blocks = keyed.flatMap(lambda kv: _blocks(kv[0], kv[1], urls))
     # One task per node (an explicit partitioner: hashing names could put two in one task).
@@ -86,6 +88,7 @@ def run(ctx: JobContext) -> Summary:
     reclaimable = status.filter(lambda s: s[1]).map(lambda s: s[0])
     phases["delete blocks"] = _lap(clock, sum(phases.values()))
 
+    ctx.progress.begin("remove records")
     dsns = ctx.dsns
     removals = (
         reclaimable.map(lambda r: ((r.shard, r.vnode), _removal(r, width)))
@@ -100,6 +103,7 @@ def run(ctx: JobContext) -> Summary:
     reclaimed_bytes = reclaimable.map(lambda r: r.content_length or 0).sum()
     phases["remove records"] = _lap(clock, sum(phases.values()))
 
+    ctx.progress.begin("vacuum windows")
     # After every removal has committed, so that no transaction of this job still needs the
     # dead tuples and the vacuum can reclaim them all.
     for shard in ctx.shards:

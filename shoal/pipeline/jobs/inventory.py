@@ -43,6 +43,7 @@ from shoal.metadata.inventories import InventorySetting
 from shoal.metadata.models import etag
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
+from shoal.pipeline.progress import Phase
 from shoal.pipeline.publish import put_object
 from shoal.s3.headers import DEFAULT_CONTENT_TYPE
 from shoal.storage import DataUnavailable, StorageUnavailable
@@ -61,6 +62,7 @@ def run(ctx: JobContext) -> Summary:
     settings: list[InventorySetting] = ctx.with_store(lambda store: store.inventories.all())
     due, not_due = _due(settings, ctx.options.get("bucket"), bool(ctx.options.get("force")))
     folder = ctx.output / "deliveries"
+    ctx.progress.begin("read objects")
     with io.exported_snapshots(ctx.shards) as snapshots:
         objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         buckets = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.BUCKETS)
@@ -70,6 +72,7 @@ def run(ctx: JobContext) -> Summary:
         ).cache()
         count = everything.count()
         reports = _write_reports(ctx, snapshots, due, folder)
+    ctx.progress.begin("write inventory")
     everything.write.mode("overwrite").partitionBy("bucket").parquet(str(ctx.output / "parquet"))
     everything.write.mode("overwrite").partitionBy("bucket").option("header", True).csv(
         str(ctx.output / "csv")
@@ -78,7 +81,10 @@ def run(ctx: JobContext) -> Summary:
         F.countDistinct("bucket").alias("buckets"), F.sum("size").alias("bytes")
     ).first()
     assert totals is not None  # an aggregate's one row
-    problems = ctx.with_store(lambda store: _deliver(ctx, store, reports)) if reports else []
+    delivering = ctx.progress.begin("deliver reports", total=len(reports), unit="reports")
+    problems = (
+        ctx.with_store(lambda store: _deliver(ctx, store, reports, delivering)) if reports else []
+    )
     # Delivered ones are in their buckets; an undelivered one is written again when next due.
     shutil.rmtree(folder, ignore_errors=True)
     return Summary(
@@ -157,11 +163,13 @@ def _write_reports(
     )
     rows = rows.cache()  # read once, whatever the number of configurations of a bucket
     reports = []
+    writing = ctx.progress.begin("write reports", total=len(due), unit="reports")
     for setting in due:
         report = Report(setting, spec.columns(setting.configuration))
         items = (_item(setting.bucket, row) for row in _objects_of(rows, setting))
         _write_files(report, items, folder / str(setting.bucket_id) / setting.id)
         reports.append(report)
+        writing.advance()
     rows.unpersist()
     return reports
 
@@ -269,7 +277,9 @@ _ARROW_TYPES = {
 # -- delivering it -----------------------------------------------------------------------------
 
 
-async def _deliver(ctx: JobContext, store: Any, reports: list[Report]) -> list[str]:
+async def _deliver(
+    ctx: JobContext, store: Any, reports: list[Report], progress: Phase
+) -> list[str]:
     """Put each report into its destination bucket and record the delivery; a report that
     cannot be delivered is a problem, and the others are still delivered."""
     from shoal.cluster import data_path
@@ -293,6 +303,7 @@ async def _deliver(ctx: JobContext, store: Any, reports: list[Report]) -> list[s
                 )
             else:
                 await store.inventories.mark_delivered(setting.bucket_id, setting.id, setting.now)
+            progress.advance()
     finally:
         await path.client.close()
     for problem in problems:

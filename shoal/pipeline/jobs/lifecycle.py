@@ -30,6 +30,7 @@ def run(ctx: JobContext) -> Summary:
     configured = ctx.with_store(lambda store: store.buckets.lifecycles())
     rules, skipped = _applicable(configured)
     now = io.database_time_minus(ctx.shards[0], 0)
+    ctx.progress.begin("find expired objects")
     with io.exported_snapshots(ctx.shards) as snapshots:
         objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         uploads = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.OPEN_UPLOADS)
@@ -43,9 +44,11 @@ def run(ctx: JobContext) -> Summary:
             .map(lambda r: (rules[r.bucket_id][0], rules[r.bucket_id][1], r.name, r.id))
             .collect()
         )
+    ctx.progress.begin("delete expired")
     deleted, aborted = ctx.with_store(
         lambda store: _apply(store, expired, stale), connections=CONCURRENT_DELETES + 1
     )
+    ctx.progress.begin("write output")
     ctx.spark.createDataFrame(
         [(o, b, k, "expired", k in deleted) for o, b, k, _ in expired]
         + [(o, b, k, "aborted upload", u in aborted) for o, b, k, u in stale],

@@ -7,38 +7,42 @@ bytes per account over every metered day.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 
+# The parts of a multipart object, as its properties list them.
+PARTS_TYPE = "array<struct<size:bigint,sharks:array<string>>>"
 
-def stored_bytes_of(length: int | None, sharks: list[str] | None, properties: str | None) -> int:
+
+def stored_bytes(length: Column, sharks: Column, properties: Column) -> Column:
     """Bytes on disk: each part (or the object) times the nodes that hold it; a small object
-    kept in its metadata row counts once (its shard's copy)."""
-    described = json.loads(properties) if properties else {}
-    if described.get("inline"):
-        return length or 0
-    parts = described.get("parts")
-    if parts:
-        return sum(int(p["size"]) * len(p.get("sharks", [])) for p in parts)
-    return (length or 0) * len(sharks or [])
-
-
-# A plain UDF (Spark reads type hints as a pandas UDF's, so the lambda has none).
-stored_bytes = F.udf(
-    lambda length, sharks, props: stored_bytes_of(length, sharks, props), T.LongType()
-)
+    kept in its metadata row counts once (its shard's copy). Spark's own expressions (no
+    Python UDF), so the rows never leave the JVM."""
+    zero = F.lit(0).cast("long")
+    nothing = F.array().cast("array<string>")
+    size = F.coalesce(length, zero)
+    parts = F.from_json(F.get_json_object(properties, "$.parts"), PARTS_TYPE)
+    per_part = F.aggregate(
+        parts,
+        zero,
+        lambda total, part: total + part.size * F.size(F.coalesce(part.sharks, nothing)),
+    )
+    return (
+        F.when(F.get_json_object(properties, "$.inline") == "true", size)
+        .when(F.coalesce(F.size(parts), F.lit(0)) > 0, per_part)
+        .otherwise(size * F.size(F.coalesce(sharks, nothing)))
+    )
 
 
 def run(ctx: JobContext) -> Summary:
+    ctx.progress.begin("read metadata")
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         waiting = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.ALL_DELETION_RECORDS)
@@ -53,6 +57,7 @@ def run(ctx: JobContext) -> Summary:
         people = ctx.spark.createDataFrame(accounts, "owner string, account string")
         usage = meter(live, waiting, parts, names, people).cache()
         usage.count()
+    ctx.progress.begin("write history")
     day = datetime.now(UTC).date().isoformat()
     history = ctx.output.parent / "history"
     usage.withColumn("date", F.lit(day)).write.mode("overwrite").option(
@@ -82,20 +87,16 @@ def meter(
     objects = live.groupBy(keys).agg(
         F.count("*").alias("objects"),
         F.sum("content_length").alias("logical_bytes"),
-        F.sum(stored_bytes("content_length", "sharks", "properties")).alias("stored_bytes"),
+        F.sum(stored_bytes(F.col("content_length"), F.col("sharks"), F.col("properties"))).alias(
+            "stored_bytes"
+        ),
     )
     garbage = waiting.groupBy(keys).agg(F.sum("content_length").alias("gc_bytes"))
-    dead_rows = (
-        live.join(names.where("deleted").select("bucket_id"), "bucket_id")
-        .groupBy(keys)
-        .agg(F.sum("content_length").alias("dead_bytes"))
-    )
     open_parts = parts.groupBy(keys).agg(F.sum("content_length").alias("multipart_bytes"))
     usage = (
         names.select("owner", "bucket_id", "bucket", "deleted")
         .join(objects, keys, "left")
         .join(garbage, keys, "left")
-        .join(dead_rows, keys, "left")
         .join(open_parts, keys, "left")
         .join(people, "owner", "left")
     )
@@ -108,7 +109,11 @@ def meter(
             F.coalesce(live_only.otherwise(F.col("objects")), zero).alias("objects"),
             F.coalesce(live_only.otherwise(F.col("logical_bytes")), zero).alias("logical_bytes"),
             F.coalesce(live_only.otherwise(F.col("stored_bytes")), zero).alias("stored_bytes"),
-            (F.coalesce("gc_bytes", zero) + F.coalesce("dead_bytes", zero)).alias("gc_bytes"),
+            # A deleted bucket's rows wait for GC: its objects' bytes (one read of the rows).
+            (
+                F.coalesce("gc_bytes", zero)
+                + F.coalesce(F.when(F.col("deleted"), F.col("logical_bytes")), zero)
+            ).alias("gc_bytes"),
             F.coalesce("multipart_bytes", zero).alias("multipart_bytes"),
             F.col("deleted"),
         )

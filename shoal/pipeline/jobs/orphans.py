@@ -29,8 +29,10 @@ def run(ctx: JobContext) -> Summary:
     leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
     urls = ctx.node_urls()
     access = io.node_access(ctx.config)
+    ctx.progress.begin("read inventories")
     inventory = io.read_inventories(ctx.spark, urls, access).cache()
     blocks = inventory.count()
+    ctx.progress.begin("read metadata")
     cutoff = io.database_time_minus(ctx.shards[0], leeway.total_seconds())
     with io.exported_snapshots(ctx.shards) as snapshots:
         rows = [
@@ -41,6 +43,7 @@ def run(ctx: JobContext) -> Summary:
         referenced = ctx.spark.createDataFrame(named.map(lambda v: (v,)), "version string")
         referenced = referenced.distinct().cache()
         referenced.count()
+    ctx.progress.begin("find orphans")
     orphans = orphan_blocks(inventory, referenced, cutoff.timestamp()).cache()
     found = orphans.count()
     summed = orphans.agg(F.sum("size")).first()
@@ -48,6 +51,7 @@ def run(ctx: JobContext) -> Summary:
     found_bytes = summed[0] or 0
     deleted = 0
     if ctx.options.get("delete") and found:
+        ctx.progress.begin("delete orphans")
         # What the nodes report they removed (a block deleted meanwhile is not counted).
         deleted = sum(
             batch[2]

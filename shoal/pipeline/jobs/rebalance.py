@@ -111,6 +111,7 @@ def run(ctx: JobContext) -> Summary:
         return _summary(ctx, figures, {}, 0, started, [problem])
     # A task takes the moves of a few vnodes (a task costs more than a small vnode's moves).
     slices = max(1, min(ctx.ring.vnodes, ctx.spark.sparkContext.defaultParallelism * 2))
+    ctx.progress.begin("find copies to move")
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_PARTS)
@@ -123,6 +124,7 @@ def run(ctx: JobContext) -> Summary:
             found = len(chosen)
             moves = ctx.spark.sparkContext.parallelize(chosen, max(1, min(slices, len(chosen))))
     setup = Setup(list(ctx.shards), io.node_access(ctx.config), registry.urls, targets)
+    ctx.progress.begin("move copies")
     outcomes = (
         moves.map(lambda move: (move[0], move))
         .partitionBy(slices, lambda vnode: vnode % slices)

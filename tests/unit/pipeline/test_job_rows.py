@@ -157,11 +157,20 @@ def test_orphans_count_a_version_or_its_parts_as_naming_blocks() -> None:
         (15, [], {"parts": [{"size": 10, "sharks": ["a", "b"]}, {"size": 5, "sharks": ["a"]}]}, 25),
     ],
 )
+@pytest.mark.slow  # Spark evaluates the expression
 def test_meter_counts_stored_bytes_per_copy(
-    length: int | None, sharks: list[str] | None, properties: dict[str, Any] | None, stored: int
+    spark: Any,
+    length: int | None,
+    sharks: list[str] | None,
+    properties: dict[str, Any] | None,
+    stored: int,
 ) -> None:
     text = json.dumps(properties) if properties is not None else None
-    assert meter.stored_bytes_of(length, sharks, text) == stored
+    row = spark.createDataFrame(
+        [(length, sharks, text)], "length long, sharks array<string>, properties string"
+    )
+    found = row.select(meter.stored_bytes(row.length, row.sharks, row.properties)).first()[0]
+    assert found == stored
 
 
 # lifecycle
