@@ -290,7 +290,10 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
                 yield from _read_moved(task)
                 continue
             yield from batches
-            _statement(conn, "ROLLBACK")  # read only: ends the vnode's transaction and its locks
+            try:
+                _statement(conn, "ROLLBACK")  # read only: ends the vnode's transaction, its locks
+            except AdbcError as exc:
+                raise _arrow_classified(exc, task.shard) from None
     finally:
         for conn in connections.values():
             conn.close()
