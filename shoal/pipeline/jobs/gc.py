@@ -21,6 +21,7 @@ as the daemon does; replicas already missing are counted apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
@@ -83,9 +84,7 @@ class Summaries(AccumulatorParam[list[TaskSummary]]):
     def zero(self, value: list[TaskSummary]) -> list[TaskSummary]:
         return []
 
-    def addInPlace(
-        self, value1: list[TaskSummary], value2: list[TaskSummary]
-    ) -> list[TaskSummary]:
+    def addInPlace(self, value1: list[TaskSummary], value2: list[TaskSummary]) -> list[TaskSummary]:
         value1.extend(value2)
         return value1
 
@@ -198,14 +197,15 @@ def reclaim(
     client = setup.access.client()
     data = DataPath(client, FixedDirectory(setup.urls, []))
     remover = io.Remover(setup.dsns)
+    windows = _Windows(setup.window)
     count_request = _fault_injection()
     try:
         for batch in batches:
-            rows = batch.select(_USED).to_pylist()
-            runs = [_runs(row) for row in rows]
+            rows = _Columns.of(batch)
+            runs = _runs_of(rows)
             deletion = loop.run_until_complete(_delete(data, runs, count_request))
             _tally(summary, rows, deletion)
-            _remove(remover, rows, deletion.may_go, setup.window)
+            _remove(remover, rows, deletion.may_go, windows)
             yield batch.append_column("reclaimed", pa.array(deletion.may_go, pa.bool_()))
         summary.truncated, summary.to_vacuum = remover.finish()
         summary.removed = remover.removed
@@ -216,7 +216,35 @@ def reclaim(
     summaries.add([summary])
 
 
-# The columns the executors read of each row.
+@dataclass(frozen=True)
+class _Columns:
+    """The columns of a batch the executors use, as lists (a list of dicts per row, or
+    datetimes, cost more than the work on them)."""
+
+    shard: list[str]
+    vnode: list[int]
+    kind: list[str]
+    id: list[str]
+    owner: list[str]
+    bucket_id: list[str]
+    content_length: list[int | None]
+    sharks: list[list[str] | None]
+    properties: list[str | None]
+    deleted_at: list[int | None]  # microseconds since the Unix epoch
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> _Columns:
+        deleted_at = batch.column("deleted_at")
+        if deleted_at.type.unit == "us":  # Spark's: read the instants as they are stored
+            deleted_at = deleted_at.view(pa.int64())
+        else:
+            deleted_at = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+        return cls(
+            *(batch.column(name).to_pylist() for name in _USED),
+            deleted_at=deleted_at.to_pylist(),
+        )
+
+
 _USED = [
     "shard",
     "vnode",
@@ -227,15 +255,27 @@ _USED = [
     "content_length",
     "sharks",
     "properties",
-    "deleted_at",
 ]
 
 
-def _runs(row: dict[str, Any]) -> list[BlockRun]:
-    properties = json.loads(row["properties"]) if row["properties"] else {}
-    return block_runs(
-        uuid.UUID(row["id"]), row["content_length"] or 0, row["sharks"] or [], properties
-    )
+def _runs_of(rows: _Columns) -> list[list[BlockRun]]:
+    """Each row's block runs (rules.blocks_of, from columns)."""
+    return [
+        block_runs(uuid.UUID(id_), length or 0, sharks or [], _properties(properties))
+        for id_, length, sharks, properties in zip(
+            rows.id, rows.content_length, rows.sharks, rows.properties, strict=True
+        )
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> dict[str, Any]:
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def _properties(text: str | None) -> dict[str, Any]:
+    """A row's properties; most rows of a backlog hold the same few (read only, so shared)."""
+    return _parsed(text) if text else {}
 
 
 async def _delete(
@@ -261,44 +301,54 @@ async def _delete(
     return whole
 
 
-def _tally(summary: TaskSummary, rows: list[dict[str, Any]], deletion: Deletion) -> None:
-    summary.found += len(rows)
+def _tally(summary: TaskSummary, rows: _Columns, deletion: Deletion) -> None:
+    summary.found += len(rows.id)
     summary.replicas_deleted += deletion.deleted
     summary.replicas_missing += deletion.missing
     summary.replicas_kept += deletion.kept
     for shark, reason in deletion.failures.items():
         summary.failures.setdefault(shark, reason)
     summary.reclaimed_bytes += sum(
-        row["content_length"] or 0 for row, go in zip(rows, deletion.may_go, strict=True) if go
+        length or 0 for length, go in zip(rows.content_length, deletion.may_go, strict=True) if go
     )
 
 
-def _remove(
-    remover: io.Remover, rows: list[dict[str, Any]], may_go: list[bool], width: timedelta
-) -> None:
+def _remove(remover: io.Remover, rows: _Columns, may_go: list[bool], windows: _Windows) -> None:
     """Stage the batch's deletion records that may go; delete its deleted buckets' rows."""
     records: dict[str, list[tuple[int, str, str]]] = {}
     bucket_rows: dict[tuple[str, int, str, str, str], list[str]] = {}
-    for row, go in zip(rows, may_go, strict=True):
+    for i, go in enumerate(may_go):
         if not go:
             continue
-        if row["kind"] == "record":
-            window = _window_of(row["deleted_at"], width)
-            records.setdefault(row["shard"], []).append((row["vnode"], window, row["id"]))
+        if rows.kind[i] == "record":
+            window = windows.of(rows.deleted_at[i] or 0)
+            records.setdefault(rows.shard[i], []).append((rows.vnode[i], window, rows.id[i]))
         else:
-            key = (row["shard"], row["vnode"], row["kind"], row["owner"], row["bucket_id"])
-            bucket_rows.setdefault(key, []).append(row["id"])
+            key = (rows.shard[i], rows.vnode[i], rows.kind[i], rows.owner[i], rows.bucket_id[i])
+            bucket_rows.setdefault(key, []).append(rows.id[i])
     for shard, staged in records.items():
         remover.records(shard, staged)
     for (shard, vnode, kind, owner, bucket_id), ids in bucket_rows.items():
         remover.bucket_rows(shard, vnode, kind, owner, bucket_id, ids)
 
 
-def _window_of(deleted_at: datetime, width: timedelta) -> str:
-    """The window of the deleted-object table a record lives in."""
-    if deleted_at.tzinfo is None:  # Arrow hands over the session's UTC instants
-        deleted_at = deleted_at.replace(tzinfo=UTC)
-    return window_name("manta_bucket_deleted_object", window_start(deleted_at, width))
+class _Windows:
+    """The window of the deleted-object table a record lives in, from its deletion time in
+    microseconds; each window's name is made once."""
+
+    def __init__(self, width: timedelta) -> None:
+        self.width = width
+        self.width_us = width // timedelta(microseconds=1)
+        self.names: dict[int, str] = {}
+
+    def of(self, deleted_us: int) -> str:
+        start = deleted_us - deleted_us % self.width_us
+        name = self.names.get(start)
+        if name is None:
+            moment = datetime.fromtimestamp(start / 1e6, UTC)
+            name = window_name("manta_bucket_deleted_object", window_start(moment, self.width))
+            self.names[start] = name
+        return name
 
 
 def _fault_injection() -> Callable[[], None]:

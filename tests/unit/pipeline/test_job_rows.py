@@ -11,10 +11,12 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
 from shoal.metadata.partitions import window_name, window_start
+from shoal.pipeline import io
 from shoal.pipeline.jobs import audit, gc, lifecycle, meter, orphans
 from shoal.storage.blockfile import block_name
 
@@ -60,22 +62,31 @@ def parts(*specs: tuple[int, list[str]]) -> tuple[list[uuid.UUID], dict[str, Any
 # gc
 
 
+def columns(*rows: Row) -> Any:
+    """Rows as the gc job's executors get them: an Arrow batch of io.RECORD_SCHEMA."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(io.RECORD_SCHEMA, timezone="UTC")
+    batch = pa.RecordBatch.from_pylist([r.asDict() for r in rows], schema=schema)
+    return gc._Columns.of(batch)
+
+
 def test_gc_deletes_each_block_of_a_record_on_each_node_it_names() -> None:
     record = row(size=MiB + 1, sharks=["n1", "n2"])
-    [run] = gc._runs(record.asDict())
+    [[run]] = gc._runs_of(columns(record))
     assert run.id == uuid.UUID(record.id) and run.sharks == ["n1", "n2"]
     assert run.block_names() == [block_name(run.id, 0), block_name(run.id, 1)]
 
 
 def test_gc_deletes_a_multipart_record_s_parts_and_none_of_an_inline_one() -> None:
     (first, second), described = parts((5, ["n1"]), (7, ["n3"]))
-    record = row(size=12, sharks=[], properties=described)
-    runs = gc._runs(record.asDict())
+    multipart = row(size=12, sharks=[], properties=described)
+    runs, inline = gc._runs_of(columns(multipart, row(properties={"inline": True})))
     assert [(r.id, r.sharks, r.block_names()) for r in runs] == [
         (first, ["n1"], [block_name(first, 0)]),
         (second, ["n3"], [block_name(second, 0)]),
     ]
-    assert gc._runs(row(properties={"inline": True}).asDict()) == []
+    assert inline == []
 
 
 def test_gc_removes_a_deletion_record_from_the_window_it_was_deleted_in() -> None:
@@ -83,10 +94,12 @@ def test_gc_removes_a_deletion_record_from_the_window_it_was_deleted_in() -> Non
     width = timedelta(hours=1)
     expected = window_name("manta_bucket_deleted_object", window_start(deleted, width))
     assert expected.endswith("_w20240610t1100")
-    # Arrow hands timestamps over as UTC instants, with or without their zone.
-    assert gc._window_of(deleted, width) == expected
-    assert gc._window_of(deleted.replace(tzinfo=None), width) == expected
-    assert gc._window_of(deleted.astimezone(timezone(timedelta(hours=5))), width) == expected
+    # Arrow hands the deletion time over as an instant, whatever the zone it is shown in.
+    shown = deleted.astimezone(timezone(timedelta(hours=5)))
+    [micros] = columns(row(deleted_at=shown)).deleted_at
+    assert gc._Windows(width).of(micros) == expected
+    # The rows of a deleted bucket have no deletion time.
+    assert columns(row(kind="bucket_object")).deleted_at == [None]
 
 
 def test_gc_adds_the_tasks_summaries_and_keeps_a_node_s_first_reason() -> None:
