@@ -89,8 +89,27 @@ class Summaries(AccumulatorParam[list[TaskSummary]]):
         return value1
 
 
+# What the executors read of each row, and what the output keeps of it: enough to find the
+# record (its key and version, its nodes, when it was deleted), not its whole metadata.
+_INPUT = [
+    "shard",
+    "vnode",
+    "kind",
+    "id",
+    "owner",
+    "bucket_id",
+    "name",
+    "content_length",
+    "sharks",
+    "properties",
+    "deleted_at",
+]
 REPORT_SCHEMA = T.StructType(
-    [*io.RECORD_SCHEMA.fields, T.StructField("reclaimed", T.BooleanType())]
+    [
+        *(field for field in io.RECORD_SCHEMA.fields if field.name in _INPUT[:-2]),
+        io.RECORD_SCHEMA["deleted_at"],
+        T.StructField("reclaimed", T.BooleanType()),
+    ]
 )
 
 
@@ -121,7 +140,7 @@ def run(ctx: JobContext) -> Summary:
             garbage = garbage.unionByName(contents)
         # One pass, no shuffle: each task reads its vnodes' rows, deletes their blocks and
         # removes them, streaming; the report is written as it goes.
-        report = garbage.mapInArrow(
+        report = garbage.select(*_INPUT).mapInArrow(
             lambda batches: reclaim(batches, setup, summaries), REPORT_SCHEMA
         )
         report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
@@ -206,7 +225,9 @@ def reclaim(
             deletion = loop.run_until_complete(_delete(data, runs, count_request))
             _tally(summary, rows, deletion)
             _remove(remover, rows, deletion.may_go, windows)
-            yield batch.append_column("reclaimed", pa.array(deletion.may_go, pa.bool_()))
+            yield batch.drop_columns(["properties"]).append_column(
+                "reclaimed", pa.array(deletion.may_go, pa.bool_())
+            )
         summary.truncated, summary.to_vacuum = remover.finish()
         summary.removed = remover.removed
     finally:
@@ -240,12 +261,12 @@ class _Columns:
         else:
             deleted_at = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
         return cls(
-            *(batch.column(name).to_pylist() for name in _USED),
+            *(batch.column(name).to_pylist() for name in _LISTED),
             deleted_at=deleted_at.to_pylist(),
         )
 
 
-_USED = [
+_LISTED = [
     "shard",
     "vnode",
     "kind",
