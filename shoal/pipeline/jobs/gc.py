@@ -260,10 +260,8 @@ class _Columns:
             deleted_at = deleted_at.view(pa.int64())
         else:
             deleted_at = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
-        return cls(
-            *(batch.column(name).to_pylist() for name in _LISTED),
-            deleted_at=deleted_at.to_pylist(),
-        )
+        listed: dict[str, Any] = {name: batch.column(name).to_pylist() for name in _LISTED}
+        return cls(**listed, deleted_at=deleted_at.to_pylist())
 
 
 _LISTED = [
