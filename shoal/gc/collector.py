@@ -24,11 +24,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from shoal.gc.rules import blocks_of, by_node, may_remove
+from shoal.gc.deletion import delete_blocks
+from shoal.gc.rules import blocks_of
 from shoal.metadata import MetadataStore, ObjectVersion
 from shoal.metadata.errors import VnodeMoved
 from shoal.metadata.garbage import GcRun, VnodeBeingMoved
-from shoal.storage import BlockRun, DataPath, DeleteOutcome
+from shoal.storage import DataPath
 
 log = logging.getLogger("shoal.gc")
 
@@ -203,29 +204,18 @@ class Collector:
         return the records that may go."""
         tally.found += len(records)
         runs = [blocks_of(record) for record in records]
-        nodes = by_node([run for record_runs in runs for run in record_runs])
-        outcomes = await asyncio.gather(*(self._delete_on(node) for node in nodes.values()))
-        failed = set()
-        for shark, outcome in zip(nodes, outcomes, strict=True):
-            tally.blocks += outcome.deleted
-            tally.missing += outcome.missing
-            if not outcome.complete:
-                failed.add(shark)
+        deletion = await delete_blocks(self.data, runs, self._count_deletion)
+        tally.blocks += deletion.deleted
+        tally.missing += deletion.missing
         gone = []
-        for record, record_runs in zip(records, runs, strict=True):
-            if may_remove(record_runs, failed):
+        for record, may_go in zip(records, deletion.may_go, strict=True):
+            if may_go:
                 gone.append(record)
                 tally.reclaimed += 1
                 tally.bytes += record.content_length or 0
             else:
                 tally.failed += 1
         return gone
-
-    async def _delete_on(self, runs: list[BlockRun]) -> DeleteOutcome:
-        """One node's share of a batch (DataPath splits it into requests of 1,000 names)."""
-        outcome = await self.data.delete(runs)
-        self._count_deletion()
-        return outcome
 
     def _count_deletion(self) -> None:
         self._deletions += 1

@@ -20,7 +20,6 @@ live version, because every write makes a new UUIDv7 version id that is never re
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
@@ -54,7 +53,9 @@ def by_node(runs: Sequence[BlockRun]) -> dict[str, list[BlockRun]]:
     grouped: dict[str, list[BlockRun]] = {}
     for run in runs:
         for shark in run.sharks:
-            grouped.setdefault(shark, []).append(dataclasses.replace(run, sharks=[shark]))
+            grouped.setdefault(shark, []).append(
+                BlockRun(run.id, run.size, run.block_size, [shark])
+            )
     return grouped
 
 

@@ -342,8 +342,6 @@ def _names(schema: str, window: str, parent: str = "") -> dict[str, sql.Composab
 
 # -- for the Spark job's executors, which use plain (synchronous) connections ------------------
 
-REMOVE_BATCH = 1000
-
 
 class _RowByRow(Exception):
     """The window may not be truncated now (its vnode is being moved)."""
@@ -359,7 +357,28 @@ def clear_window(
     conn: psycopg.Connection[Any], vnode: int, window: str, ids: Sequence[str | uuid.UUID]
 ) -> WindowClearing:
     """Remove the deletion records `ids`, whose blocks are all gone, from one window of the
-    vnode's deleted-object table. `conn` must be in autocommit mode.
+    vnode's deleted-object table (`stage_reclaimed`, then `clear_staged_window`)."""
+    stage_reclaimed(conn, [(vnode, window, id_) for id_ in ids])
+    try:
+        return clear_staged_window(conn, vnode, window)
+    finally:
+        conn.execute(queries.FORGET_RECLAIMED)
+
+
+def stage_reclaimed(
+    conn: psycopg.Connection[Any], rows: Iterable[tuple[int, str, str | uuid.UUID]]
+) -> None:
+    """Note (vnode, window, id) of deletion records whose blocks are all gone, on `conn`, for
+    `clear_staged_window`; they stay staged until FORGET_RECLAIMED or the connection ends."""
+    conn.execute(queries.CREATE_RECLAIMED)
+    with conn.cursor().copy(queries.COPY_RECLAIMED) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def clear_staged_window(conn: psycopg.Connection[Any], vnode: int, window: str) -> WindowClearing:
+    """Remove the deletion records staged for one window of a vnode. `conn` must be in
+    autocommit mode, and the one they were staged on.
 
     If the window holds no other record it is truncated whole, leaving no dead tuples. The
     check and the TRUNCATE run under an ACCESS EXCLUSIVE lock on the window, so a record
@@ -377,27 +396,28 @@ def clear_window(
     """
     schema = vnode_schema(vnode)
     names = _names(schema, window)
+    staged = {"vnode": vnode, "window": window}
+    table: sql.Composable = names["window"]
     try:
         with conn.transaction():
             conn.execute(queries.WINDOW_LOCK_TIMEOUT)
-            if not conn.execute(queries.GC_VNODE_LOCK, {"vnode": vnode}).fetchone()[0]:  # type: ignore[index]
+            granted = conn.execute(queries.GC_VNODE_LOCK, {"vnode": vnode}).fetchone()
+            if not scalar(granted, bool):
                 raise _RowByRow()
             conn.execute(sql.SQL(queries.LOCK_WINDOW).format(**names))
             others = conn.execute(
-                sql.SQL(queries.WINDOW_HOLDS_OTHERS).format(**names), {"ids": list(ids)}
+                sql.SQL(queries.WINDOW_HOLDS_OTHERS).format(**names), staged
             ).fetchone()
             if not scalar(others, bool):
                 counted = conn.execute(sql.SQL(queries.COUNT_WINDOW).format(**names)).fetchone()
                 count = scalar(counted, int)
                 conn.execute(sql.SQL(queries.TRUNCATE_WINDOW).format(**names))
                 return WindowClearing(removed=count, whole=True)
-    except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable, _RowByRow):
-        pass  # busy, being moved, or not a window of ours: remove row by row below
-    removed = 0
-    statement = render(queries.REMOVE_DELETED_OBJECTS, vnode)
-    for first in range(0, len(ids), REMOVE_BATCH):
-        cur = conn.execute(statement, {"ids": list(ids[first : first + REMOVE_BATCH])})
-        removed += cur.rowcount
+    except (psycopg.errors.LockNotAvailable, _RowByRow):
+        pass  # busy, or its vnode being moved: remove row by row below
+    except psycopg.errors.UndefinedTable:  # not a window of ours: look in every window
+        table = sql.Identifier(schema, "manta_bucket_deleted_object")
+    removed = conn.execute(sql.SQL(queries.REMOVE_RECLAIMED).format(table=table), staged).rowcount
     return WindowClearing(removed=removed, whole=False)
 
 

@@ -931,10 +931,37 @@ WINDOW_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 
 LOCK_WINDOW = "LOCK TABLE {window} IN ACCESS EXCLUSIVE MODE"
 
-# Does the window hold a row other than these reclaimed ids? (`<> ALL` over a large array is
-# hashed by PostgreSQL 15+, so this is one pass over the window.)
+# The ids of reclaimed deletion records (their blocks are gone), per vnode and window, staged
+# on the remover's connection until their window is cleared: the ids of a large window stay
+# in PostgreSQL, not in the remover's memory. A temporary table: private to the connection,
+# gone with it.
+CREATE_RECLAIMED = """
+CREATE TEMPORARY TABLE IF NOT EXISTS gc_reclaimed (
+    vnode integer NOT NULL, window_name text NOT NULL, id uuid NOT NULL
+)
+"""
+
+COPY_RECLAIMED = "COPY gc_reclaimed (vnode, window_name, id) FROM STDIN"
+
+ANALYZE_RECLAIMED = "ANALYZE gc_reclaimed"
+
+FORGET_RECLAIMED = "TRUNCATE gc_reclaimed"
+
+# Does the window hold a row other than the reclaimed ones staged for it? (one hashed pass)
 WINDOW_HOLDS_OTHERS = """
-SELECT EXISTS (SELECT 1 FROM {window} WHERE id <> ALL(%(ids)s::uuid[]))
+SELECT EXISTS (
+    SELECT 1 FROM {window} w
+    WHERE NOT EXISTS (
+        SELECT 1 FROM gc_reclaimed r
+        WHERE r.vnode = %(vnode)s AND r.window_name = %(window)s AND r.id = w.id
+    )
+)
+"""
+
+# {table}: the window, or the vnode's whole deleted-object table if the window is not there.
+REMOVE_RECLAIMED = """
+DELETE FROM {table} d USING gc_reclaimed r
+WHERE r.vnode = %(vnode)s AND r.window_name = %(window)s AND d.id = r.id
 """
 
 WINDOW_HOLDS_ANY = "SELECT EXISTS (SELECT 1 FROM {window})"

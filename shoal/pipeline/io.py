@@ -487,7 +487,7 @@ def delete_blocks(
     by_node: dict[tuple[str, str], list[tuple[str, Any]]] = {}
     for shark, url, name, key in rows:
         by_node.setdefault((shark, url), []).append((name, key))
-    fault_after = _fault_after()
+    fault_after = fault_after_requests()
     calls = 0
     for (shark, url), blocks in by_node.items():
         batches = [blocks[i : i + DELETE_BATCH] for i in range(0, len(blocks), DELETE_BATCH)]
@@ -529,63 +529,84 @@ async def _delete_batches(
         await client.close()
 
 
-def remove_rows(
-    rows: Iterable[tuple[str, int, str, str, str, str, str]], dsns: dict[str, str]
-) -> Iterator[tuple[int, int, list[tuple[str, int, str]]]]:
-    """(shard, vnode, kind, id, owner, bucket id, window) of rows whose blocks are all gone
-    -> (rows removed, windows truncated whole, windows to vacuum as (shard, vnode, window)).
+class Remover:
+    """Removes reclaimed rows (their blocks all gone) from the shards, for one task, on one
+    connection per shard, keeping nothing per row in memory.
 
-    Deletion records are removed a window at a time (`garbage.clear_window`): a window
-    holding nothing else is truncated whole. Rows of deleted buckets are deleted by id.
+    Deletion records are staged on the shard (`garbage.stage_reclaimed`) and removed a window
+    at a time by `finish` (`garbage.clear_staged_window`): a window holding nothing else is
+    truncated whole, others lose their rows by id and are listed to be vacuumed. Rows of
+    deleted buckets are deleted by id at once, in statements of DELETE_BATCH ids.
     """
-    from shoal.metadata import queries
-    from shoal.metadata.garbage import clear_window
-    from shoal.metadata.shards import render
 
-    statements = {
-        "bucket_object": queries.REMOVE_BUCKET_OBJECTS,
-        "bucket_part": queries.REMOVE_BUCKET_PARTS,
-    }
-    groups: dict[tuple[str, int, str, str, str, str], list[str]] = {}
-    for shard, vnode, kind, id_, owner, bucket_id, window in rows:
-        if kind == "record":
-            owner = bucket_id = ""  # records are grouped by window alone
-        groups.setdefault((shard, vnode, kind, owner, bucket_id, window), []).append(id_)
-    removed = truncated = 0
-    to_vacuum: list[tuple[str, int, str]] = []
-    connections: dict[str, psycopg.Connection[Any]] = {}
-    try:
-        for (shard, vnode, kind, owner, bucket_id, window), ids in groups.items():
-            conn = connections.get(shard)
-            if conn is None:
-                conn = connections[shard] = connect(shard, dsns[shard])
-            if kind == "record":
-                cleared = clear_window(conn, vnode, window, ids)
-                removed += cleared.removed
-                if cleared.whole:
-                    truncated += 1
-                else:
-                    to_vacuum.append((shard, vnode, window))
-                continue
-            for first in range(0, len(ids), DELETE_BATCH):
-                params = {
-                    "ids": ids[first : first + DELETE_BATCH],
-                    "owner": owner,
-                    "bucket_id": bucket_id,
-                }
-                removed += conn.execute(render(statements[kind], vnode), params).rowcount
-            if kind == "bucket_part":
-                conn.execute(
-                    render(queries.REMOVE_BUCKET_UPLOADS, vnode),
-                    {"owner": owner, "bucket_id": bucket_id},
-                )
-    finally:
-        for conn in connections.values():
+    def __init__(self, dsns: dict[str, str]) -> None:
+        self.dsns = dsns
+        self.connections: dict[str, psycopg.Connection[Any]] = {}
+        self.staged: set[tuple[str, int, str]] = set()  # (shard, vnode, window)
+        self.removed = 0
+
+    def records(self, shard: str, rows: Sequence[tuple[int, str, str]]) -> None:
+        """Stage deletion records (vnode, window, id) of one shard."""
+        from shoal.metadata.garbage import stage_reclaimed
+
+        if rows:
+            stage_reclaimed(self._connection(shard), rows)
+            self.staged.update((shard, vnode, window) for vnode, window, _ in rows)
+
+    def bucket_rows(
+        self, shard: str, vnode: int, kind: str, owner: str, bucket_id: str, ids: Sequence[str]
+    ) -> None:
+        """Delete rows (kind bucket_object or bucket_part) of a deleted bucket incarnation."""
+        from shoal.metadata.shards import render
+
+        statement = render(
+            queries.REMOVE_BUCKET_OBJECTS
+            if kind == "bucket_object"
+            else queries.REMOVE_BUCKET_PARTS,
+            vnode,
+        )
+        conn = self._connection(shard)
+        for first in range(0, len(ids), DELETE_BATCH):
+            params = {
+                "ids": ids[first : first + DELETE_BATCH],
+                "owner": owner,
+                "bucket_id": bucket_id,
+            }
+            self.removed += conn.execute(statement, params).rowcount
+
+    def finish(self) -> tuple[int, list[tuple[str, int, str]]]:
+        """Clear every window staged: (windows truncated whole, windows to vacuum as
+        (shard, vnode, window))."""
+        from shoal.metadata.garbage import clear_staged_window
+
+        truncated = 0
+        to_vacuum: list[tuple[str, int, str]] = []
+        for shard in {shard for shard, _, _ in self.staged}:
+            self._connection(shard).execute(queries.ANALYZE_RECLAIMED)  # a plan for its size
+        for shard, vnode, window in sorted(self.staged):
+            cleared = clear_staged_window(self._connection(shard), vnode, window)
+            self.removed += cleared.removed
+            if cleared.whole:
+                truncated += 1
+            else:
+                to_vacuum.append((shard, vnode, window))
+        self.staged.clear()
+        return truncated, to_vacuum
+
+    def close(self) -> None:
+        for conn in self.connections.values():
             conn.close()
-    yield removed, truncated, to_vacuum
+        self.connections.clear()
+
+    def _connection(self, shard: str) -> psycopg.Connection[Any]:
+        conn = self.connections.get(shard)
+        if conn is None:
+            conn = self.connections[shard] = connect(shard, self.dsns[shard])
+        return conn
 
 
-def _fault_after() -> int | None:
+def fault_after_requests() -> int | None:
+    """The test hook SHOAL_GC_FAULT_AFTER: exit after this many delete requests."""
     import os
 
     value = os.environ.get(FAULT_AFTER_ENV)

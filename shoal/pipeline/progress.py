@@ -150,6 +150,8 @@ class Progress:
 
     def _close(self, phase: Phase, *, finished: bool) -> None:
         if self.spark is not None:
+            # None clears the property (Spark's own clearJobGroup does so); pyspark's stub
+            # types the value as str only.
             self.spark.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         with self._lock:
             counts = self.counts(phase) if finished else None

@@ -146,6 +146,7 @@ class DeleteOutcome:
     deleted: int = 0
     missing: int = 0
     failed_nodes: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # why each failed node failed
 
     @property
     def complete(self) -> bool:
@@ -286,6 +287,7 @@ class DataPath:
             url = await self.directory.url_of(shark)
             if url is None:
                 outcome.failed_nodes.append(shark)
+                outcome.reasons[shark] = "the node is not in the registry"
                 continue
             try:
                 for first in range(0, len(names), DELETE_BATCH):
@@ -296,6 +298,7 @@ class DataPath:
             except NodeError as exc:
                 log.warning("block delete failed on %s: %s", shark, exc)
                 outcome.failed_nodes.append(shark)
+                outcome.reasons[shark] = str(exc) or type(exc).__name__
         return outcome
 
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:

@@ -18,8 +18,9 @@ from tests.fixtures.storage import MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 BACKLOG = 100_000
-# Spark is slow on the few cores the test suite shares: a fifth of the backlog keeps this test
-# in the suite's time (bench/gc_bench.py runs the Spark job at scale).
+# A Spark job pays some 20 CPU-seconds of start before its first record, and on the few cores
+# the test suite shares the whole backlog took well over a minute: a fifth of it keeps this
+# test in the suite's time (bench/pipeline_gc_bench.py runs the Spark job at scale).
 SPARK_BACKLOG = 20_000
 WITH_BLOCKS = 500  # records naming a real block on both nodes; the others are inline
 

@@ -1,12 +1,18 @@
 """`shoal pipeline gc`: reclaim all garbage in parallel across shards and storage nodes.
 
-Phases: (1) read, from one snapshot per shard, every deletion record older than the leeway
-and every row of a bucket incarnation deleted before it; (2) expand each to its blocks and
-delete them node by node, in batches; (3) remove the rows whose blocks are all gone: a window
-of deletion records that holds nothing else is truncated whole, other windows lose their rows
-by id and are vacuumed afterwards, so no dead tuples are left; (4) drop deleted-bucket records
-with nothing left, and every past window left empty.
-Each phase is idempotent: run again after a crash, the job converges.
+One streaming pass, no shuffle: each task reads the rows of its vnodes from one snapshot per
+shard (every deletion record older than the leeway, and every row of a bucket incarnation
+deleted before it), a batch at a time; deletes each batch's blocks with the code path of
+`shoal gc run` (shoal/gc/deletion.py: one request per node per group of records, several in
+flight); and removes the rows whose blocks are all gone. Deletion records are staged on the
+shard and, once the task has seen all its rows, removed a window at a time: a window that
+holds nothing else is truncated whole, others lose their rows by id and are vacuumed by the
+driver afterwards, so no dead tuples are left. Then the driver drops deleted-bucket records
+with nothing left, and every past window left empty. Each step is idempotent: run again after
+a crash, the job converges.
+
+A task's memory holds one batch of rows (Arrow's, 10,000 by default) and its driver receives
+one small summary per task: neither grows with the number of records.
 
 "Block replicas deleted" counts what the nodes report they removed (one block on one node),
 as the daemon does; replicas already missing are counted apart.
@@ -14,23 +20,98 @@ as the daemon does; replicas already missing are counted apart.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark import RDD
-from pyspark.sql import Row
+import pyarrow as pa
+from pyspark import Accumulator, AccumulatorParam
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from shoal.gc.deletion import Deletion, delete_blocks
 from shoal.metadata import MetadataStore
 from shoal.metadata.garbage import GcRun, vacuum_windows
 from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
-from shoal.storage import block_runs
+from shoal.pipeline.jobs.rebalance import FixedDirectory
+from shoal.storage import BlockRun, DataPath, block_runs
+from shoal.storage.client import ClientSettings
+
+# Records whose blocks one delete call covers (each node's share of them is one request of
+# up to 1,000 names for single-block records), and how many such calls a task has in flight:
+# each overlaps its round trips with the nodes' unlinks and the other calls' JSON.
+GROUP = 500
+GROUPS_IN_FLIGHT = 4
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What an executor needs, handed over by value (it may run without the configuration)."""
+
+    urls: dict[str, str]  # shark -> URL of every node not marked dead
+    access: ClientSettings
+    dsns: dict[str, str]
+    window: timedelta  # the width of the deleted tables' windows
+
+
+@dataclass
+class TaskSummary:
+    """What one task did: the job's figures are the sums over its tasks (one per partition,
+    so the driver receives a few of these, never a line per record)."""
+
+    found: int = 0
+    reclaimed_bytes: int = 0
+    replicas_deleted: int = 0
+    replicas_missing: int = 0
+    replicas_kept: int = 0
+    removed: int = 0
+    truncated: int = 0
+    to_vacuum: list[tuple[str, int, str]] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)  # node -> first reason
+
+
+class Summaries(AccumulatorParam[list[TaskSummary]]):
+    """The tasks' summaries, gathered on the driver through an accumulator."""
+
+    def zero(self, value: list[TaskSummary]) -> list[TaskSummary]:
+        return []
+
+    def addInPlace(self, value1: list[TaskSummary], value2: list[TaskSummary]) -> list[TaskSummary]:
+        value1.extend(value2)
+        return value1
+
+
+# What the executors read of each row, and what the output keeps of it: enough to find the
+# record (its key and version, its nodes, when it was deleted), not its whole metadata.
+_INPUT = [
+    "shard",
+    "vnode",
+    "kind",
+    "id",
+    "owner",
+    "bucket_id",
+    "name",
+    "content_length",
+    "sharks",
+    "properties",
+    "deleted_at",
+]
+REPORT_SCHEMA = T.StructType(
+    [
+        *(field for field in io.RECORD_SCHEMA.fields if field.name in _INPUT[:-2]),
+        io.RECORD_SCHEMA["deleted_at"],
+        T.StructField("reclaimed", T.BooleanType()),
+    ]
+)
 
 
 def run(ctx: JobContext) -> Summary:
@@ -38,17 +119,18 @@ def run(ctx: JobContext) -> Summary:
     phases: dict[str, float] = {}
     clock = time.monotonic()
     cutoff = io.database_time_minus(ctx.shards[0], leeway.total_seconds())
-    urls = ctx.node_urls()
-    access = io.node_access(ctx.config)
-    width = ctx.with_store(_window_width)
+    setup = Setup(
+        ctx.node_urls(), io.node_access(ctx.config), ctx.dsns, ctx.with_store(_window_width)
+    )
+    summaries = ctx.spark.sparkContext.accumulator([], Summaries())
 
-    ctx.progress.begin("read records")
+    # One phase: each task reads, deletes and removes its records as they stream.
+    ctx.progress.begin("reclaim")
     with io.exported_snapshots(ctx.shards) as snapshots:
-        records = io.read_rows(
+        garbage = io.read_rows(
             ctx.spark, ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff
         )
         dead = _dead_buckets(ctx, snapshots, cutoff)
-        garbage = records
         if dead:
             contents = io.read_rows(
                 ctx.spark,
@@ -58,56 +140,23 @@ def run(ctx: JobContext) -> Summary:
                 io.DEAD_BUCKET_CONTENTS,
                 dead=[d[0] for d in dead],
             )
-            garbage = records.unionByName(contents)
-        garbage = garbage.cache()
-        found = garbage.count()
-    phases["read"] = _lap(clock)
-
-    ctx.progress.begin("delete blocks")
-    keyed = garbage.rdd.map(lambda r: ((r.shard, r.vnode, r.kind, r.id), r))
-    blocks = keyed.flatMap(lambda kv: _blocks(kv[0], kv[1], urls))
-    # One task per node (an explicit partitioner: hashing names could put two in one task).
-    node_index = {shark: index for index, shark in enumerate(sorted(urls))}
-    batches = (
-        blocks.map(lambda b: (b[0], b))
-        .partitionBy(max(1, len(node_index)), lambda shark: node_index.get(shark, 0))
-        .values()
-        .mapPartitions(lambda rows: io.delete_blocks(rows, access))
-        .cache()
-    )
-    status = reclaim_status(keyed, batches).cache()
-    status.count()
-    sent, replicas_deleted, replicas_kept = batches.map(
-        lambda b: (len(b[0]), b[2], 0 if b[1] else len(b[0]))
-    ).fold((0, 0, 0), lambda x, y: (x[0] + y[0], x[1] + y[1], x[2] + y[2]))
-    # One line per node that failed a batch, with the first reason it gave.
-    node_failures = dict(
-        batches.filter(lambda b: not b[1]).map(lambda b: (b[3], b[4])).reduceByKey(min).collect()
-    )
-    replicas_missing = sent - replicas_deleted - replicas_kept
-    reclaimable = status.filter(lambda s: s[1]).map(lambda s: s[0])
-    phases["delete blocks"] = _lap(clock, sum(phases.values()))
-
-    ctx.progress.begin("remove records")
-    dsns = ctx.dsns
-    removals = (
-        reclaimable.map(lambda r: ((r.shard, r.vnode), _removal(r, width)))
-        .partitionBy(max(1, ctx.ring.vnodes))
-        .values()
-        .mapPartitions(lambda rows: io.remove_rows(rows, dsns))
-        .collect()
-    )
-    removed = sum(r[0] for r in removals)
-    truncated = sum(r[1] for r in removals)
-    to_vacuum = [window for r in removals for window in r[2]]
-    reclaimed_bytes = reclaimable.map(lambda r: r.content_length or 0).sum()
-    phases["remove records"] = _lap(clock, sum(phases.values()))
+            garbage = garbage.unionByName(contents)
+        # One pass, no shuffle: each task reads its vnodes' rows, deletes their blocks and
+        # removes them, streaming; the report is written as it goes.
+        report = garbage.select(*_INPUT).mapInArrow(
+            lambda batches: reclaim(batches, setup, summaries), REPORT_SCHEMA
+        )
+        report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
+            str(ctx.output / "records")
+        )
+    phases["reclaim"] = _lap(clock)
+    total = _added(summaries.value)
 
     ctx.progress.begin("vacuum windows")
     # After every removal has committed, so that no transaction of this job still needs the
     # dead tuples and the vacuum can reclaim them all.
     for shard in ctx.shards:
-        windows_here = [(vnode, name) for s, vnode, name in to_vacuum if s == shard.name]
+        windows_here = [(vnode, name) for s, vnode, name in total.to_vacuum if s == shard.name]
         if windows_here:
             with io.connect(shard.name, shard.dsn) as conn:
                 vacuum_windows(conn, windows_here)
@@ -116,13 +165,7 @@ def run(ctx: JobContext) -> Summary:
     buckets_dropped, windows = ctx.with_store(lambda store: _finish(store, dead))
     phases["buckets and windows"] = _lap(clock, sum(phases.values()))
 
-    report_schema = T.StructType(
-        [*io.RECORD_SCHEMA.fields, T.StructField("reclaimed", T.BooleanType())]
-    )
-    report = ctx.spark.createDataFrame(status.map(lambda s: (*s[0], s[1])), report_schema)
-    report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
-        str(ctx.output / "records")
-    )
+    found, removed = total.found, total.removed
     failed = found - removed
     ctx.with_store(
         lambda store: store.gc_book.record_run(
@@ -134,8 +177,8 @@ def run(ctx: JobContext) -> Summary:
                 records_found=found,
                 records_reclaimed=removed,
                 records_failed=failed,
-                blocks_deleted=replicas_deleted,
-                bytes_reclaimed=int(reclaimed_bytes or 0),
+                blocks_deleted=total.replicas_deleted,
+                bytes_reclaimed=total.reclaimed_bytes,
                 windows_dropped=windows,
             )
         )
@@ -144,13 +187,13 @@ def run(ctx: JobContext) -> Summary:
         "records found": found,
         "records reclaimed": removed,
         "records kept (node down)": failed,
-        "block replicas deleted": replicas_deleted,
-        "block replicas already gone": replicas_missing,
-        "block replicas kept (node down)": replicas_kept,
-        "bytes reclaimed": int(reclaimed_bytes or 0),
+        "block replicas deleted": total.replicas_deleted,
+        "block replicas already gone": total.replicas_missing,
+        "block replicas kept (node down)": total.replicas_kept,
+        "bytes reclaimed": total.reclaimed_bytes,
         "deleted buckets finished": buckets_dropped,
-        "windows truncated whole": truncated,
-        "windows vacuumed": len(to_vacuum),
+        "windows truncated whole": total.truncated,
+        "windows vacuumed": len(total.to_vacuum),
         "windows dropped": windows,
     }
     figures |= {f"seconds: {name}": round(seconds, 2) for name, seconds in phases.items()}
@@ -158,45 +201,213 @@ def run(ctx: JobContext) -> Summary:
     figures["records per second"] = round(found / max(time.monotonic() - clock, 1e-9))
     problems = [
         f"block delete failed on {shark}: {reason}; its records are kept for a later run"
-        for shark, reason in sorted(node_failures.items())
+        for shark, reason in sorted(total.failures.items())
     ]
     return Summary("gc", figures, ctx.output, problems)
 
 
-def reclaim_status(keyed: RDD[Any], batches: RDD[Any]) -> RDD[Any]:
-    """(record, whether it may go) for each ((shard, vnode, kind, id), record) of `keyed`,
-    from the outcomes of the delete batches (record keys, succeeded, count): a record may go
-    unless a batch holding one of its blocks failed. Pure RDD work, testable on inline rows."""
-    outcomes = batches.flatMap(lambda b: [(key, b[1]) for key in b[0]]).reduceByKey(
-        lambda a, b: a and b
+# -- executors --------------------------------------------------------------------------------
+
+
+def reclaim(
+    batches: Iterator[pa.RecordBatch], setup: Setup, summaries: Accumulator[list[TaskSummary]]
+) -> Iterator[pa.RecordBatch]:
+    """One task: for each batch of rows (RECORD_SCHEMA), delete their blocks (shoal.gc's code
+    path, as `gc run`), stage the rows that may go for removal, and yield the batch with
+    `reclaimed`; then remove the staged rows, window by window. Memory holds one batch."""
+    summary = TaskSummary()
+    loop = asyncio.new_event_loop()
+    client = setup.access.client()
+    data = DataPath(client, FixedDirectory(setup.urls, []))
+    remover = io.Remover(setup.dsns)
+    windows = _Windows(setup.window)
+    count_request = _fault_injection()
+    try:
+        for batch in batches:
+            rows = _Columns.of(batch)
+            runs = _runs_of(rows)
+            deletion = loop.run_until_complete(_delete(data, runs, count_request))
+            _tally(summary, rows, deletion)
+            _remove(remover, rows, deletion.may_go, windows)
+            yield batch.drop_columns(["properties"]).append_column(
+                "reclaimed", pa.array(deletion.may_go, pa.bool_())
+            )
+        summary.truncated, summary.to_vacuum = remover.finish()
+        summary.removed = remover.removed
+    finally:
+        remover.close()
+        loop.run_until_complete(client.close())
+        loop.close()
+    summaries.add([summary])
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The columns of a batch the executors use, as lists (a list of dicts per row, or
+    datetimes, cost more than the work on them)."""
+
+    shard: list[str]
+    vnode: list[int]
+    kind: list[str]
+    id: list[str]
+    owner: list[str]
+    bucket_id: list[str]
+    content_length: list[int | None]
+    sharks: list[list[str] | None]
+    properties: list[str | None]
+    deleted_at: list[int | None]  # microseconds since the Unix epoch
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> _Columns:
+        deleted_at = batch.column("deleted_at")
+        if deleted_at.type.unit == "us":  # Spark's: read the instants as they are stored
+            deleted_at = deleted_at.view(pa.int64())
+        else:
+            deleted_at = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+        listed: dict[str, Any] = {name: batch.column(name).to_pylist() for name in _LISTED}
+        return cls(**listed, deleted_at=deleted_at.to_pylist())
+
+
+_LISTED = [
+    "shard",
+    "vnode",
+    "kind",
+    "id",
+    "owner",
+    "bucket_id",
+    "content_length",
+    "sharks",
+    "properties",
+]
+
+
+def _runs_of(rows: _Columns) -> list[list[BlockRun]]:
+    """Each row's block runs (rules.blocks_of, from columns)."""
+    return [
+        block_runs(uuid.UUID(id_), length or 0, sharks or [], _properties(properties))
+        for id_, length, sharks, properties in zip(
+            rows.id, rows.content_length, rows.sharks, rows.properties, strict=True
+        )
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+def _properties(text: str | None) -> dict[str, Any]:
+    """A row's properties; most rows of a backlog hold the same few (read only, so shared)."""
+    return _parsed(text) if text else {}
+
+
+async def _delete(
+    data: DataPath, runs: list[list[BlockRun]], count_request: Callable[[], None]
+) -> Deletion:
+    """Delete the blocks of a batch's records, GROUP records per call, GROUPS_IN_FLIGHT
+    calls at once; one Deletion for the batch."""
+    gate = asyncio.Semaphore(GROUPS_IN_FLIGHT)
+
+    async def group(first: int) -> Deletion:
+        async with gate:
+            return await delete_blocks(data, runs[first : first + GROUP], count_request)
+
+    parts = await asyncio.gather(*(group(first) for first in range(0, len(runs), GROUP)))
+    whole = Deletion(may_go=[])
+    for part in parts:
+        whole.may_go.extend(part.may_go)
+        whole.deleted += part.deleted
+        whole.missing += part.missing
+        whole.kept += part.kept
+        for shark, reason in part.failures.items():
+            whole.failures.setdefault(shark, reason)
+    return whole
+
+
+def _tally(summary: TaskSummary, rows: _Columns, deletion: Deletion) -> None:
+    summary.found += len(rows.id)
+    summary.replicas_deleted += deletion.deleted
+    summary.replicas_missing += deletion.missing
+    summary.replicas_kept += deletion.kept
+    for shark, reason in deletion.failures.items():
+        summary.failures.setdefault(shark, reason)
+    summary.reclaimed_bytes += sum(
+        length or 0 for length, go in zip(rows.content_length, deletion.may_go, strict=True) if go
     )
-    # A record without blocks (an empty object) has nothing to wait for.
-    return keyed.leftOuterJoin(outcomes).map(lambda kv: (kv[1][0], kv[1][1] is not False))
 
 
-def _removal(row: Row, width: timedelta) -> tuple[Any, ...]:
-    """What the remove phase needs of a row, with the window a deletion record lives in."""
-    window = ""
-    if row.kind == "record":
-        # PySpark hands timestamps over as naive local times: astimezone reads them as such.
-        deleted_at = row.deleted_at.astimezone(UTC)
-        window = window_name("manta_bucket_deleted_object", window_start(deleted_at, width))
-    return (row.shard, row.vnode, row.kind, row.id, row.owner, row.bucket_id, window)
+def _remove(remover: io.Remover, rows: _Columns, may_go: list[bool], windows: _Windows) -> None:
+    """Stage the batch's deletion records that may go; delete its deleted buckets' rows."""
+    records: dict[str, list[tuple[int, str, str]]] = {}
+    bucket_rows: dict[tuple[str, int, str, str, str], list[str]] = {}
+    for i, go in enumerate(may_go):
+        if not go:
+            continue
+        if rows.kind[i] == "record":
+            window = windows.of(rows.deleted_at[i] or 0)
+            records.setdefault(rows.shard[i], []).append((rows.vnode[i], window, rows.id[i]))
+        else:
+            key = (rows.shard[i], rows.vnode[i], rows.kind[i], rows.owner[i], rows.bucket_id[i])
+            bucket_rows.setdefault(key, []).append(rows.id[i])
+    for shard, staged in records.items():
+        remover.records(shard, staged)
+    for (shard, vnode, kind, owner, bucket_id), ids in bucket_rows.items():
+        remover.bucket_rows(shard, vnode, kind, owner, bucket_id, ids)
+
+
+class _Windows:
+    """The window of the deleted-object table a record lives in, from its deletion time in
+    microseconds; each window's name is made once."""
+
+    def __init__(self, width: timedelta) -> None:
+        self.width = width
+        self.width_us = width // timedelta(microseconds=1)
+        self.names: dict[int, str] = {}
+
+    def of(self, deleted_us: int) -> str:
+        start = deleted_us - deleted_us % self.width_us
+        name = self.names.get(start)
+        if name is None:
+            moment = datetime.fromtimestamp(start / 1e6, UTC)
+            name = window_name("manta_bucket_deleted_object", window_start(moment, self.width))
+            self.names[start] = name
+        return name
+
+
+def _fault_injection() -> Callable[[], None]:
+    """Counts the task's delete requests (one per node per group); the test hook
+    SHOAL_GC_FAULT_AFTER=K makes the task exit with status 3 at the K-th."""
+    after = io.fault_after_requests()
+    calls = 0
+
+    def count() -> None:
+        nonlocal calls
+        calls += 1
+        if after is not None and calls >= after:
+            os._exit(3)
+
+    return count
+
+
+def _added(summaries: list[TaskSummary]) -> TaskSummary:
+    total = TaskSummary()
+    for part in summaries:
+        total.found += part.found
+        total.reclaimed_bytes += part.reclaimed_bytes
+        total.replicas_deleted += part.replicas_deleted
+        total.replicas_missing += part.replicas_missing
+        total.replicas_kept += part.replicas_kept
+        total.removed += part.removed
+        total.truncated += part.truncated
+        total.to_vacuum.extend(part.to_vacuum)
+        for shark, reason in part.failures.items():
+            total.failures.setdefault(shark, reason)
+    return total
 
 
 async def _window_width(store: MetadataStore) -> timedelta:
     return store.gc_book.window
-
-
-def _blocks(key: tuple[Any, ...], row: Row, urls: dict[str, str]) -> list[tuple[Any, ...]]:
-    properties = json.loads(row.properties) if row.properties else {}
-    runs = block_runs(uuid.UUID(row.id), row.content_length or 0, row.sharks or [], properties)
-    return [
-        (shark, urls.get(shark, ""), name, key)
-        for run in runs
-        for shark in run.sharks
-        for name in run.block_names()
-    ]
 
 
 def _dead_buckets(

@@ -11,10 +11,12 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
 from shoal.metadata.partitions import window_name, window_start
+from shoal.pipeline import io
 from shoal.pipeline.jobs import audit, gc, lifecycle, meter, orphans
 from shoal.storage.blockfile import block_name
 
@@ -60,41 +62,53 @@ def parts(*specs: tuple[int, list[str]]) -> tuple[list[uuid.UUID], dict[str, Any
 # gc
 
 
+def columns(*rows: Row) -> Any:
+    """Rows as the gc job's executors get them: an Arrow batch of io.RECORD_SCHEMA."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(io.RECORD_SCHEMA, timezone="UTC")
+    batch = pa.RecordBatch.from_pylist([r.asDict() for r in rows], schema=schema)
+    return gc._Columns.of(batch)
+
+
 def test_gc_deletes_each_block_of_a_record_on_each_node_it_names() -> None:
     record = row(size=MiB + 1, sharks=["n1", "n2"])
-    key = ("s1", 3, "record", record.id)
-    blocks = gc._blocks(key, record, {"n1": "http://n1", "n2": "http://n2"})
-    version = uuid.UUID(record.id)
-    assert sorted(blocks) == sorted(
-        (shark, f"http://{shark}", block_name(version, index), key)
-        for shark in ("n1", "n2")
-        for index in (0, 1)
-    )
+    [[run]] = gc._runs_of(columns(record))
+    assert run.id == uuid.UUID(record.id) and run.sharks == ["n1", "n2"]
+    assert run.block_names() == [block_name(run.id, 0), block_name(run.id, 1)]
 
 
-def test_gc_deletes_a_multipart_record_s_parts_and_asks_no_unknown_node() -> None:
+def test_gc_deletes_a_multipart_record_s_parts_and_none_of_an_inline_one() -> None:
     (first, second), described = parts((5, ["n1"]), (7, ["n3"]))
-    record = row(size=12, sharks=[], properties=described)
-    key = ("s1", 3, "record", record.id)
-    blocks = gc._blocks(key, record, {"n1": "http://n1"})
-    assert blocks == [
-        ("n1", "http://n1", block_name(first, 0), key),
-        ("n3", "", block_name(second, 0), key),  # not in the registry: its batch fails
+    multipart = row(size=12, sharks=[], properties=described)
+    runs, inline = gc._runs_of(columns(multipart, row(properties={"inline": True})))
+    assert [(r.id, r.sharks, r.block_names()) for r in runs] == [
+        (first, ["n1"], [block_name(first, 0)]),
+        (second, ["n3"], [block_name(second, 0)]),
     ]
-    assert gc._blocks(key, row(properties={"inline": True}), {}) == []
+    assert inline == []
 
 
 def test_gc_removes_a_deletion_record_from_the_window_it_was_deleted_in() -> None:
     deleted = datetime(2024, 6, 10, 11, 47, tzinfo=UTC)
     width = timedelta(hours=1)
-    # PySpark gives timestamps as naive local times.
-    record = row(deleted_at=deleted.astimezone().replace(tzinfo=None))
-    removal = gc._removal(record, width)
     expected = window_name("manta_bucket_deleted_object", window_start(deleted, width))
-    assert removal == ("s1", 3, "record", record.id, OWNER, BUCKET, expected)
     assert expected.endswith("_w20240610t1100")
-    # The rows of a deleted bucket live in the object tables, in no window.
-    assert gc._removal(row(kind="bucket_object"), width)[-1] == ""
+    # Arrow hands the deletion time over as an instant, whatever the zone it is shown in.
+    shown = deleted.astimezone(timezone(timedelta(hours=5)))
+    [micros] = columns(row(deleted_at=shown)).deleted_at
+    assert gc._Windows(width).of(micros) == expected
+    # The rows of a deleted bucket have no deletion time.
+    assert columns(row(kind="bucket_object")).deleted_at == [None]
+
+
+def test_gc_adds_the_tasks_summaries_and_keeps_a_node_s_first_reason() -> None:
+    one = gc.TaskSummary(found=3, removed=2, to_vacuum=[("s1", 1, "w")], failures={"n1": "a"})
+    two = gc.TaskSummary(found=4, removed=4, truncated=1, failures={"n1": "b", "n2": "c"})
+    total = gc._added(gc.Summaries().addInPlace([one], [two]))
+    assert (total.found, total.removed, total.truncated) == (7, 6, 1)
+    assert total.to_vacuum == [("s1", 1, "w")]
+    assert total.failures == {"n1": "a", "n2": "c"}
 
 
 # audit

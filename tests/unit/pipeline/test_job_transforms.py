@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import Row
 
 from shoal.ids import uuid7_time
-from shoal.pipeline.jobs import audit, gc, inventory, orphans
+from shoal.pipeline.jobs import audit, inventory, orphans
 
 pytestmark = pytest.mark.slow  # the first of them starts the session's Spark
 
@@ -30,21 +30,6 @@ def made_at(ms: int) -> uuid.UUID:
     made = uuid.UUID(int=value)
     assert uuid7_time(made).timestamp() == ms / 1000
     return made
-
-
-def test_gc_keeps_a_record_while_any_batch_holding_its_blocks_failed(spark: Any) -> None:
-    context = spark.sparkContext
-    keys = {name: ("s1", 0, "record", name) for name in ("all-gone", "one-failed", "no-blocks")}
-    keyed = context.parallelize([(key, f"row {name}") for name, key in keys.items()])
-    batches = context.parallelize(
-        [  # (record keys, succeeded, blocks deleted), as io.delete_blocks yields them
-            ([keys["all-gone"], keys["one-failed"]], True, 2),
-            ([keys["all-gone"]], True, 1),
-            ([keys["one-failed"]], False, 0),
-        ]
-    )
-    status = dict(gc.reclaim_status(keyed, batches).collect())
-    assert status == {"row all-gone": True, "row one-failed": False, "row no-blocks": True}
 
 
 def test_audit_finds_missing_wrong_size_and_bad_blocks(spark: Any) -> None:
