@@ -242,11 +242,6 @@ def _parser() -> argparse.ArgumentParser:
         "dsn", nargs="?", help="its PostgreSQL DSN (embedded: omit, a database is made)"
     )
     shard_add.set_defaults(run=_shard_add)
-
-    ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(title="ring commands")
-    ring_status = ring.add_parser("status", parents=[common], help="ring versions and moves")
-    ring_status.add_argument("--json", action="store_true", help="print JSON")
-    ring_status.set_defaults(run=_ring_status)
     grace = argparse.ArgumentParser(add_help=False)
     grace.add_argument(
         "--grace",
@@ -254,6 +249,25 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_GRACE.total_seconds(),
         help="seconds a moved vnode's old copy is kept before it is dropped (default 300)",
     )
+    shard_drain = shard.add_parser(
+        "drain",
+        parents=[common, grace],
+        help="move every vnode of a shard to the others, evenly",
+    )
+    shard_drain.add_argument("name")
+    shard_drain.set_defaults(run=_shard_drain)
+    shard_remove = shard.add_parser(
+        "remove",
+        parents=[common, grace],
+        help="forget an added shard that holds nothing (its database is left to you)",
+    )
+    shard_remove.add_argument("name")
+    shard_remove.set_defaults(run=_shard_remove)
+
+    ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(title="ring commands")
+    ring_status = ring.add_parser("status", parents=[common], help="ring versions and moves")
+    ring_status.add_argument("--json", action="store_true", help="print JSON")
+    ring_status.set_defaults(run=_ring_status)
     move = ring.add_parser(
         "move", parents=[common, grace], help="move vnodes to a shard (resumes a crashed move)"
     )
@@ -281,6 +295,33 @@ def _shard_add(config: Config, args: argparse.Namespace) -> int:
             dsn = create_embedded_database(embedded_server(config), args.name)
         shoal.loop.run(add_shard(shards[0], ShardConfig(args.name, dsn), key, config.metadata))
     print(f"added shard {args.name}; move vnodes to it with `shoal ring move` or `rebalance`")
+    return 0
+
+
+def _shard_drain(config: Config, args: argparse.Namespace) -> int:
+    async def drain(mover: Mover, names: list[str]) -> None:
+        if args.name not in names:
+            raise CommandError(f"unknown shard {args.name!r}")
+        others = [name for name in names if name != args.name]
+        if not others:
+            raise CommandError(f"shard {args.name} is the only shard: nowhere to move to")
+        ring, _, _ = await mover.status()
+        plan = plan_rebalance(ring, others)
+        if not ring.vnodes_of(args.name):
+            print(f"shard {args.name} holds no vnode")
+        for vnode, target in plan:
+            _print_move(vnode, target, await mover.move(vnode, target))
+
+    _with_mover(config, args, drain)
+    return 0
+
+
+def _shard_remove(config: Config, args: argparse.Namespace) -> int:
+    async def remove(mover: Mover, names: list[str]) -> None:
+        await mover.remove_shard(args.name)
+
+    _with_mover(config, args, remove)
+    print(f"removed shard {args.name}; its database is yours to drop")
     return 0
 
 

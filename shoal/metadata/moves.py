@@ -345,6 +345,36 @@ class Mover:
         versions = await cur.fetchall()
         return await self._ring(), versions, await self._moves(queries.RECENT_MOVES, limit=limit)
 
+    async def remove_shard(self, name: str) -> None:
+        """Forget a shard that `shoal shard add` added, once nothing of the ring is on it: it
+        holds no vnode, no move from or to it is open, and no moved vnode's old copy on it
+        awaits its grace period. Its database is left as it is, for the operator to drop."""
+        if name == self.catalog_name:
+            raise MoveError(f"shard {name} holds the catalog: it cannot be removed")
+        ring = await self._ring()
+        if name not in self.configs:
+            raise MoveError(f"unknown shard {name!r}")
+        held = ring.vnodes_of(name)
+        if held:
+            raise MoveError(
+                f"shard {name} holds {len(held)} vnode(s): move them away first "
+                f"(`shoal shard drain {name}`)"
+            )
+        pending = await self._moves(queries.MOVES_OF_SHARD, name=name)
+        if pending:
+            move = pending[0]
+            raise MoveError(
+                f"vnode {move.vnode}'s move {move.source} -> {move.target} is not over "
+                f"({move.step}): finish it first (`shoal ring move --finish`)"
+            )
+        catalog = await self._conn(self.catalog_name)
+        removed = await catalog.execute(queries.REMOVE_SHARD, {"name": name})
+        if removed.rowcount == 0:
+            raise MoveError(
+                f"shard {name} is in the configuration file, not added by `shoal shard add`: "
+                "remove it there"
+            )
+
     # -- the steps ---------------------------------------------------------------------------
 
     async def _hold_vnode(self, move: MoveRecord) -> None:

@@ -1438,6 +1438,8 @@ INSERT INTO shoal.shard (name, dsn_sealed) VALUES (%(name)s, %(dsn_sealed)s)
 ON CONFLICT (name) DO UPDATE SET dsn_sealed = EXCLUDED.dsn_sealed
 """
 
+REMOVE_SHARD = "DELETE FROM shoal.shard WHERE name = %(name)s"
+
 RING_VERSIONS = """
 SELECT r.version, r.created, count(v.vnode) AS vnodes
 FROM shoal.ring r LEFT JOIN shoal.ring_vnode v USING (version)
@@ -1488,6 +1490,13 @@ FROM shoal.vnode_move WHERE step = 'switched' ORDER BY id
 """
 
 MOVING_VNODES = "SELECT vnode FROM shoal.vnode_move WHERE step IN ('copying', 'fenced')"
+
+# Moves from or to a shard that are not over: open, or switched with the old copy kept.
+MOVES_OF_SHARD = f"""
+SELECT {MOVE_COLUMNS} FROM shoal.vnode_move
+WHERE (source = %(name)s OR target = %(name)s) AND step IN ('copying', 'fenced', 'switched')
+ORDER BY id
+"""
 
 # What a process that follows the ring notes at each poll and adoption; old rows (processes
 # gone) are forgotten by the same statement.

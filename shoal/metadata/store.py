@@ -93,7 +93,12 @@ class MetadataStore:
         asks the server to cancel the statement and waits up to seconds for it, which on a
         shard that hangs is exactly what does not come back.
         """
-        shards = list(self.shards.shards.values())
+        # A shard that holds no vnode (added and not used yet, or drained for removal) serves
+        # nothing: its silence must not take the gateway out of service.
+        shards = [
+            self.shards.catalog,
+            *(s for s in self.shards.placed() if s is not self.shards.catalog),
+        ]
         pings = [asyncio.ensure_future(_answers_ping(shard)) for shard in shards]
         await asyncio.wait(pings, timeout=timeout)
         silent = []

@@ -249,6 +249,41 @@ def test_the_ring_commands(admin_dsn: str, tmp_path: Path) -> None:
     assert wrong.returncode == 1
     assert wrong.stderr == "shoal: error: unknown shard 'nowhere': add it with `shoal shard add`\n"
 
+    # Taking s2 out again: drain it, wait out the old copies' grace, forget it.
+    held = _shoal("shard", "remove", "s2", *where, check=False)
+    assert held.returncode == 1 and held.stderr.count("\n") == 1, held.stderr
+    assert "holds 1 vnode(s)" in held.stderr and "shoal shard drain s2" in held.stderr
+    _finish_moves(where)  # a vnode cannot go back where its old copy still is
+    drained = _shoal("shard", "drain", "s2", "--grace", "0", *where).stdout
+    assert drained.count("s2 -> ") == 1, drained
+    status = json.loads(_shoal("ring", "status", "--json", *where).stdout)
+    assert sorted(len(shard["vnodes"]) for shard in status["shards"]) == [0, 2, 2], status
+    catalog = _shoal("shard", "remove", "s0", *where, check=False)
+    assert catalog.returncode == 1 and "holds the catalog" in catalog.stderr
+    configured = _shoal("shard", "remove", "s1", *where, check=False)
+    assert configured.returncode == 1 and "holds 2 vnode(s)" in configured.stderr
+    refused = _shoal("shard", "remove", "s2", *where, check=False)
+    assert refused.returncode == 1 and "is not over (switched)" in refused.stderr, refused.stderr
+    _finish_moves(where)
+    removed = _shoal("shard", "remove", "s2", *where)
+    assert removed.stdout.endswith("removed shard s2; its database is yours to drop\n")
+    status = json.loads(_shoal("ring", "status", "--json", *where).stdout)
+    assert sorted(shard["name"] for shard in status["shards"]) == ["s0", "s1"], status
+    assert _shoal("db", "status", *where).returncode == 0
+
+
+def _finish_moves(where: tuple[str, ...]) -> None:
+    """Until every moved vnode's old copy is dropped: each goes once its grace period (at
+    least moves.MIN_GRACE) is over (deadline 60 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        _shoal("ring", "move", "--finish", "--grace", "0", *where)
+        moves = json.loads(_shoal("ring", "status", "--json", *where).stdout)["moves"]
+        if all(move["step"] != "switched" for move in moves):
+            return
+        assert time.monotonic() < deadline, moves
+        time.sleep(0.5)
+
 
 def _shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
