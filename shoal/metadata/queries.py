@@ -945,6 +945,12 @@ COPY_RECLAIMED = "COPY gc_reclaimed (vnode, window_name, id) FROM STDIN"
 
 ANALYZE_RECLAIMED = "ANALYZE gc_reclaimed"
 
+# The records staged for one window: what follows its vnode when the vnode moved away.
+STAGED_RECLAIMED = """
+SELECT vnode, window_name, id FROM gc_reclaimed
+WHERE vnode = %(vnode)s AND window_name = %(window)s
+"""
+
 FORGET_RECLAIMED = "TRUNCATE gc_reclaimed"
 
 # Does the window hold a row other than the reclaimed ones staged for it? (one hashed pass)

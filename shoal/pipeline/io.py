@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import adbc_driver_postgresql.dbapi as adbc_postgresql
 import psycopg
@@ -47,6 +47,9 @@ from shoal.metadata.shards import scalar
 from shoal.pipeline.progress import rows_read
 from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
+
+if TYPE_CHECKING:
+    from shoal.metadata.garbage import WindowClearing
 
 # Columns of a deletion record (or of a row of a deleted bucket, read as one).
 RECORD_SCHEMA = T.StructType(
@@ -365,27 +368,8 @@ def _map_of_pairs(pairs: pa.Array) -> pa.MapArray:
 
 def _read_moved(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """The batches of a vnode that moved away from `task.shard`, read on its present shard."""
-    catalog, dsns = task.shards[0][1], dict(task.shards)
-    # Between a move's fence and its switch the ring still names the old shard: wait for the
-    # switch, which follows within the mover's catch-up time.
-    deadline = time.monotonic() + MOVED_VNODE_WAIT_SECONDS
-    with psycopg.connect(catalog, autocommit=True) as catalog_conn:
-        while True:
-            placed = catalog_conn.execute(queries.SELECT_RING).fetchall()
-            owner = next(shard for _, vnode, shard in placed if vnode == task.vnode)
-            if owner != task.shard:
-                break
-            if time.monotonic() >= deadline:
-                raise psycopg.OperationalError(
-                    f"vnode {task.vnode} is being moved from shard {owner}: run the job again"
-                )
-            time.sleep(MOVED_VNODE_POLL_SECONDS)
-    if owner not in dsns:
-        raise psycopg.OperationalError(
-            f"vnode {task.vnode} moved to shard {owner}, which this job does not know: "
-            "run the job again"
-        )
-    moved = replace(task, shard=owner, dsn=dsns[owner])
+    owner = new_owner(dict(task.shards), task.vnode, task.shard)
+    moved = replace(task, shard=owner, dsn=dict(task.shards)[owner])
     conn = arrow_connect(moved.shard, moved.dsn)
     try:
         _statement(conn, _BEGIN_READ)
@@ -398,6 +382,29 @@ def _read_moved(task: ReadTask) -> Iterator[pa.RecordBatch]:
 # (past the mover's own catch-up bound, moves.CATCH_UP_SECONDS), and how often it looks.
 MOVED_VNODE_WAIT_SECONDS = 30.0
 MOVED_VNODE_POLL_SECONDS = 0.05
+
+
+def new_owner(dsns: dict[str, str], vnode: int, old: str) -> str:
+    """The shard that holds `vnode` now that shard `old` refused it (`dsns`: every shard of
+    the job, the catalog first). Between a move's fence and its switch the ring still names
+    the old shard: wait for the switch, which follows within the mover's catch-up time."""
+    deadline = time.monotonic() + MOVED_VNODE_WAIT_SECONDS
+    with psycopg.connect(next(iter(dsns.values())), autocommit=True) as catalog:
+        while True:
+            placed = catalog.execute(queries.SELECT_RING).fetchall()
+            owner: str = next(shard for _, v, shard in placed if v == vnode)
+            if owner != old:
+                break
+            if time.monotonic() >= deadline:
+                raise psycopg.OperationalError(
+                    f"vnode {vnode} is being moved from shard {owner}: run the job again"
+                )
+            time.sleep(MOVED_VNODE_POLL_SECONDS)
+    if owner not in dsns:
+        raise psycopg.OperationalError(
+            f"vnode {vnode} moved to shard {owner}, which this job does not know: run the job again"
+        )
+    return owner
 
 
 def arrow_connect(shard: str, dsn: str) -> AdbcConnection:
@@ -572,7 +579,14 @@ class Remover:
                 "owner": owner,
                 "bucket_id": bucket_id,
             }
-            self.removed += conn.execute(statement, params).rowcount
+            try:
+                self.removed += conn.execute(statement, params).rowcount
+            except psycopg.Error as exc:
+                if not vnode_gone(exc):
+                    raise
+                shard = new_owner(self.dsns, vnode, shard)  # the vnode moved since it was read
+                conn = self._connection(shard)
+                self.removed += conn.execute(statement, params).rowcount
 
     def finish(self) -> tuple[int, list[tuple[str, int, str]]]:
         """Clear every window staged: (windows truncated whole, windows to vacuum as
@@ -584,7 +598,12 @@ class Remover:
         for shard in {shard for shard, _, _ in self.staged}:
             self._connection(shard).execute(queries.ANALYZE_RECLAIMED)  # a plan for its size
         for shard, vnode, window in sorted(self.staged):
-            cleared = clear_staged_window(self._connection(shard), vnode, window)
+            try:
+                cleared = clear_staged_window(self._connection(shard), vnode, window)
+            except psycopg.Error as exc:
+                if not vnode_gone(exc):
+                    raise
+                shard, cleared = self._follow(shard, vnode, window)
             self.removed += cleared.removed
             if cleared.whole:
                 truncated += 1
@@ -597,6 +616,19 @@ class Remover:
         for conn in self.connections.values():
             conn.close()
         self.connections.clear()
+
+    def _follow(self, shard: str, vnode: int, window: str) -> tuple[str, WindowClearing]:
+        """Clear a window whose vnode moved away from `shard` since its records were read:
+        its staged records are staged again on the shard that holds the vnode now, and
+        removed there (the move copied them, or they were removed before it)."""
+        from shoal.metadata.garbage import clear_staged_window, stage_reclaimed
+
+        params = {"vnode": vnode, "window": window}
+        rows = self._connection(shard).execute(queries.STAGED_RECLAIMED, params).fetchall()
+        owner = new_owner(self.dsns, vnode, shard)
+        conn = self._connection(owner)
+        stage_reclaimed(conn, rows)
+        return owner, clear_staged_window(conn, vnode, window)
 
     def _connection(self, shard: str) -> psycopg.Connection[Any]:
         conn = self.connections.get(shard)

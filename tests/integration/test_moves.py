@@ -521,3 +521,60 @@ def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
             await mover.finish(now=True)
 
     run(scenario())
+
+
+def test_gc_removals_follow_a_vnode_that_moved_after_they_were_read(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    """The Spark gc's executors stage the records they reclaimed on the shard they read them
+    from; if the vnode moved meanwhile, its records are removed on the shard holding it now,
+    never left for a rerun."""
+    from shoal.pipeline import io
+
+    configs, key = cluster
+    store = _open(configs, key, run)
+    dsns = {c.name: c.dsn for c in configs}
+
+    async def replaced() -> tuple[uuid.UUID, int]:
+        owner = (await store.accounts.create(unique("gcfollow"))).id
+        found = await store.buckets.create(owner, unique("gcfollow"))
+        vnode = store.ring.vnode_for_object(owner, found.id, "k-0")
+        names = [f"k-{i}" for i in range(200)]
+        names = [n for n in names if store.ring.vnode_for_object(owner, found.id, n) == vnode]
+        for name in names[:5]:
+            for size in (1, 2):  # the second replaces the first: one deletion record each
+                write = ObjectWrite(size, b"f" * 16, sharks=["dc0:n1"])
+                await store.objects.put(owner, found.name, name, write)
+        return found.id, vnode
+
+    def records(shard: str, vnode: int, bucket_id: uuid.UUID) -> list[tuple[int, str, str]]:
+        with psycopg.connect(dsns[shard], autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT c.relname, d.id::text"
+                f" FROM manta_bucket_{vnode}.manta_bucket_deleted_object d"
+                " JOIN pg_class c ON c.oid = d.tableoid WHERE d.bucket_id = %s",
+                (bucket_id,),
+            ).fetchall()
+        return [(vnode, window, id_) for window, id_ in rows]
+
+    bucket_id, vnode = run(replaced())
+    source = store.ring.shard_of(vnode)
+    target = next(c.name for c in configs if c.name != source)
+    staged = records(source, vnode, bucket_id)
+    assert len(staged) == 5
+    remover = io.Remover(dsns)
+    try:
+        remover.records(source, staged)
+
+        async def move() -> None:
+            async with _mover(configs) as mover:
+                await mover.finish(now=True)  # earlier tests' old copies
+                assert await mover.move(vnode, target) is not None
+
+        run(move())
+        _, to_vacuum = remover.finish()
+    finally:
+        remover.close()
+    assert remover.removed == 5
+    assert records(target, vnode, bucket_id) == []
+    assert {shard for shard, _, _ in to_vacuum} <= {target}
