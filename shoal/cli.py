@@ -249,20 +249,13 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_GRACE.total_seconds(),
         help="seconds a moved vnode's old copy is kept before it is dropped (default 300)",
     )
-    shard_drain = shard.add_parser(
-        "drain",
-        parents=[common, grace],
-        help="move every vnode of a shard to the others, evenly",
-    )
-    shard_drain.add_argument("name")
-    shard_drain.set_defaults(run=_shard_drain)
-    shard_remove = shard.add_parser(
-        "remove",
-        parents=[common, grace],
-        help="forget an added shard that holds nothing (its database is left to you)",
-    )
-    shard_remove.add_argument("name")
-    shard_remove.set_defaults(run=_shard_remove)
+    for verb, what, run in (
+        ("drain", "move every vnode of a shard to the others, evenly", _shard_drain),
+        ("remove", "forget an added shard that holds nothing (its database stays)", _shard_remove),
+    ):
+        by_name = shard.add_parser(verb, parents=[common, grace], help=what)
+        by_name.add_argument("name")
+        by_name.set_defaults(run=run)
 
     ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(title="ring commands")
     ring_status = ring.add_parser("status", parents=[common], help="ring versions and moves")
