@@ -528,11 +528,13 @@ def spark_session_for(scratch: Path) -> Iterator[Any]:
         session.stop()
 
 
-def run(args: argparse.Namespace, admin_dsn: str, scratch: Path) -> None:
+@contextlib.contextmanager
+def bench_world(admin_dsn: str, scratch: Path, vnodes: int) -> Iterator[tuple[Bench, Path]]:
+    """A scratch shard of `vnodes` vnodes, migrated, and storage nodes serving and registered
+    (its machine summary printed first): the Bench over them and the nodes' config file."""
     with scratch_shard(admin_dsn) as shard:
         print("\n".join(machine_summary(shard.dsn)), flush=True)
-        print(source_digest(*MEASURED_CODE), flush=True)
-        asyncio.run(migrate([shard], MetadataConfig(vnodes=args.vnodes, partitions_ahead=1)))
+        asyncio.run(migrate([shard], MetadataConfig(vnodes=vnodes, partitions_ahead=1)))
         config_file = write_node_config(scratch, shard)
         with storage_nodes(config_file, scratch) as nodes:
             secret = load_or_create_secret(scratch / "cluster.secret")
@@ -546,18 +548,26 @@ def run(args: argparse.Namespace, admin_dsn: str, scratch: Path) -> None:
 
             asyncio.run(serving())
             wait_until_registered(shard)
-            bench = Bench(
-                shard=shard,
-                config=load_config(config_file, None),
-                nodes=nodes,
-                secret=secret,
-                ring=read_ring(shard),
-                scratch=scratch,
-                owner=uuid.uuid4(),
-                bucket_id=uuid.uuid4(),
+            yield (
+                Bench(
+                    shard=shard,
+                    config=load_config(config_file, None),
+                    nodes=nodes,
+                    secret=secret,
+                    ring=read_ring(shard),
+                    scratch=scratch,
+                    owner=uuid.uuid4(),
+                    bucket_id=uuid.uuid4(),
+                ),
+                config_file,
             )
-            with spark_session_for(scratch) as spark:
-                in_worker_thread(lambda: measure(args, bench, spark))
+
+
+def run(args: argparse.Namespace, admin_dsn: str, scratch: Path) -> None:
+    with bench_world(admin_dsn, scratch, args.vnodes) as (bench, _):
+        print(source_digest(*MEASURED_CODE), flush=True)
+        with spark_session_for(scratch) as spark:
+            in_worker_thread(lambda: measure(args, bench, spark))
 
 
 def in_worker_thread(work: Callable[[], None]) -> None:

@@ -30,7 +30,6 @@ exit, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -38,34 +37,27 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-from benchlib import exit_on_sigterm, load_average, machine_summary, postgres_server, scratch_shard
+from benchlib import exit_on_sigterm, load_average, postgres_server
 from gc_bench import (
     PAYLOAD,
     PAYLOAD_CHECKSUM,
     Bench,
+    bench_world,
     clear_records,
     count_records,
     files_on_nodes,
     insert_records,
-    read_ring,
     sample_ids,
-    storage_nodes,
-    wait_until_registered,
     write_block_files,
 )
-from storage_bench import wait_until_serving, write_node_config
 
-from shoal.config import DEFAULT_VNODES, MetadataConfig, load_config
-from shoal.metadata import migrate
-from shoal.storage import BlockClient
-from shoal.storage.auth import load_or_create_secret
+from shoal.config import DEFAULT_VNODES
 from shoal.storage.blockfile import HEADER, MAGIC
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -343,33 +335,8 @@ def measure(args: argparse.Namespace, bench: Bench, config: Path) -> list[Outcom
 
 
 def run(args: argparse.Namespace, admin_dsn: str, scratch: Path) -> None:
-    with scratch_shard(admin_dsn) as shard:
-        print("\n".join(machine_summary(shard.dsn)), flush=True)
-        asyncio.run(migrate([shard], MetadataConfig(vnodes=args.vnodes, partitions_ahead=1)))
-        config_file = write_node_config(scratch, shard)
-        with storage_nodes(config_file, scratch) as nodes:
-            secret = load_or_create_secret(scratch / "cluster.secret")
-
-            async def serving() -> None:
-                client = BlockClient(secret)
-                try:
-                    await wait_until_serving(client, nodes)
-                finally:
-                    await client.close()
-
-            asyncio.run(serving())
-            wait_until_registered(shard)
-            bench = Bench(
-                shard=shard,
-                config=load_config(config_file, None),
-                nodes=nodes,
-                secret=secret,
-                ring=read_ring(shard),
-                scratch=scratch,
-                owner=uuid.uuid4(),
-                bucket_id=uuid.uuid4(),
-            )
-            outcomes = measure(args, bench, config_file)
+    with bench_world(admin_dsn, scratch, args.vnodes) as (bench, config_file):
+        outcomes = measure(args, bench, config_file)
     print("\nsummary (records/s over each command's wall time):", flush=True)
     for outcome in outcomes:
         print(report(outcome), flush=True)
