@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.serve",
     "tests.fixtures.spark",
     "tests.fixtures.cluster",
+    "tests.fixtures.watchdog",
 ]
