@@ -111,6 +111,10 @@ CATCH_UP_SECONDS = 10.0
 # How long the mover waits for the GC transactions in flight on the vnode (a claimed batch
 # whose blocks are being deleted) before it gives the move up.
 GC_WAIT = "30s"
+# A logical replication slot is made once every transaction that writes on the source's
+# server has ended (it waits on their ids, a lock wait): a transaction left open would hold
+# the move forever, so the mover waits this long and then gives the move up, in one line.
+SLOT_WAIT = "60s"
 POLL_SECONDS = 0.005
 DROP_SLOT_SECONDS = 10.0
 
@@ -443,7 +447,7 @@ class Mover:
         )
         # Made here, not by CREATE SUBSCRIPTION: that one waits for every transaction of its
         # server to end, its own included, when source and target share a server.
-        await source.execute(queries.CREATE_SLOT, {"slot": name})
+        await self._create_slot(move, name)
         await target.execute(
             sql.SQL(
                 "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} "
@@ -455,6 +459,20 @@ class Mover:
                 sql.Literal(name),
             )
         )
+
+    async def _create_slot(self, move: MoveRecord, name: str) -> None:
+        source = await self._conn(move.source)
+        try:
+            async with source.transaction():
+                await source.execute(
+                    sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(SLOT_WAIT))
+                )
+                await source.execute(queries.CREATE_SLOT, {"slot": name})
+        except psycopg.errors.LockNotAvailable:
+            raise MoveError(
+                f"vnode {move.vnode}: a transaction on shard {move.source}'s server stayed "
+                f"open for {SLOT_WAIT} and kept the copy from starting (see pg_stat_activity)"
+            ) from None
 
     async def _wait_synced(self, move: MoveRecord, timeout: float = 3600.0) -> None:
         """Until every table's initial copy is done and caught up with the stream."""

@@ -25,6 +25,7 @@ from shoal.metadata import (
     Ring,
     SchemaError,
     migrate,
+    moves,
     prefix_index,
     shards,
 )
@@ -379,21 +380,33 @@ def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
                 await store.objects.put(owner, found.name, name, write)
         source = ring.shard_of(vnode)
         target = next(c.name for c in configs if c.name != source)
-        claim = store.garbage.claim_deleted_objects(vnode, timedelta(0))
+        # Earlier tests of the module left records on the vnode too: claim them all.
+        claim = store.garbage.claim_deleted_objects(vnode, timedelta(0), limit=100_000)
         batch = await claim.__aenter__()
-        mine = [r for r in batch.records if r.bucket_id == found.id]
-        assert len(mine) == len(names)
-        async with _mover(configs) as mover:
-            await mover.finish(now=True)  # an earlier test's copy on the target, if any
-            moving = asyncio.create_task(mover.move(vnode, target))
-            source_dsn = next(c.dsn for c in configs if c.name == source)
-            await _until_the_mover_waits(source_dsn)
-            assert not moving.done()
-            await batch.remove(mine[:2])
-            await claim.__aexit__(None, None, None)
-            result = await moving
-            assert result is not None and result.target == target
-            await mover.finish(now=True)
+        released = False
+        try:
+            mine = [r for r in batch.records if r.bucket_id == found.id]
+            assert len(mine) == len(names)
+            async with _mover(configs) as mover:
+                await mover.finish(now=True)  # an earlier test's copy on the target, if any
+                moving = asyncio.create_task(mover.move(vnode, target))
+                try:
+                    source_dsn = next(c.dsn for c in configs if c.name == source)
+                    await _until_the_mover_waits(source_dsn)
+                    assert not moving.done()
+                    await batch.remove(mine[:2])
+                    await claim.__aexit__(None, None, None)
+                    released = True
+                    result = await moving
+                finally:
+                    if not moving.done():
+                        moving.cancel()
+                        await asyncio.gather(moving, return_exceptions=True)
+                assert result is not None and result.target == target
+                await mover.finish(now=True)
+        finally:
+            if not released:  # its transaction would hold up every later move of the server
+                await claim.__aexit__(None, None, None)
         target_dsn = next(c.dsn for c in configs if c.name == target)
         with psycopg.connect(target_dsn, autocommit=True) as conn:
             rows = conn.execute(
@@ -404,6 +417,32 @@ def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
         assert sorted(r[0] for r in rows) == sorted(r.id for r in mine[2:])
 
     run(scenario())
+
+
+def test_a_move_gives_up_on_a_transaction_left_open_on_its_server(
+    cluster: tuple[list[ShardConfig], bytes], run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's replication slot waits for every writing transaction of the source's server:
+    one left open costs the move SLOT_WAIT and a roll-back, never a hang."""
+    monkeypatch.setattr(moves, "SLOT_WAIT", "1s")
+    configs, key = cluster
+    ring = _open(configs, key, run).ring
+    source = ring.shard_of(0)
+    target = next(c.name for c in configs if c.name != source)
+
+    async def attempt() -> None:
+        async with _mover(configs) as mover:
+            await mover.finish(now=True)
+            with pytest.raises(MoveError, match="stayed open for 1s"):
+                await mover.move(0, target)
+
+    with psycopg.connect(configs[0].dsn) as open_transaction:
+        open_transaction.execute("SELECT txid_current()")  # it writes: it has an id
+        run(attempt())
+        open_transaction.rollback()
+    assert _open(configs, key, run).ring.shard_of(0) == source
+    for config in configs:
+        assert _leftovers(config.dsn) == []
 
 
 async def _until_the_mover_waits(dsn: str) -> None:
