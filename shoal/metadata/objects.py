@@ -230,7 +230,11 @@ class Objects(Component):
         entries: Sequence[ObjectSummary | CommonPrefix] = []
         if limit and bounds is not None:
             indexed = prefix_index.serves(prefix, delimiter)
-            if indexed and (found.id, prefix) in prefix_index.dense:
+            if (
+                indexed
+                and (found.id, prefix) in prefix_index.dense
+                and not prefix_index.starts_inside_a_prefix(prefix, bounds[0])
+            ):
                 entries = await self.under_one_ring(
                     lambda: self._from_prefix_index(owner, found.id, prefix, bounds, wanted)
                 )

@@ -71,6 +71,15 @@ def serves(prefix: str, delimiter: str) -> bool:
     return ENABLED and delimiter == DELIMITER and (not prefix or prefix.endswith(DELIMITER))
 
 
+def starts_inside_a_prefix(prefix: str, lower: str) -> bool:
+    """Whether a listing of `prefix` from name `lower` on starts inside one of its common
+    prefixes, as a start-after key under one does. That common prefix is listed only if it
+    holds a key from `lower` on, which its index row cannot say: such a listing reads rows
+    first (objects.Objects._rolled_up). A next page never starts so: after a common prefix it
+    starts past every name under it (listing.key_range)."""
+    return DELIMITER in lower[len(prefix) :]
+
+
 def segment_lower(prefix: str, lower: str) -> str:
     """The least segment under `prefix` a listing from name `lower` on returns: the index
     holds prefix + segment, and `lower` starts with `prefix` (listing.key_range)."""

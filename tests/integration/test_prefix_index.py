@@ -327,6 +327,25 @@ def test_one_page_from_any_marker_equals_the_model(
     assert page.is_truncated == (len(expected) > limit)
 
 
+def test_a_marker_inside_a_common_prefix_lists_it_when_a_key_follows(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """S3's start-after may name any key: the common prefix it falls in is listed when it holds
+    a key after it (the index cannot say so; such a page reads rows)."""
+    keys = ["/_", "a/b", "a/d", "a/d/e", "c"]
+    bucket = fill_bucket(store, run, owner, keys)
+    for prefix in ("", "a/"):
+        for marker in ("/\\", "/_", "/a", "a/c", "a/d", "a/d/", "a/", "a", "b"):
+            expected = model_listing(keys, prefix, "/", marker)
+            for limit in (1, 3):
+                page = run(
+                    store.objects.list(
+                        owner, bucket, prefix=prefix, delimiter="/", marker=marker, limit=limit
+                    )
+                )
+                assert listed(page) == expected[:limit], (prefix, marker, limit)
+
+
 def test_stale_rows_of_a_busy_vnode_stay_and_its_writes_wait_briefly(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
