@@ -79,13 +79,15 @@ def test_a_killed_gateway_worker_costs_only_its_requests_in_flight(tree: ServeTr
     load = mixed_load(tree, threads=2 * THREADS)
     with load:
         load.wait_for_requests(100)
+        # Stopped, it accepts no connection more: what it holds is counted exactly.
+        os.kill(worker.pid, signal.SIGSTOP)
         held = [
             c
             for c in worker.net_connections("tcp")
             if c.laddr.port == tree.port and c.status == psutil.CONN_ESTABLISHED
         ]
-        assert held, "the worker holds none of the clients' connections"
         os.kill(worker.pid, signal.SIGKILL)
+        assert held, "the worker held none of the clients' connections"
         wait_until(lambda: gone(worker), 5, interval=0.01)
         dead_at = time.monotonic()  # its sockets are closed: a client sees it from now on
         _, seconds = wait_for_new_process(lambda: tree.gateway_workers()[0], worker.pid)
