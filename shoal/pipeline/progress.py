@@ -24,9 +24,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
@@ -42,6 +42,7 @@ BAR_WIDTH = 20
 _GROUP_PREFIX = "shoal-phase-"
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Phase:
         self.group = f"{_GROUP_PREFIX}{uuid.uuid4().hex}"
         self.rows_at_start = 0
         self.done = 0
+        # What executors did of the phase's items, when they count them (Progress.tally).
+        self.tally: Accumulator[int] | None = None
         self._lock = threading.Lock()
 
     def advance(self, count: int = 1) -> None:
@@ -130,6 +133,14 @@ class Progress:
             self._close(self._current, finished=True)
         self._current = self._open(name, total, unit)
         return self._current
+
+    def tally(self, phase: Phase) -> Accumulator[int]:
+        """An accumulator for the executors that do `phase`'s items to add them to (with
+        `counting`): they count in the phase's done as each of their tasks ends."""
+        if self.spark is None:
+            raise ValueError(f"{self.job} has no Spark context to count with")
+        phase.tally = self.spark.accumulator(0)
+        return phase.tally
 
     def finish(self, *, finished: bool = True) -> None:
         """End the phase `begin` opened last (with its final line if the job finished)."""
@@ -200,7 +211,8 @@ class Progress:
     def counts(self, phase: Phase) -> Counts:
         tasks, task_total = self._spark_tasks(phase.group)
         rows = self.rows.value - phase.rows_at_start if self.rows is not None else 0
-        return Counts(phase.done, phase.total, phase.unit, tasks, task_total, rows)
+        done = phase.done + (phase.tally.value if phase.tally is not None else 0)
+        return Counts(done, phase.total, phase.unit, tasks, task_total, rows)
 
     def _spark_tasks(self, group: str) -> tuple[int, int]:
         """Tasks done and tasks in all, over the stages Spark has started for the group."""
@@ -306,6 +318,16 @@ def _duration(seconds: float) -> str:
         return f"{minutes} min {seconds_left:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def counting(
+    items: Iterable[T], tally: Accumulator[int], size: Callable[[T], int] | None = None
+) -> Iterator[T]:
+    """`items`, each added to `tally` (by `size(item)`, else 1) as it is taken: on an
+    executor, what a task's work consumes is what it has done when the task ends."""
+    for item in items:
+        tally.add(size(item) if size is not None else 1)
+        yield item
 
 
 # -- metadata rows read by executors ----------------------------------------------------------

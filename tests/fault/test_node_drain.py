@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -198,7 +199,11 @@ CAPACITY = 320 * MiB
 
 @pytest.mark.slow
 def test_rebalance_evens_out_fill_after_nodes_join(
-    make_storage: MakeStorage, spark: Any, run: Any, tmp_path: Path
+    make_storage: MakeStorage,
+    spark: Any,
+    run: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Two nodes hold 60 MiB each of 320 MiB, two empty ones join: one `shoal pipeline
     rebalance` leaves every node's fill within the documented gap (10 points) of the others,
@@ -225,9 +230,12 @@ def test_rebalance_evens_out_fill_after_nodes_join(
             ) and all(nodes[n].capacity_bytes == CAPACITY for n in ("n2", "n3"))
 
         wait_until(registry_has_the_fill, 20, interval=0.2)
-        done = serve.job(spark, "rebalance", tmp_path)
+        with caplog.at_level(logging.INFO, logger="shoal.pipeline"):
+            done = serve.job(spark, "rebalance", tmp_path)
         print(done.table(), [f"{f:.3f}" for f in fills(cluster)])
         assert done.figures["mode"] == "even out" and done.figures["copies moved"] > 0
+        moves = done.figures["copies to move"]
+        assert f"rebalance: move copies: done, {moves:,} copies, " in caplog.text
         assert not done.problems
         assert max(fills(cluster)) - min(fills(cluster)) <= DEFAULT_GAP
         for key, data in objects.items():

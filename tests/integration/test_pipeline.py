@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -274,7 +275,7 @@ def test_audit_finds_missing_and_corrupt_blocks_and_repairs_them(
 
 
 def test_orphans_are_found_and_deleted(
-    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from shoal.ids import uuid7
     from tests.fixtures.garbage import once
@@ -289,15 +290,18 @@ def test_orphans_are_found_and_deleted(
     dry = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0))
     assert dry.figures["orphan blocks"] == 6  # 3 blocks on 2 nodes; garbage is not orphaned
     assert leaked in block_ids(cluster)
-    done = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0), delete=True)
+    with caplog.at_level(logging.INFO, logger="shoal.pipeline"):
+        done = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0), delete=True)
     assert done.figures["deleted"] == 6
+    # The executors' deletes count in the phase's progress, item by item.
+    assert "orphans: delete orphans: done, 6 blocks, " in caplog.text
     assert leaked not in block_ids(cluster)
     assert world.garbage <= block_ids(cluster)  # records still name these: GC's, not orphans
     check_live(cluster.store, path, world, run)
 
 
 def test_lifecycle_expires_and_aborts_by_rule(
-    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from shoal.metadata import ObjectWrite
     from shoal.metadata.ring import vnode_schema
@@ -381,8 +385,11 @@ def test_lifecycle_expires_and_aborts_by_rule(
             ],
         )
     )
-    summary = job(cluster, spark, "lifecycle", tmp_path)
+    with caplog.at_level(logging.INFO, logger="shoal.pipeline"):
+        summary = job(cluster, spark, "lifecycle", tmp_path)
     assert summary.figures["objects expired"] == 4
+    items = summary.figures["objects expired"] + summary.figures["uploads aborted"]
+    assert f"lifecycle: delete expired: done, {items} items in " in caplog.text
     left = [o.name for o in run(store.objects.list(owner, bucket)).objects]
     assert left == ["keep/c", "old/e", "tagged/g"]
     uploads = [u.id for u in run(store.uploads.list(owner, bucket))]

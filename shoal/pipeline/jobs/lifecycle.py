@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -44,9 +45,10 @@ def run(ctx: JobContext) -> Summary:
             .map(lambda r: (rules[r.bucket_id][0], rules[r.bucket_id][1], r.name, r.id))
             .collect()
         )
-    ctx.progress.begin("delete expired")
+    phase = ctx.progress.begin("delete expired", total=len(expired) + len(stale), unit="items")
     deleted, aborted = ctx.with_store(
-        lambda store: _apply(store, expired, stale), connections=CONCURRENT_DELETES + 1
+        lambda store: _apply(store, expired, stale, phase.advance),
+        connections=CONCURRENT_DELETES + 1,
     )
     ctx.progress.begin("write output")
     ctx.spark.createDataFrame(
@@ -144,7 +146,10 @@ def _abandoned(row: Any, rules: dict[str, Any], now: datetime) -> bool:
     )
 
 
-async def _apply(store: Any, expired: list[Any], stale: list[Any]) -> tuple[set[str], set[str]]:
+async def _apply(
+    store: Any, expired: list[Any], stale: list[Any], advance: Callable[[int], None]
+) -> tuple[set[str], set[str]]:
+    """Delete the expired versions and abort the stale uploads, `advance(1)` after each."""
     gate = asyncio.Semaphore(CONCURRENT_DELETES)
     deleted: set[str] = set()
     aborted: set[str] = set()
@@ -155,6 +160,8 @@ async def _apply(store: Any, expired: list[Any], stale: list[Any]) -> tuple[set[
                 gone = await store.objects.delete(uuid.UUID(owner), bucket, key, if_match=md5)
             except (PreconditionFailed, ObjectNotFound, BucketNotFound):
                 return  # replaced or removed since the snapshot: not this version's turn
+            finally:
+                advance(1)
             if gone is not None:
                 deleted.add(key)
 
@@ -165,6 +172,8 @@ async def _apply(store: Any, expired: list[Any], stale: list[Any]) -> tuple[set[
                 aborted.add(upload)
             except (UploadNotFound, BucketNotFound):
                 return
+            finally:
+                advance(1)
 
     await asyncio.gather(*(expire(*e) for e in expired), *(abort(*s) for s in stale))
     return deleted, aborted

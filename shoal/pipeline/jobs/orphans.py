@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shoal.ids import uuid7_time
-from shoal.pipeline import io
+from shoal.pipeline import io, progress
 from shoal.pipeline.context import JobContext, Summary
 
 
@@ -51,12 +51,13 @@ def run(ctx: JobContext) -> Summary:
     found_bytes = summed[0] or 0
     deleted = 0
     if ctx.options.get("delete") and found:
-        ctx.progress.begin("delete orphans")
+        phase = ctx.progress.begin("delete orphans", total=found, unit="blocks")
+        tally = ctx.progress.tally(phase)
         # What the nodes report they removed (a block deleted meanwhile is not counted).
         deleted = sum(
             batch[2]
             for batch in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
-            .mapPartitions(lambda part: io.delete_blocks(part, access))
+            .mapPartitions(lambda part: io.delete_blocks(progress.counting(part, tally), access))
             .collect()
         )
     orphans.write.mode("overwrite").parquet(str(ctx.output / "orphans"))

@@ -40,7 +40,7 @@ from shoal.config import ShardConfig
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import ACTIVE, DRAINING
 from shoal.metadata.replicas import Note
-from shoal.pipeline import io
+from shoal.pipeline import io, progress
 from shoal.pipeline.context import JobContext, Summary
 from shoal.storage import (
     BlockRun,
@@ -124,12 +124,13 @@ def run(ctx: JobContext) -> Summary:
             found = len(chosen)
             moves = ctx.spark.sparkContext.parallelize(chosen, max(1, min(slices, len(chosen))))
     setup = Setup(list(ctx.shards), io.node_access(ctx.config), registry.urls, targets)
-    ctx.progress.begin("move copies")
+    phase = ctx.progress.begin("move copies", total=found, unit="copies")
+    tally = ctx.progress.tally(phase)
     outcomes = (
         moves.map(lambda move: (move[0], move))
         .partitionBy(slices, lambda vnode: vnode % slices)
         .values()
-        .mapPartitions(lambda part: _execute(part, setup))
+        .mapPartitions(lambda part: _execute(progress.counting(part, tally), setup))
         .reduceByKey(lambda a, b: (a[0] + b[0], a[1] + b[1]))
         .collectAsMap()
     )
