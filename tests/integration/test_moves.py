@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.metadata import (
@@ -443,6 +445,55 @@ def test_a_move_gives_up_on_a_transaction_left_open_on_its_server(
     assert _open(configs, key, run).ring.shard_of(0) == source
     for config in configs:
         assert _leftovers(config.dsn) == []
+
+
+def test_readiness_asks_only_the_shards_that_hold_vnodes(admin_dsn: str, run: Run) -> None:
+    """A shard that holds no vnode (added and unused, or drained for removal) may be stopped:
+    the store's readiness ping leaves it out, and counts it again once a vnode is on it."""
+    home, spare = create_databases(admin_dsn, 2)
+    config = MetadataConfig(vnodes=VNODES, partitions_ahead=1)
+    run(migrate([home], config))
+    key = secrets.token_bytes(32)
+    run(add_shard(home, spare, key, config))
+    store = run(MetadataStore.open([home], 4, shard_key=key))
+    close_later(lambda: run(store.close()))
+
+    async def move(vnode: int, target: str) -> None:
+        async with Mover([home, spare], config, grace=timedelta(0)) as mover:
+            await mover.finish(now=True)
+            assert await mover.move(vnode, target) is not None
+            await mover.finish(now=True)
+        await store.shards.follow_ring(5.0)
+
+    run(move(0, spare.name))  # the store opens the spare's pool when the ring names it
+    assert store.shards.of_vnode(0).name == spare.name
+    run(move(0, home.name))
+    with _refusing_connections(admin_dsn, spare):
+        assert run(store.silent_shards(2.0)) == []
+    run(move(1, spare.name))
+    with _refusing_connections(admin_dsn, spare):
+        assert run(store.silent_shards(2.0)) == [spare.name]
+    run(move(1, home.name))
+
+
+@contextlib.contextmanager
+def _refusing_connections(admin_dsn: str, shard: ShardConfig) -> Iterator[None]:
+    """The shard's database refuses new connections and has none open: as if stopped."""
+    database = psycopg.conninfo.conninfo_to_dict(shard.dsn)["dbname"]
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(database))
+        )
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            (database,),
+        )
+        try:
+            yield
+        finally:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(database))
+            )
 
 
 async def _until_the_mover_waits(dsn: str) -> None:
