@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -74,18 +75,23 @@ def test_every_listening_socket_keeps_its_backlog(tree: ServeTree) -> None:
 
 def test_a_killed_gateway_worker_costs_only_its_requests_in_flight(tree: ServeTree) -> None:
     (worker,) = tree.gateway_workers()
-    # Each client keeps one connection, taken by whichever gateway process accepted it first:
-    # with 8, the worker holds some of them but for a chance of 1 in 256.
+    assert tree.process is not None
+    serve = psutil.Process(tree.process.pid)
     load = mixed_load(tree, threads=2 * THREADS)
-    with load:
+    # Each client keeps one connection, taken by whichever gateway process accepts it first,
+    # and a busy machine may give the worker none: while the clients connect, the serve
+    # process is stopped, so the worker takes them.
+    serve.suspend()
+    try:
+        load.start()
+        wait_until(lambda: bool(_clients_of(worker, tree.port)), 30, interval=0.05)
+    finally:
+        serve.resume()
+    try:
         load.wait_for_requests(100)
         # Stopped, it accepts no connection more: what it holds is counted exactly.
         os.kill(worker.pid, signal.SIGSTOP)
-        held = [
-            c
-            for c in worker.net_connections("tcp")
-            if c.laddr.port == tree.port and c.status == psutil.CONN_ESTABLISHED
-        ]
+        held = _clients_of(worker, tree.port)
         os.kill(worker.pid, signal.SIGKILL)
         assert held, "the worker held none of the clients' connections"
         wait_until(lambda: gone(worker), 5, interval=0.01)
@@ -93,6 +99,8 @@ def test_a_killed_gateway_worker_costs_only_its_requests_in_flight(tree: ServeTr
         _, seconds = wait_for_new_process(lambda: tree.gateway_workers()[0], worker.pid)
         assert seconds < RESTART_SECONDS
         load.wait_for_requests(200)
+    finally:
+        load.stop()
     after = [o for o in load.outcomes if o.started > dead_at]
     # The requests that fail are the ones sent on the connections the killed process held,
     # before its sockets were closed: a connection carries one request at a time, and after
@@ -213,3 +221,12 @@ def head_status(client: object) -> int | None:
 
 def newest_block_mtime(blocks: Path) -> float:
     return max((f.stat().st_mtime for f in blocks.glob("*/*")), default=0.0)
+
+
+def _clients_of(process: psutil.Process, port: int) -> list[Any]:
+    """The client connections to `port` that `process` holds."""
+    return [
+        c
+        for c in process.net_connections("tcp")
+        if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]
