@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ctypes
 import logging
 import random
 import uuid
@@ -46,6 +47,32 @@ DELETE_BATCH = 1000
 ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
 THREAD_THRESHOLD_BYTES = 64 * 1024
+# glibc's mallopt parameters (malloc.h), and how much freed memory a process may keep.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's own ceiling on 64-bit
+KEPT_FREE_BYTES = 64 * 1024 * 1024
+
+
+def reuse_block_memory(block_size: int) -> bool:
+    """Have malloc keep the memory of freed blocks for the next ones (glibc); whether it took.
+
+    Every block a gateway receives or reads is a new buffer of block size, and the request
+    bodies arrive as chunks of a few hundred KiB. glibc serves those from fresh mmaps and
+    gives freed heap back to the kernel, so each MiB moved page-faulted again (about 160
+    faults a MiB through a gateway); kept in the heap, they are reused
+    (docs/decisions.md, "Block memory kept by malloc"; bench/peer_bench.py --only big).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc: its own allocator decides
+    threshold = min(max(2 * block_size, 1024 * 1024), _MMAP_THRESHOLD_MAX)
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, threshold)
+        and mallopt(_M_TRIM_THRESHOLD, max(KEPT_FREE_BYTES, 2 * threshold))
+    )
 
 
 class StorageUnavailable(Exception):
