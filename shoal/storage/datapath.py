@@ -65,7 +65,7 @@ def reuse_block_memory(block_size: int) -> bool:
     bodies arrive as chunks of a few hundred KiB. glibc serves those from fresh mmaps and
     gives freed heap back to the kernel, so each MiB moved page-faulted again (about 160
     faults a MiB through a gateway); kept in the heap, they are reused
-    (docs/decisions.md, "Block memory kept by malloc"; bench/peer_bench.py --only big).
+    (docs/decisions.md, "Block memory kept by malloc"; bench/cpu_split.py part).
     """
     try:
         libc = ctypes.CDLL(None)
