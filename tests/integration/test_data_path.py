@@ -174,9 +174,7 @@ def test_write_fails_cleanly_without_a_spare_node(make_storage: MakeStorage, run
     assert not [f for f in survivor.block_files() if f.name.startswith(str(version))]
 
 
-def test_a_body_cut_short_leaves_no_blocks_and_no_thread(
-    cluster: StorageCluster, run: Any
-) -> None:
+def test_a_body_cut_short_leaves_no_blocks_and_no_thread(cluster: StorageCluster, run: Any) -> None:
     """A client that disconnects mid-body (its body raises ConnectionResetError, as the
     gateway's does) while blocks are hashed in a thread and sent: the write fails with that
     error, every block it stored is deleted again, and no hashing thread is left behind."""
