@@ -6,6 +6,7 @@ PostgreSQL, measured apart; optionally a py-spy profile of the gateway during th
     .venv/bin/python bench/cpu_split.py list --concurrency 4 --gateway-workers 1
     .venv/bin/python bench/cpu_split.py list --concurrency 1 --shards 4
     .venv/bin/python bench/cpu_split.py part --profile part-profile   # ~1 min each
+    .venv/bin/python bench/cpu_split.py part --concurrency 1 --block-kib 1024
 
 Workloads (the bucket is filled first through the S3 API):
   put, get, head  4 KiB objects (GET and HEAD of random ones of --objects keys)
@@ -57,6 +58,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--gateway-workers", type=int, help="Shoal's [s3] workers")
     parser.add_argument("--shards", type=int, help="Shoal's [metadata] embedded_shards")
+    parser.add_argument("--block-kib", type=int, help="Shoal's [storage] block_size, in KiB")
     parser.add_argument("--profile", metavar="DIR", type=Path, help="py-spy the gateway")
     return parser.parse_args()
 
@@ -169,8 +171,12 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
 
 def main() -> None:
     args = parse_args()
+    blocks = f"\n[storage]\nblock_size = {args.block_kib * 1024}\n" if args.block_kib else ""
     with started_shoal(
-        "shoal-cpu-split-", gateway_workers=args.gateway_workers, shards=args.shards
+        "shoal-cpu-split-",
+        gateway_workers=args.gateway_workers,
+        shards=args.shards,
+        settings=blocks,
     ) as server:
         asyncio.run(measure(args, server))
 

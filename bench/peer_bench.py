@@ -37,7 +37,9 @@ botocore SigV4 with UNSIGNED-PAYLOAD), each phase bounded by a count and a time:
          one client (pages/s; a page's time is 1 / that).
   big    64 MiB objects by multipart (8 MiB parts) at concurrency 1 and 4, then GET of each,
          compared byte for byte (MiB/s); beside them, a 64 MiB write + fsync of a file in this
-         process, on the same filesystem, for "% of raw disk".
+         process, on the same filesystem, for "% of raw disk", and the CPU floor of a 64 MiB
+         PUT with Shoal's replicas (cpu_floor.py: MD5, block checksums, the load generator,
+         the replica writes), for "% of the CPU ceiling".
 The list and tree buckets are filled once per server before the rounds (0-byte PUTs at
 concurrency 64; the fill rates are reported too) and walked once to check their counts; the
 SeaweedFS default target shares them with the fsync one (listing does not write), so listing is
@@ -82,6 +84,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
+import cpu_floor
 from benchlib import (
     cpu_model,
     ensure_package,
@@ -149,6 +152,7 @@ class PeerSettings:
     dense_keys: int  # keys under each of the dense bucket's DENSE_PREFIXES common prefixes
     raw_writes: int  # raw-disk writes per round
     workloads: tuple[str, ...]
+    shoal_replicas: int  # the copies Shoal keeps, which its CPU floor counts
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> PeerSettings:
@@ -179,6 +183,7 @@ class PeerSettings:
             dense_keys=args.dense_keys or (1_000 if quick else 10_000),
             raw_writes=3,
             workloads=workloads,
+            shoal_replicas=args.shoal_replicas or 2,
         )
 
 
@@ -825,6 +830,29 @@ def raw_table(results: Results, targets: Sequence[Target], raw: Sequence[float])
     return markdown_table(headers, rows)
 
 
+def floor_table(results: Results, targets: Sequence[Target], floor: cpu_floor.Floor) -> str:
+    """Each PUT rate beside the ceiling the CPU floor allows, and the server CPU per MiB beside
+    the floor's server part (hashes and replica writes: all but the load generator)."""
+    server_floor = floor.per_mib - floor.load_generator
+    rows = []
+    for (name, conc), by_target in results.items():
+        if not name.startswith("PUT") or "MiB" not in name:
+            continue
+        row: list[object] = [name, conc, fmt(floor.ceiling)]
+        for target in targets:
+            phases = by_target.get(target.name) or []
+            value = figure(phases, name) if phases else 0.0
+            moved = sum(p.units for p in phases) / MiB
+            server_ms = sum(p.cpu.server for p in phases) * 1000 / moved if moved else 0.0
+            row += [fmt(value), f"{value / floor.ceiling:.0%}", f"{server_ms:.2f}"]
+        rows.append(row)
+    headers = ["workload", "conc", "CPU ceiling MiB/s"]
+    for target in targets:
+        headers += [f"{target.name} MiB/s", "% of ceiling", "server CPU ms/MiB"]
+    server_part = f"the floor's server part (all but the load generator): {server_floor:.2f}"
+    return f"{markdown_table(headers, rows)}\n\n{server_part} ms/MiB"
+
+
 def detail_table(results: Results, target: Target, rounds: int) -> str:
     """Per round, latency, errors and CPU for one target."""
     rows = []
@@ -957,10 +985,12 @@ async def prepare(
 
 async def run_rounds(
     targets: Sequence[Target], settings: PeerSettings, list_keys: int, scratch: Path
-) -> tuple[Results, list[float]]:
-    """Every workload against each target in turn, round after round."""
+) -> tuple[Results, list[float], list[cpu_floor.Floor]]:
+    """Every workload against each target in turn, round after round; with big objects, the
+    raw disk writes and the CPU floor of each round."""
     results: Results = {}
     raw: list[float] = []
+    floors: list[cpu_floor.Floor] = []
     pattern = Pattern()
     for r in range(settings.rounds):
         print(f"round {r + 1} of {settings.rounds}", flush=True)
@@ -971,6 +1001,11 @@ async def run_rounds(
                     raw_disk_write(scratch, s3.big_object_mib, s3.big_part_mib, pattern)
                     for _ in range(settings.raw_writes)
                 ]
+                floors.append(
+                    cpu_floor.measure(
+                        scratch, s3.big_object_mib, settings.shoal_replicas, s3.big_part_mib
+                    )
+                )
             for target in targets:
                 if workload in ("list", "tree", "dense") and not target.lists:
                     continue
@@ -981,7 +1016,7 @@ async def run_rounds(
                     errors = sorted(set(phase.errors))
                     if errors:
                         print(f"{target.name} {key}: {len(phase.errors)} errors: {errors[:3]}")
-    return results, raw
+    return results, raw, floors
 
 
 async def profiled_pass(
@@ -1024,7 +1059,7 @@ async def measure(
     ]
     fills, list_keys = await prepare(targets, settings, weed)
     started = time.perf_counter()
-    results, raw = await run_rounds(targets, settings, list_keys, scratch)
+    results, raw, floors = await run_rounds(targets, settings, list_keys, scratch)
     took = time.perf_counter() - started
     sections = [
         f"Figures: median of {settings.rounds} rounds (ratio above 1: Shoal faster; LIST in "
@@ -1036,6 +1071,12 @@ async def measure(
             f"64 MiB objects against a raw 64 MiB write + fsync in this process, same "
             f"filesystem: {fmt(median(raw))} MiB/s (median of {len(raw)}: "
             f"{', '.join(fmt(v) for v in raw)})\n\n" + raw_table(results, targets, raw)
+        )
+    if floors:
+        floor = cpu_floor.typical(floors)
+        sections.append(
+            f"64 MiB PUTs against the CPU floor (cpu_floor.py, median of {len(floors)}, one a "
+            f"round): {floor.describe()}\n\n" + floor_table(results, targets, floor)
         )
     if fills:
         sections.append("Fills (once, before the rounds)\n\n" + fill_table(fills))

@@ -52,6 +52,7 @@ from shoal.storage import (
 )
 from shoal.storage.auth import ReplayCache, load_or_create_secret
 from shoal.storage.blockfile import in_thread
+from shoal.storage.datapath import reuse_block_memory
 from shoal.storage.health import DiskHealth
 from shoal.storage.metrics import metrics
 from shoal.storage.server import BlockCount
@@ -584,6 +585,7 @@ async def _serving_gateway(
             unanswered=make_unanswered(gateway),
         )
         shoal.loop.settle_heap()
+        reuse_block_memory(config.storage.block_size)
         try:
             yield credentials, path, readiness
         finally:

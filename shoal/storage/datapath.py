@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ctypes
 import logging
 import random
 import uuid
@@ -39,13 +40,43 @@ from shoal.storage.placement import Node
 
 log = logging.getLogger("shoal.storage")
 
+# The block size of versions whose row does not record one (written before rows did), and a
+# DataPath's when none is given; `shoal serve` writes in `[storage] block_size` blocks.
 DEFAULT_BLOCK_SIZE = 1024 * 1024
 BLOCKS_IN_FLIGHT = 4
+# Large blocks: fewer in flight, so that a write or a read holds at most about this much.
+BYTES_IN_FLIGHT = 8 * 1024 * 1024
 DELETE_BATCH = 1000
 # How long a failed write waits for its blocks in flight before deleting what it wrote.
 ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
 THREAD_THRESHOLD_BYTES = 64 * 1024
+# glibc's mallopt parameters (malloc.h), and how much freed memory a process may keep.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's own ceiling on 64-bit
+KEPT_FREE_BYTES = 64 * 1024 * 1024
+
+
+def reuse_block_memory(block_size: int) -> bool:
+    """Have malloc keep the memory of freed blocks for the next ones (glibc); whether it took.
+
+    Every block a gateway receives or reads is a new buffer of block size, and the request
+    bodies arrive as chunks of a few hundred KiB. glibc serves those from fresh mmaps and
+    gives freed heap back to the kernel, so each MiB moved page-faulted again (about 160
+    faults a MiB through a gateway); kept in the heap, they are reused
+    (docs/decisions.md, "Block memory kept by malloc"; bench/cpu_split.py part).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc: its own allocator decides
+    threshold = min(max(2 * block_size, 1024 * 1024), _MMAP_THRESHOLD_MAX)
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, threshold)
+        and mallopt(_M_TRIM_THRESHOLD, max(KEPT_FREE_BYTES, 2 * threshold))
+    )
 
 
 class StorageUnavailable(Exception):
@@ -161,14 +192,14 @@ class DataPath:
         directory: NodeDirectory,
         block_size: int = DEFAULT_BLOCK_SIZE,
         replicas: int | None = None,
-        blocks_in_flight: int = BLOCKS_IN_FLIGHT,
+        blocks_in_flight: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.client = client
         self.directory = directory
         self.block_size = block_size
         self.replicas = replicas
-        self.blocks_in_flight = blocks_in_flight
+        self.blocks_in_flight = blocks_in_flight or window(block_size)
         self.rng = rng or random.Random()
 
     async def write(
@@ -204,8 +235,8 @@ class DataPath:
                 await digesting
             await writer.finish()
         except BaseException:
-            if digesting is not None:
-                digesting.cancel()
+            if digesting is not None:  # a thread cannot be cancelled: let it finish its block
+                await asyncio.wait([digesting])
             await writer.abandon()
             raise
         return WriteResult(
@@ -251,8 +282,8 @@ class DataPath:
     async def read(
         self, runs: Sequence[BlockRun], start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes | bytearray]:
-        """Bytes [start, end) of the object made of `runs`, streamed; up to BLOCKS_IN_FLIGHT
-        blocks are fetched ahead while the current one is sent (memory stays bounded)."""
+        """Bytes [start, end) of the object made of `runs`, streamed; a few blocks (`window`)
+        are fetched ahead while the current one is sent (memory stays bounded)."""
         total = sum(r.size for r in runs)
         end = total if end is None else min(end, total)
         wanted = list(_blocks_overlapping(runs, start, end))
@@ -261,11 +292,12 @@ class DataPath:
             yield _cut(await self._fetch(run, index), lo, hi)
             return
         ahead: collections.deque[asyncio.Future[bytearray]] = collections.deque()
+        most = window(max(r.block_size for r in runs))
         try:
             for position, (_run, _index, lo, hi) in enumerate(wanted):
                 # Keep the window full: the blocks are spread over the replicas, so several
                 # nodes read and send at once while this loop hands data to the client.
-                while len(ahead) < BLOCKS_IN_FLIGHT and position + len(ahead) < len(wanted):
+                while len(ahead) < most and position + len(ahead) < len(wanted):
                     run, index, _, _ = wanted[position + len(ahead)]
                     ahead.append(asyncio.ensure_future(self._fetch(run, index)))
                 yield _cut(await ahead.popleft(), lo, hi)
@@ -339,6 +371,12 @@ class DataPath:
                 f"no replica of block {name} could be read; {unreachable} did not answer"
             )
         raise DataUnavailable(f"no replica of block {name} could be read (tried {order})")
+
+
+def window(block_size: int) -> int:
+    """Blocks a write sends, or a read fetches ahead, at once: BLOCKS_IN_FLIGHT, fewer for
+    blocks so large that they would hold more than BYTES_IN_FLIGHT, at least one."""
+    return max(1, min(BLOCKS_IN_FLIGHT, BYTES_IN_FLIGHT // block_size))
 
 
 def _cut(data: bytearray, lo: int, hi: int) -> bytearray:

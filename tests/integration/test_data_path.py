@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -171,6 +172,28 @@ def test_write_fails_cleanly_without_a_spare_node(make_storage: MakeStorage, run
         run(path.write(version, stream()))
     survivor = cluster.nodes[0]
     assert not [f for f in survivor.block_files() if f.name.startswith(str(version))]
+
+
+def test_a_body_cut_short_leaves_no_blocks_and_no_thread(cluster: StorageCluster, run: Any) -> None:
+    """A client that disconnects mid-body (its body raises ConnectionResetError, as the
+    gateway's does) while blocks are hashed in a thread and sent: the write fails with that
+    error, every block it stored is deleted again, and no hashing thread is left behind."""
+    path = cluster.data_path(replicas=2)
+    run(path.write(uuid7(), chunks_of(os.urandom(2 * MiB))))  # the loop's hashing thread exists
+    threads = threading.active_count()
+    version = uuid7()
+    data = os.urandom(3 * MiB + 5000)  # a short last block when the body is cut
+
+    async def cut_short() -> AsyncIterator[bytes]:
+        async for chunk in chunks_of(data):
+            yield chunk
+        raise ConnectionResetError("the client closed the connection mid-body")
+
+    with pytest.raises(ConnectionResetError):
+        run(path.write(version, cut_short()))
+    for node in cluster.nodes:
+        assert not [f for f in node.block_files() if f.name.startswith(str(version))]
+    assert threading.active_count() == threads
 
 
 def test_corrupted_block_is_read_from_the_other_replica(cluster: StorageCluster, run: Any) -> None:
