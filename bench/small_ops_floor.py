@@ -4,6 +4,7 @@ goes through cost per operation, each measured alone, and the highest rate their
     .venv/bin/python bench/small_ops_floor.py                              # ~1.5 min
     .venv/bin/python bench/small_ops_floor.py --seaweedfs HEAD=4124,DELETE=3490
     .venv/bin/python bench/small_ops_floor.py --concurrency 64 --seconds 8
+    .venv/bin/python bench/small_ops_floor.py --weed       # SeaweedFS in the same run, ~3 min
 
 The parts, CPU microseconds per operation:
   load generator  peer_bench.py's client (s3_bench.S3: aiohttp, botocore SigV4 with
@@ -25,7 +26,11 @@ the least the gateway's Python can do for a request. The sum is the floor: on N 
 run can go faster than N * 1e6 / floor op/s, the load generator included, even with the
 machine doing nothing else. With --seaweedfs (rates from a peer_bench.py run of the same
 minutes), the report says what 1.5x those rates would leave per operation, and by how much
-the floor alone exceeds it.
+the floor alone exceeds it. With --weed, SeaweedFS (peer_bench.py's `weed server -s3`, a
+bucket with fsync) is driven by the same load generator in the same run, its rates replace
+--seaweedfs, and the floor is also set against SeaweedFS's own CPU per operation (load
+generator + weed): where CPU bounds both servers, 1.5x its rate needs at most 1/1.5 of it,
+whatever else the machine is doing, so that comparison holds on a loaded machine too.
 """
 
 from __future__ import annotations
@@ -58,10 +63,20 @@ from benchlib import (
 )
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from peer_bench import (
+    FSYNC_PREFIX,
+    SEAWEEDFS,
+    Target,
+    create_buckets,
+    ensure_tool,
+    process_tree,
+    started_seaweedfs,
+)
 from s3_bench import (
     REGION,
     S3,
     Server,
+    ServerProcesses,
     UnsignedPayloadAuth,
     children_of,
     cpu_seconds,
@@ -80,6 +95,7 @@ OPS = ("HEAD", "DELETE")
 SMALL_BYTES = 4096
 VNODES = 64  # `shoal serve`'s default
 HEAD_KEYS = 2000
+WEED_DELETE_KEYS = 5000  # PUT first, with fsync: a DELETE phase may end when they run out
 SIGV4_CALLS = 20_000
 ACCESS_KEY = "FLOORBENCHKEY"
 SECRET_KEY = "floor-bench-secret"
@@ -194,6 +210,49 @@ async def client_and_http(concurrency: int, seconds: float) -> dict[str, Split]:
 
                 await timed(call, concurrency, 0.5, lambda: 0.0)  # connections opened
                 splits[op] = await timed(call, concurrency, seconds, lambda: cpu_seconds(pid))
+    return splits
+
+
+# -- SeaweedFS, driven by the same load generator in the same minutes -------------------------
+
+
+async def seaweedfs_ops(concurrency: int, seconds: float) -> dict[str, Split]:
+    """HEAD and DELETE of 4 KiB objects in a bucket of SeaweedFS's with fsync (peer_bench.py's
+    headline configuration): the load generator's CPU and the weed process tree's."""
+    with started_seaweedfs(ensure_tool(*SEAWEEDFS)) as weed:
+        pid = weed.server.gateway_pid
+        assert pid is not None
+        bucket = f"{FSYNC_PREFIX}floor"
+        processes = ServerProcesses.find(None)
+        await create_buckets(Target("SeaweedFS fsync", weed.server, processes, "", False), [bucket])
+        body = os.urandom(SMALL_BYTES)
+
+        def weed_cpu() -> float:
+            return sum(cpu_seconds(p) for p in process_tree(pid))
+
+        async with S3(weed.server, concurrency) as s3:
+
+            async def put(n: int, prefix: str = "head") -> None:
+                await s3.call("PUT", bucket, f"{prefix}/{n:07d}", data=body)
+
+            await timed(put, concurrency, 600, weed_cpu, HEAD_KEYS)
+            rng = random.Random(1)
+
+            async def head(n: int) -> None:
+                await s3.call("HEAD", bucket, f"head/{rng.randrange(HEAD_KEYS):07d}")
+
+            await timed(head, concurrency, 0.5, weed_cpu)
+            splits = {"HEAD": await timed(head, concurrency, seconds, weed_cpu)}
+
+            async def put_doomed(n: int) -> None:
+                await put(n, "delete")
+
+            await timed(put_doomed, concurrency, 600, weed_cpu, WEED_DELETE_KEYS)
+
+            async def delete(n: int) -> None:
+                await s3.call("DELETE", bucket, f"delete/{n:07d}")
+
+            splits["DELETE"] = await timed(delete, concurrency, seconds, weed_cpu, WEED_DELETE_KEYS)
     return splits
 
 
@@ -405,7 +464,55 @@ async def measure(args: argparse.Namespace) -> str:
     with scratch_postgres() as shard_and_pid:
         meta = await metadata_calls(shard_and_pid, args.concurrency, args.seconds)
     seaweedfs = parse_seaweedfs(args.seaweedfs)
-    return report(bare, auth, meta, os.cpu_count() or 1, seaweedfs, args.concurrency)
+    weed: dict[str, Split] = {}
+    if args.weed:
+        print("SeaweedFS with the same load generator ...", file=sys.stderr, flush=True)
+        weed = await seaweedfs_ops(args.concurrency, args.seconds)
+        seaweedfs = {op: split.rate for op, split in weed.items()}
+    text = report(bare, auth, meta, os.cpu_count() or 1, seaweedfs, args.concurrency)
+    return text + ("\n\n" + against_seaweedfs_cpu(bare, auth, meta, weed) if weed else "")
+
+
+def floor_us(bare: Split, auth: float, meta: Split) -> float:
+    return (
+        bare.us(bare.caller)
+        + bare.us(bare.callee)
+        + auth
+        + meta.us(meta.caller)
+        + meta.us(meta.callee)
+    )
+
+
+def against_seaweedfs_cpu(
+    bare: dict[str, Split], auth: dict[str, float], meta: dict[str, Split], weed: dict[str, Split]
+) -> str:
+    """The floor against SeaweedFS's own CPU per operation, load generator included, measured in
+    the same minutes: where CPU bounds both, a rate of 1.5x SeaweedFS's needs at most its CPU
+    per operation / 1.5, whatever else the machine runs."""
+    rows: list[list[object]] = []
+    for op in OPS:
+        client, server = weed[op].us(weed[op].caller), weed[op].us(weed[op].callee)
+        allowed = (client + server) / GOAL
+        floor = floor_us(bare[op], auth[op], meta[op])
+        rows.append(
+            [
+                op,
+                f"{weed[op].rate:,.0f}",
+                f"{client:.0f} + {server:.0f} = {client + server:.0f}",
+                f"{allowed:.0f}",
+                f"{floor:.0f}",
+                f"{floor / allowed:.2f}",
+            ]
+        )
+    headers = [
+        "op",
+        "SeaweedFS op/s",
+        "its CPU us/op: load generator + weed",
+        f"allowed at {GOAL}x",
+        "Shoal's floor us/op",
+        "floor / allowed",
+    ]
+    return "Against SeaweedFS's CPU per operation, same run:\n\n" + markdown_table(headers, rows)
 
 
 def main() -> None:
@@ -414,6 +521,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each phase")
     parser.add_argument(
         "--seaweedfs", metavar="HEAD=R,DELETE=R", help="SeaweedFS's op/s from a peer_bench run"
+    )
+    parser.add_argument(
+        "--weed", action="store_true", help="drive SeaweedFS too, in the same run (fsync buckets)"
     )
     parser.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
