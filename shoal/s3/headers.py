@@ -133,7 +133,8 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
     if_none_match = lowered.get(prefix + "if-none-match")
     modified_since_text = lowered.get(prefix + "if-modified-since")
     unmodified_since_text = lowered.get(prefix + "if-unmodified-since")
-    if not (if_match or if_none_match or modified_since_text or unmodified_since_text):
+    conditions = (if_match, if_none_match, modified_since_text, unmodified_since_text)
+    if conditions == (None, None, None, None):
         return  # most reads: no condition (and none of the work below)
     # A date that cannot be read is ignored, as S3 does.
     modified_since = httpdate.parse(modified_since_text)
