@@ -47,7 +47,7 @@ from shoal.metadata.models import (
     ObjectWrite,
 )
 from shoal.metadata.names import check_listing_text, check_object_name
-from shoal.metadata.prepared import RowMaker
+from shoal.metadata.prepared import Row, RowMaker
 from shoal.metadata.shards import Shard, ShardSet, render, render_arms
 
 MAX_KEYS = 1000
@@ -146,14 +146,24 @@ class Objects(Component):
         self, owner: uuid.UUID, bucket: str, name: str, *, if_match: bytes | None = None
     ) -> ObjectVersion | None:
         """Delete the live version; returns it, or None if there was none (not an error in S3)."""
+        rows = await self._delete(owner, bucket, name, if_match, queries.DELETE_OBJECT)
+        return object_from_row(rows[0]) if rows else None
+
+    async def remove(self, owner: uuid.UUID, bucket: str, name: str) -> uuid.UUID | None:
+        """Delete the live version as `delete` does, returning only its id (None if there was
+        none): what S3's DeleteObject needs, without the row sent back and decoded."""
+        rows = await self._delete(owner, bucket, name, None, queries.DELETE_OBJECT_ID)
+        return rows[0]["id"] if rows else None
+
+    async def _delete(
+        self, owner: uuid.UUID, bucket: str, name: str, if_match: bytes | None, statement: str
+    ) -> builtins.list[Row]:
         check_object_name(name)
         bucket_id, vnode, key = await self.locate_object(owner, bucket, name)
-        rows = await self.write_row(vnode, queries.DELETE_OBJECT, {**key, "if_match": if_match})
-        if rows:
-            return object_from_row(rows[0])
-        if if_match is not None and await self._exists(vnode, owner, bucket_id, name):
+        rows = await self.write_row(vnode, statement, {**key, "if_match": if_match})
+        if not rows and if_match is not None and await self._exists(vnode, owner, bucket_id, name):
             raise PreconditionFailed(f"precondition failed for {name!r}")
-        return None
+        return rows
 
     async def delete_many(
         self, owner: uuid.UUID, bucket: str, names: Sequence[str]

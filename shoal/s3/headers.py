@@ -6,8 +6,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from email.utils import format_datetime
+from datetime import datetime
 
 from shoal import httpdate
 from shoal.metadata import ObjectVersion
@@ -120,7 +119,7 @@ def object_part(version: ObjectVersion, number: int) -> tuple[int, int, dict[str
 
 
 def http_date(moment: datetime) -> str:
-    return format_datetime(moment.astimezone(UTC), usegmt=True)
+    return httpdate.format_date(moment)
 
 
 def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix: str = "") -> None:
@@ -132,9 +131,14 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
     lowered = _lower(headers)
     if_match = lowered.get(prefix + "if-match")
     if_none_match = lowered.get(prefix + "if-none-match")
+    modified_since_text = lowered.get(prefix + "if-modified-since")
+    unmodified_since_text = lowered.get(prefix + "if-unmodified-since")
+    conditions = (if_match, if_none_match, modified_since_text, unmodified_since_text)
+    if conditions == (None, None, None, None):
+        return  # most reads: no condition (and none of the work below)
     # A date that cannot be read is ignored, as S3 does.
-    modified_since = httpdate.parse(lowered.get(prefix + "if-modified-since"))
-    unmodified_since = httpdate.parse(lowered.get(prefix + "if-unmodified-since"))
+    modified_since = httpdate.parse(modified_since_text)
+    unmodified_since = httpdate.parse(unmodified_since_text)
     modified = version.modified.replace(microsecond=0)
     if if_match is not None:
         if not etag_matches(version.etag, if_match):

@@ -226,7 +226,7 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
 async def delete_object(call: Call) -> http.Response:
     check_key(call.key)
     check_null_version(call)
-    await call.store.objects.delete(call.account, call.bucket, call.key)
+    await call.store.objects.remove(call.account, call.bucket, call.key)
     return http.Response(status=204)
 
 

@@ -6,6 +6,7 @@ Operations are named as AWS names them (Endpoint.PutObject); the handlers carry 
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -299,7 +300,7 @@ def _virtual_bucket(hostname: str, domains: Sequence[str]) -> str | None:
     """The bucket a host name carries before the longest domain it ends with (with
     `localhost` and `s3.localhost`, `b.s3.localhost` is bucket `b`, not `b.s3`); None for
     a domain itself or a host outside them (path style)."""
-    for domain in sorted(domains, key=len, reverse=True):
+    for domain in _longest_first(tuple(domains)):
         if hostname == domain:
             return None
         if hostname.endswith("." + domain):
@@ -307,5 +308,13 @@ def _virtual_bucket(hostname: str, domains: Sequence[str]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _longest_first(domains: tuple[str, ...]) -> tuple[str, ...]:
+    """The configured domains, longest first (sorted once, not per request)."""
+    return tuple(sorted(domains, key=len, reverse=True))
+
+
 def _decoded(text: str) -> str:
+    if "%" not in text:
+        return text  # most keys: nothing to decode (unquote's own check comes after its setup)
     return unquote(text, encoding="utf-8", errors="surrogateescape")

@@ -225,6 +225,25 @@ def test_a_small_object_keeps_its_bytes_in_its_row(
     assert small.id not in recorded and again.id not in recorded
 
 
+def test_remove_deletes_as_delete_does_and_answers_the_id(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
+) -> None:
+    """`remove` (S3's DeleteObject) leaves what `delete` leaves: no live version, and a
+    deletion record for a version in blocks only."""
+    large = blob(b"x" * 10, sharks=["dc1:n1"], properties={"block_size": 1048576})
+    small = blob(b"tiny", data=b"tiny", properties={"inline": True})
+    run(store.objects.put(owner, bucket, "large", large))
+    run(store.objects.put(owner, bucket, "small", small))
+    assert run(store.objects.remove(owner, bucket, "large")) == large.id
+    assert run(store.objects.remove(owner, bucket, "small")) == small.id
+    assert run(store.objects.remove(owner, bucket, "small")) is None
+    for name in ("large", "small"):
+        with pytest.raises(ObjectNotFound):
+            run(store.objects.get(owner, bucket, name))
+    assert large.id in run(deletion_records(store, owner, bucket, "large"))
+    assert small.id not in run(deletion_records(store, owner, bucket, "small"))
+
+
 async def deletion_records(
     store: MetadataStore, owner: uuid.UUID, bucket: str, name: str
 ) -> set[uuid.UUID]:

@@ -223,3 +223,13 @@ def test_a_part_copy_s_source_range_names_both_bytes(header: str) -> None:
     # Unlike a GET's Range, nothing here is ignored: the part would be other bytes.
     with pytest.raises(InvalidArgument):
         _copy_range(header, SIZE)
+
+
+def test_a_condition_header_present_but_empty_is_still_judged() -> None:
+    """No conditional header: nothing to judge. One sent empty is judged (an empty If-Match
+    matches no ETag), not taken for absent."""
+    check_conditions(version(), {"host": "h", "x-amz-date": "20240506T070809Z"})
+    with pytest.raises(PreconditionFailed):
+        check_conditions(version(), {"If-Match": ""})
+    with pytest.raises(PreconditionFailed):
+        check_conditions(version(), {COPY + "if-match": ""}, prefix=COPY)
