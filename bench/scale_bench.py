@@ -250,15 +250,19 @@ def build_bucket(
     done, tenth = 0, 1
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.build_processes, mp_context=context) as pool:
-        for written in pool.map(build_slice, slices):
-            done += written
-            while done >= bucket.count * tenth // 10 and tenth <= 10:
-                elapsed = time.perf_counter() - started
-                progress(
-                    f"build {bucket.label}: {done:,} objects in {elapsed:.0f} s, "
-                    f"{done / elapsed:,.0f} objects/s"
-                )
-                tenth += 1
+        try:
+            for written in pool.map(build_slice, slices):
+                done += written
+                while done >= bucket.count * tenth // 10 and tenth <= 10:
+                    elapsed = time.perf_counter() - started
+                    progress(
+                        f"build {bucket.label}: {done:,} objects in {elapsed:.0f} s, "
+                        f"{done / elapsed:,.0f} objects/s"
+                    )
+                    tenth += 1
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # stop after the slices under way
+            raise
     seconds = time.perf_counter() - started
     wal_bytes = wal_position(shard.dsn) - wal
     disk_bytes = directory_bytes(pg_data) - disk
@@ -430,7 +434,7 @@ async def walk(server: Server, bucket: Bucket, max_pages: int) -> Walk:
             listed, _ = await s3.call("GET", bucket.name, query=list_query(token, None))
             times.append(time.perf_counter() - started)
             keys += int(xml_value(listed, "KeyCount"))
-            if len(times) % max(1, max_pages // 10) == 0:
+            if len(times) % max(1, min(max_pages, bucket.count // PAGE_KEYS) // 10) == 0:
                 progress(f"walk {bucket.label}: {len(times):,} pages, {keys:,} keys")
             if b"<IsTruncated>true</IsTruncated>" not in listed:
                 break
@@ -646,8 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(ops_table(results, small.label, big.label) + "\n", flush=True)
         print(write_table(results, [small.label, big.label]) + "\n", flush=True)
-        max_pages = args.walk_pages or (big.count // PAGE_KEYS + 1)
-        walks = [asyncio.run(walk(server, b, max_pages)) for b in (small, big)]
+        walks = [asyncio.run(walk(server, b, args.walk_pages or sys.maxsize)) for b in (small, big)]
         print(walk_table(walks) + "\n", flush=True)
         for bucket in (small, big):
             start = bucket.kept_key(random.Random(3))
