@@ -167,6 +167,17 @@ def wal_position(dsn: str) -> int:
     return int(row[0])
 
 
+def wal_full_page_images(dsn: str) -> int:
+    """Full-page images the server has written to WAL (pg_stat_wal: backends report theirs
+    within a second or so, so a difference over a short interval is approximate). A page's
+    first change after a checkpoint writes all of it: writes spread over more pages write more
+    of them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def directory_bytes(path: Path) -> int:
     """Bytes of the files under `path` (as allocated on disk), files that vanish meanwhile
     left out."""

@@ -58,6 +58,7 @@ from benchlib import (
     percentile,
     serve_shards,
     vnode_sizes,
+    wal_full_page_images,
     wal_position,
 )
 from s3_bench import (
@@ -209,6 +210,7 @@ class Build:
     objects: int
     seconds: float
     wal_bytes: int
+    wal_full_pages: int
     data_dir_bytes: int
     before: VnodeSizes
     after: VnodeSizes
@@ -233,6 +235,7 @@ def build_bucket(
     pg_data = server.data_dir / "postgres"
     before = vnode_sizes(shard.dsn)
     wal, disk = wal_position(shard.dsn), directory_bytes(pg_data)
+    full_pages = wal_full_page_images(shard.dsn)
     chunk = max(10_000, bucket.count // 100)
     slices = [
         BuildSlice(
@@ -265,6 +268,7 @@ def build_bucket(
             raise
     seconds = time.perf_counter() - started
     wal_bytes = wal_position(shard.dsn) - wal
+    wal_full_pages = wal_full_page_images(shard.dsn) - full_pages
     disk_bytes = directory_bytes(pg_data) - disk
     vacuum_seconds = vacuum_analyze(shard.dsn)
     return Build(
@@ -272,6 +276,7 @@ def build_bucket(
         done,
         seconds,
         wal_bytes,
+        wal_full_pages,
         disk_bytes,
         before,
         vnode_sizes(shard.dsn),
@@ -303,6 +308,7 @@ class Measured:
 
     phases: list[Phase] = field(default_factory=list)
     wal_bytes: int = 0
+    wal_full_pages: int = 0
     data_dir_bytes: int = 0
 
     @property
@@ -397,9 +403,11 @@ async def measure(
                 for bucket in order:
                     measured = results[(op, bucket.label)]
                     wal, disk = wal_position(dsn), directory_bytes(pg_data)
+                    full_pages = wal_full_page_images(dsn)
                     phase = await run_op(op, s3, bucket, args, processes, round_number)
                     measured.phases.append(phase)
                     measured.wal_bytes += wal_position(dsn) - wal
+                    measured.wal_full_pages += wal_full_page_images(dsn) - full_pages
                     measured.data_dir_bytes += directory_bytes(pg_data) - disk
     return results
 
@@ -523,13 +531,20 @@ def build_table(builds: Sequence[Build]) -> str:
                 f"{b.rate:,.0f}",
                 f"{b.vacuum_seconds:,.0f}",
                 f"{b.wal_bytes / b.objects:,.0f}",
+                f"{b.wal_full_pages / b.objects:.3f}",
                 f"{b.data_dir_bytes / b.objects:,.0f}",
                 f"{grown_tables / b.objects:,.0f}",
                 f"{grown_indexes / b.objects:,.0f}",
             ]
         )
     headers = ["bucket", "objects", "build s", "objects/s", "VACUUM ANALYZE s"]
-    headers += ["WAL B/object", "data dir B/object", "tables B/object", "indexes B/object"]
+    headers += [
+        "WAL B/object",
+        "full-page images/object",
+        "data dir B/object",
+        "tables B/object",
+        "indexes B/object",
+    ]
     return markdown_table(headers, rows)
 
 
@@ -551,10 +566,13 @@ def write_table(results: dict[tuple[str, str], Measured], labels: Sequence[str])
                 label,
                 f"{m.ops:,}",
                 f"{m.wal_bytes / m.ops:,.0f}" if m.ops else "-",
+                f"{m.wal_full_pages / m.ops:.2f}" if m.ops else "-",
                 f"{m.data_dir_bytes / m.ops:,.0f}" if m.ops else "-",
             ]
         )
-    return markdown_table(["PUT 4 KiB into", "PUTs", "WAL B/PUT", "data dir B/PUT"], rows)
+    return markdown_table(
+        ["PUT 4 KiB into", "PUTs", "WAL B/PUT", "full-page images/PUT", "data dir B/PUT"], rows
+    )
 
 
 def walk_table(walks: Sequence[Walk]) -> str:
