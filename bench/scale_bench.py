@@ -38,6 +38,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
+import itertools
 import multiprocessing
 import random
 import sys
@@ -62,7 +63,9 @@ from benchlib import (
     wal_position,
 )
 from s3_bench import (
+    CORES,
     S3,
+    CpuSample,
     Phase,
     Server,
     ServerProcesses,
@@ -215,6 +218,7 @@ class Build:
     before: VnodeSizes
     after: VnodeSizes
     vacuum_seconds: float
+    cpu: CpuSample  # client: this process and the build processes
 
     @property
     def rate(self) -> float:
@@ -228,6 +232,7 @@ def build_bucket(
     owner: uuid.UUID,
     sharks: tuple[str, ...],
     args: argparse.Namespace,
+    processes: ServerProcesses,
 ) -> Build:
     """Fill `bucket` with its built keys, in chunks spread over the build processes; the
     rate printed every tenth."""
@@ -236,6 +241,7 @@ def build_bucket(
     before = vnode_sizes(shard.dsn)
     wal, disk = wal_position(shard.dsn), directory_bytes(pg_data)
     full_pages = wal_full_page_images(shard.dsn)
+    cpu = processes.cpu()
     chunk = max(10_000, bucket.count // 100)
     slices = [
         BuildSlice(
@@ -267,6 +273,7 @@ def build_bucket(
             pool.shutdown(cancel_futures=True)  # stop after the slices under way
             raise
     seconds = time.perf_counter() - started
+    cpu = processes.cpu().since(cpu)  # the pool's processes, reaped, count as this one's
     wal_bytes = wal_position(shard.dsn) - wal
     wal_full_pages = wal_full_page_images(shard.dsn) - full_pages
     disk_bytes = directory_bytes(pg_data) - disk
@@ -281,6 +288,7 @@ def build_bucket(
         before,
         vnode_sizes(shard.dsn),
         vacuum_seconds,
+        cpu,
     )
 
 
@@ -530,6 +538,8 @@ def build_table(builds: Sequence[Build]) -> str:
                 f"{b.seconds:,.0f}",
                 f"{b.rate:,.0f}",
                 f"{b.vacuum_seconds:,.0f}",
+                f"{b.cpu.client * 1e6 / b.objects:,.0f} / {b.cpu.postgres * 1e6 / b.objects:,.0f}",
+                b.cpu.cores(b.seconds),
                 f"{b.wal_bytes / b.objects:,.0f}",
                 f"{b.wal_full_pages / b.objects:.3f}",
                 f"{b.data_dir_bytes / b.objects:,.0f}",
@@ -538,6 +548,7 @@ def build_table(builds: Sequence[Build]) -> str:
             ]
         )
     headers = ["bucket", "objects", "build s", "objects/s", "VACUUM ANALYZE s"]
+    headers += ["CPU us/object: build / postgres", CORES]
     headers += [
         "WAL B/object",
         "full-page images/object",
@@ -559,11 +570,11 @@ def sizes_line(sizes: VnodeSizes, objects: int) -> str:
 
 def write_table(results: dict[tuple[str, str], Measured], labels: Sequence[str]) -> str:
     rows = []
-    for label in labels:
-        m = results[("PUT 4 KiB", label)]
+    for op, label in itertools.product(("PUT 4 KiB", "DELETE"), labels):
+        m = results[(op, label)]
         rows.append(
             [
-                label,
+                f"{op} in {label}",
                 f"{m.ops:,}",
                 f"{m.wal_bytes / m.ops:,.0f}" if m.ops else "-",
                 f"{m.wal_full_pages / m.ops:.2f}" if m.ops else "-",
@@ -571,7 +582,7 @@ def write_table(results: dict[tuple[str, str], Measured], labels: Sequence[str])
             ]
         )
     return markdown_table(
-        ["PUT 4 KiB into", "PUTs", "WAL B/PUT", "full-page images/PUT", "data dir B/PUT"], rows
+        ["op in bucket", "ops", "WAL B/op", "full-page images/op", "data dir B/op"], rows
     )
 
 
@@ -652,7 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"settings: {vars(args)}\n", flush=True)
         asyncio.run(prepare(server, [small, big], args))
         owner, sharks = asyncio.run(account_and_nodes(shard, small.name))
-        builds = [build_bucket(b, server, shard, owner, sharks, args) for b in (small, big)]
+        builds = [
+            build_bucket(b, server, shard, owner, sharks, args, processes) for b in (small, big)
+        ]
         print(
             f"\nBuild (through MetadataStore.objects.put, {args.build_processes} processes x "
             f"{args.build_in_flight} in flight)\n\n{build_table(builds)}\n",
