@@ -96,6 +96,9 @@ DELETE_STRIDE = 10
 # Connections of one build process: its puts go out in batches on a few.
 BUILD_POOL_SIZE = 8
 OPS = ("PUT 4 KiB", "GET 4 KiB", "HEAD", "DELETE", "LIST 1000")
+# A PUT phase run with the server's wal_compression set (--wal-compression): the op's name
+# is this prefix and the method.
+COMPRESSED_PUT = "PUT 4 KiB, wal_compression="
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -110,6 +113,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--walk-pages", type=int, default=0, help="0: the whole big bucket")
     parser.add_argument("--build-in-flight", type=int, default=256, help="per process")
     parser.add_argument("--build-processes", type=int, default=2)
+    parser.add_argument(
+        "--wal-compression",
+        default="",
+        help="also PUT with PostgreSQL's wal_compression set to this (lz4, zstd, pglz)",
+    )
     args = parser.parse_args(argv)
     if args.objects < args.small_objects or args.small_objects < DELETE_STRIDE * 100:
         parser.error("--objects must be >= --small-objects >= 1000")
@@ -387,7 +395,7 @@ async def run_op(
         listed, _ = await s3.call("GET", bucket.name, query=query)
         return int(xml_value(listed, "KeyCount"))
 
-    operation = dict(zip(OPS, (put, get, head, delete, page), strict=True))[op]
+    operation = dict(zip(OPS, (put, get, head, delete, page), strict=True)).get(op, put)
     max_ops = min(args.ops, bucket.deletable) if operation is delete else args.ops
     return await run_phase(
         f"{op} ({bucket.label})", args.clients, operation, max_ops, args.seconds, processes
@@ -403,13 +411,15 @@ async def measure(
     pg_data: Path,
 ) -> dict[tuple[str, str], Measured]:
     """Every op on every bucket, interleaved, `args.rounds` times."""
-    results = {(op, b.label): Measured() for op in OPS for b in buckets}
+    results = {(op, b.label): Measured() for op in measured_ops(args) for b in buckets}
     async with S3(server, args.clients) as s3:
         for round_number in range(args.rounds):
             order = buckets if round_number % 2 == 0 else list(reversed(buckets))
-            for op in OPS:
+            for op in measured_ops(args):
                 for bucket in order:
                     measured = results[(op, bucket.label)]
+                    if op.startswith(COMPRESSED_PUT):
+                        set_wal_compression(dsn, args.wal_compression)
                     wal, disk = wal_position(dsn), directory_bytes(pg_data)
                     full_pages = wal_full_page_images(dsn)
                     phase = await run_op(op, s3, bucket, args, processes, round_number)
@@ -417,7 +427,25 @@ async def measure(
                     measured.wal_bytes += wal_position(dsn) - wal
                     measured.wal_full_pages += wal_full_page_images(dsn) - full_pages
                     measured.data_dir_bytes += directory_bytes(pg_data) - disk
+                    if op.startswith(COMPRESSED_PUT):
+                        set_wal_compression(dsn, "off")
     return results
+
+
+def measured_ops(args: argparse.Namespace) -> list[str]:
+    ops = list(OPS)
+    if args.wal_compression:
+        ops.insert(1, COMPRESSED_PUT + args.wal_compression)
+    return ops
+
+
+def set_wal_compression(dsn: str, method: str) -> None:
+    """Set the server's wal_compression (full-page images compressed in WAL) for every
+    session, the gateway's included (they read it again at their next statement)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        setting = psycopg.sql.SQL("ALTER SYSTEM SET wal_compression = {}")
+        conn.execute(setting.format(psycopg.sql.Literal(method)))
+        conn.execute("SELECT pg_reload_conf()")
 
 
 # -- the walk -------------------------------------------------------------------------------
@@ -493,9 +521,11 @@ def ratio(big: float, small: float) -> str:
     return f"{big / small:.2f}" if small else "-"
 
 
-def ops_table(results: dict[tuple[str, str], Measured], small: str, big: str) -> str:
+def ops_table(
+    results: dict[tuple[str, str], Measured], ops: Sequence[str], small: str, big: str
+) -> str:
     rows = []
-    for op in OPS:
+    for op in ops:
         a, b = results[(op, small)], results[(op, big)]
         rows.append(
             [
@@ -568,9 +598,12 @@ def sizes_line(sizes: VnodeSizes, objects: int) -> str:
     )
 
 
-def write_table(results: dict[tuple[str, str], Measured], labels: Sequence[str]) -> str:
+def write_table(
+    results: dict[tuple[str, str], Measured], ops: Sequence[str], labels: Sequence[str]
+) -> str:
     rows = []
-    for op, label in itertools.product(("PUT 4 KiB", "DELETE"), labels):
+    writes = [op for op in ops if op.startswith("PUT") or op == "DELETE"]
+    for op, label in itertools.product(writes, labels):
         m = results[(op, label)]
         rows.append(
             [
@@ -679,8 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.ops:,} ops or {args.seconds:g} s; ratios: big / small\n",
             flush=True,
         )
-        print(ops_table(results, small.label, big.label) + "\n", flush=True)
-        print(write_table(results, [small.label, big.label]) + "\n", flush=True)
+        print(ops_table(results, measured_ops(args), small.label, big.label) + "\n", flush=True)
+        print(write_table(results, measured_ops(args), [small.label, big.label]) + "\n", flush=True)
         walks = [asyncio.run(walk(server, b, args.walk_pages or sys.maxsize)) for b in (small, big)]
         print(walk_table(walks) + "\n", flush=True)
         for bucket in (small, big):
