@@ -1,6 +1,6 @@
 """Flat as it grows: S3 operations on a bucket of N objects against one of 100,000.
 
-    .venv/bin/python bench/scale_bench.py --objects 200000 --seconds 5    # a smoke run
+    .venv/bin/python bench/scale_bench.py --objects 200000 --seconds 5 --rounds 1  # smoke
     .venv/bin/python bench/scale_bench.py --objects 1000000
     .venv/bin/python bench/scale_bench.py                                  # 10,000,000
 
@@ -14,21 +14,23 @@ The rows are those of 16 KiB objects stored in blocks on both nodes (sharks, blo
 MD5), but the blocks were never written: HEAD, DELETE and LIST read and write the rows only.
 So that GET reads real data, `--get-keys` 4 KiB objects are PUT through S3 into each bucket
 before the measured phases, under names spread over the whole key space; GET reads those.
-After the build, VACUUM ANALYZE of the vnode tables (what autovacuum does to a bucket that
-grew by inserts), timed apart.
+After the build, VACUUM ANALYZE of the object tables (what autovacuum does to a bucket that
+grew by inserts), timed apart. CPU per object of the build processes and of PostgreSQL.
 
 Measured (the same in both buckets, interleaved op by op, `--rounds` rounds, the bucket that
 goes first alternating): at `--clients` clients with the s3_bench load generator (aiohttp,
 SigV4), each phase bounded by `--ops` and `--seconds`: PUT 4 KiB of new names at random
 places, GET of the S3-written objects, HEAD of random built keys, DELETE of random built keys
 (a tenth of the keys is kept for deletes, so no other phase meets a deleted key), and LIST
-pages of 1000 keys from random start-after keys. Then a walk of the big bucket in pages of
-1000 following continuation tokens (`--walk-pages`, default all), its rate per tenth.
+pages of 1000 keys from random start-after keys; with `--wal-compression METHOD`, PUT phases
+with PostgreSQL's wal_compression set to it as well. Then a walk of each bucket in pages of
+1000 following continuation tokens (`--walk-pages`, default all), its rate per tenth, and
+EXPLAIN (ANALYZE, BUFFERS) of the statement of one page in each bucket.
 
 Sizes: the vnode tables and indexes before and after each build (pg_total_relation_size and
 pg_indexes_size over the manta_bucket_* schemas), per object built. Write amplification: WAL
-written (pg_current_wal_lsn) and growth of PostgreSQL's data directory, per object built and
-per 4 KiB PUT.
+written (pg_current_wal_lsn), full-page images in it (pg_stat_wal) and growth of
+PostgreSQL's data directory, per object built, per 4 KiB PUT and per DELETE.
 """
 
 from __future__ import annotations
