@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -234,35 +234,71 @@ def read_rows(
     Executors read Arrow record batches (ADBC) and hand them to Spark as they are
     (mapInArrow): no Python object per row on either side.
     """
+    tasks = read_tasks(shards, ring, snapshots, template, **literals)
+    return map_read(spark, tasks, _as_read, RECORD_SCHEMA)
+
+
+def read_tasks(
+    shards: Sequence[ShardConfig],
+    ring: Ring,
+    snapshots: dict[str, str],
+    template: str,
+    **literals: Any,
+) -> list[ReadTask]:
+    """One ReadTask per vnode for `template` (placeholders as read_rows)."""
     dsns = {s.name: s.dsn for s in shards}
     query = template.replace("{columns}", OBJECT_COLUMNS)
     for name, value in literals.items():
         query = query.replace("{" + name + "}", sql.Literal(value).as_string(None))
     every = tuple((s.name, s.dsn) for s in shards)
-    tasks = [
+    return [
         ReadTask(
             ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query, every
         )
         for v in range(ring.vnodes)
     ]
+
+
+# What a Spark task does with the batches it read (ARROW_RECORD_SCHEMA): batches of the
+# DataFrame's schema.
+BatchMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def map_read(
+    spark: SparkSession, tasks: list[ReadTask], function: BatchMap, schema: T.StructType
+) -> DataFrame:
+    """The DataFrame of `function` applied, in each Spark task, to the rows of its share of
+    `tasks` as they are read: a job that acts on each row (gc) does so in the Python worker
+    that read it, without handing the rows to the JVM and back."""
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
     counter = rows_read(spark.sparkContext)
     # Each task gets the numbers of its tasks' entries (the list travels in the function,
     # pickled once: its entries share their query and DSNs).
     numbers = spark.range(0, len(tasks), 1, slices)
-    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter), RECORD_SCHEMA)
+    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter, function), schema)
+
+
+def _as_read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return batches
 
 
 def _read_numbered(
-    tasks: list[ReadTask], counter: Accumulator[int], batches: Iterable[pa.RecordBatch]
+    tasks: list[ReadTask],
+    counter: Accumulator[int],
+    function: BatchMap,
+    batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow's function: numbers of `tasks` -> the rows of those tasks, counted for the
-    job's progress."""
+    """mapInArrow's function: numbers of `tasks` -> `function` of the rows of those tasks,
+    counted for the job's progress."""
     mine = (tasks[number] for batch in batches for number in batch.column("id").to_pylist())
-    for batch in read_batches(mine):
-        counter.add(batch.num_rows)
-        yield batch
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        for batch in read_batches(mine):
+            counter.add(batch.num_rows)
+            yield batch
+
+    yield from function(counted())
 
 
 def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:

@@ -51,6 +51,8 @@ from shoal.storage.client import ClientSettings
 # each overlaps its round trips with the nodes' unlinks and the other calls' JSON.
 GROUP = 500
 GROUPS_IN_FLIGHT = 4
+# Rows a task works on at once (its memory holds one such batch, as read).
+BATCH_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,9 @@ class Summaries(AccumulatorParam[list[TaskSummary]]):
         return value1
 
 
-# What the executors read of each row, and what the output keeps of it: enough to find the
-# record (its key and version, its nodes, when it was deleted), not its whole metadata.
-_INPUT = [
+# What the output keeps of each row read: enough to find the record (its key and version,
+# its nodes, when it was deleted), not its whole metadata; and whether it was reclaimed.
+_REPORTED = [
     "shard",
     "vnode",
     "kind",
@@ -102,13 +104,11 @@ _INPUT = [
     "name",
     "content_length",
     "sharks",
-    "properties",
     "deleted_at",
 ]
 REPORT_SCHEMA = T.StructType(
     [
-        *(field for field in io.RECORD_SCHEMA.fields if field.name in _INPUT[:-2]),
-        io.RECORD_SCHEMA["deleted_at"],
+        *(io.RECORD_SCHEMA[name] for name in _REPORTED),
         T.StructField("reclaimed", T.BooleanType()),
     ]
 )
@@ -127,24 +127,24 @@ def run(ctx: JobContext) -> Summary:
     # One phase: each task reads, deletes and removes its records as they stream.
     ctx.progress.begin("reclaim")
     with io.exported_snapshots(ctx.shards) as snapshots:
-        garbage = io.read_rows(
-            ctx.spark, ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff
-        )
+        tasks = io.read_tasks(ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff)
         dead = _dead_buckets(ctx, snapshots, cutoff)
         if dead:
-            contents = io.read_rows(
-                ctx.spark,
+            tasks += io.read_tasks(
                 ctx.shards,
                 ctx.ring,
                 snapshots,
                 io.DEAD_BUCKET_CONTENTS,
                 dead=[d[0] for d in dead],
             )
-            garbage = garbage.unionByName(contents)
         # One pass, no shuffle: each task reads its vnodes' rows, deletes their blocks and
-        # removes them, streaming; the report is written as it goes.
-        report = garbage.select(*_INPUT).mapInArrow(
-            lambda batches: reclaim(batches, setup, summaries), REPORT_SCHEMA
+        # removes them, streaming, in the Python worker that read them; the report is
+        # written as it goes.
+        report = io.map_read(
+            ctx.spark,
+            tasks,
+            functools.partial(reclaim, setup=setup, summaries=summaries),
+            REPORT_SCHEMA,
         )
         report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
             str(ctx.output / "records")
@@ -223,13 +223,13 @@ def reclaim(
     windows = _Windows(setup.window)
     count_request = _fault_injection()
     try:
-        for batch in batches:
+        for batch in _sliced(batches):
             rows = _Columns.of(batch)
             runs = _runs_of(rows)
             deletion = loop.run_until_complete(_delete(data, runs, count_request))
             _tally(summary, rows, deletion)
             _remove(remover, rows, deletion.may_go, windows)
-            yield batch.drop_columns(["properties"]).append_column(
+            yield batch.select(_REPORTED).append_column(
                 "reclaimed", pa.array(deletion.may_go, pa.bool_())
             )
         summary.truncated, summary.to_vacuum = remover.finish()
@@ -239,6 +239,13 @@ def reclaim(
         loop.run_until_complete(client.close())
         loop.close()
     summaries.add([summary])
+
+
+def _sliced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches in slices of at most BATCH_ROWS rows (views, no copy)."""
+    for batch in batches:
+        for first in range(0, batch.num_rows, BATCH_ROWS):
+            yield batch.slice(first, BATCH_ROWS)
 
 
 @dataclass(frozen=True)
