@@ -79,8 +79,13 @@ class Peaks:
     executor: int = 0  # the largest one executor (its JVM and its Python workers)
     total: int = 0  # everything at once
     samples: int = 0
-    # CPU seconds (user + system) of each process of the run's trees, as last sampled.
+    # CPU seconds (user + system) of each process of the run's trees, as last sampled, and
+    # what each process is: "Python workers", "JVMs" (the driver's, executors'), "driver".
     cpu: dict[int, float] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)
+
+    def cpu_of(self, kind: str) -> float:
+        return sum(seconds for pid, seconds in self.cpu.items() if self.kinds[pid] == kind)
 
 
 @dataclass
@@ -115,6 +120,15 @@ def _is_executor_jvm(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return any("CoarseGrainedExecutorBackend" in part for part in process.cmdline())
     return False
+
+
+def _kind(process: psutil.Process) -> str:
+    if _is_python_worker(process):
+        return "Python workers"
+    with contextlib.suppress(psutil.Error):
+        if process.name() == "java":
+            return "JVMs"
+    return "driver"
 
 
 def _rss(process: psutil.Process) -> int:
@@ -188,6 +202,8 @@ class MemoryWatch:
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             self.peaks.cpu[process.pid] = times.user + times.system
+            # As last seen: the JVM starts as a shell script that execs it.
+            self.peaks.kinds[process.pid] = _kind(process)
 
 
 # -- a standalone cluster ---------------------------------------------------------------------
@@ -276,6 +292,7 @@ def run_command(
         job_seconds = figures.get("seconds: total")
     cpu = {
         "command": sum(watch.peaks.cpu.values()),
+        **{kind: watch.peaks.cpu_of(kind) for kind in ("driver", "JVMs", "Python workers")},
         "nodes": _nodes_cpu(bench) - cpu_before["nodes"],
         "postgres": _postgres_cpu(bench) - cpu_before["postgres"],
     }
