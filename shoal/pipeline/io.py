@@ -17,6 +17,7 @@ that is run again after a crash converges.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import time
@@ -309,13 +310,22 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
 
     Each vnode is read in a transaction of its own (joining the same snapshot), so the locks
     its read takes go as soon as it is read: a move's write fence waits for one vnode's read
-    at most, never for the rest of the task."""
+    at most, never for the rest of the task.
+
+    Connections that end clean are kept for the worker's next task of the same job
+    (_IdleReaders): Spark reuses the worker, and connecting costs more than reading a vnode."""
     connections: dict[str, AdbcConnection] = {}
+    joined: dict[str, tuple[str, str]] = {}  # shard -> its DSN and the job's snapshot
+    clean = False
     try:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
-                conn = connections[task.shard] = arrow_connect(task.shard, task.dsn)
+                conn = _IDLE_READERS.take(task.dsn, task.snapshot)
+                if conn is None:
+                    conn = arrow_connect(task.shard, task.dsn)
+                connections[task.shard] = conn
+                joined[task.shard] = (task.dsn, task.snapshot)
             try:
                 _join_snapshot(conn, task.snapshot)
             except AdbcError as exc:
@@ -333,9 +343,56 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
                 _statement(conn, "ROLLBACK")  # read only: ends the vnode's transaction, its locks
             except AdbcError as exc:
                 raise _arrow_classified(exc, task.shard) from None
+        clean = True
     finally:
-        for conn in connections.values():
-            conn.close()
+        for shard, conn in connections.items():
+            if clean:
+                _IDLE_READERS.keep(*joined[shard], conn)
+            else:
+                conn.close()
+
+
+# Bounds what a long-lived worker (one Spark session running many jobs, as in the tests)
+# holds between jobs on shards it has read.
+MAX_IDLE_READERS = 4
+
+
+class _IdleReaders:
+    """A Python worker's reading connections between its tasks: one per shard, for the
+    tasks of the job whose snapshot it last joined (a connection of an earlier job is
+    closed, not reused), at most MAX_IDLE_READERS (the longest idle is closed first); all
+    closed when the worker exits."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, tuple[str, AdbcConnection]] = {}  # DSN -> snapshot, connection
+        atexit.register(self.close)
+
+    def take(self, dsn: str, snapshot: str) -> AdbcConnection | None:
+        kept = self.idle.pop(dsn, None)
+        if kept is None:
+            return None
+        if kept[0] != snapshot:
+            kept[1].close()
+            return None
+        return kept[1]
+
+    def keep(self, dsn: str, snapshot: str, conn: AdbcConnection) -> None:
+        earlier = self.idle.pop(dsn, None)
+        if earlier is not None:
+            earlier[1].close()
+        self.idle[dsn] = (snapshot, conn)
+        while len(self.idle) > MAX_IDLE_READERS:
+            oldest = next(iter(self.idle))
+            self.idle.pop(oldest)[1].close()
+
+    def close(self) -> None:
+        for _, conn in self.idle.values():
+            with contextlib.suppress(Exception):
+                conn.close()
+        self.idle.clear()
+
+
+_IDLE_READERS = _IdleReaders()
 
 
 def _read_vnode(conn: AdbcConnection, task: ReadTask) -> Iterator[pa.RecordBatch]:
