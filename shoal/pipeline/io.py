@@ -689,6 +689,7 @@ class Remover:
         truncated = 0
         to_vacuum: list[tuple[str, int, str]] = []
         for shard in {shard for shard, _, _ in self.staged}:
+            self._connection(shard).execute(queries.INDEX_RECLAIMED)
             self._connection(shard).execute(queries.ANALYZE_RECLAIMED)  # a plan for its size
         for shard, vnode, window in sorted(self.staged):
             try:
