@@ -2,17 +2,19 @@
 
 One streaming pass, no shuffle: each task reads the rows of its vnodes from one snapshot per
 shard (every deletion record older than the leeway, and every row of a bucket incarnation
-deleted before it), a batch at a time; deletes each batch's blocks with the code path of
-`shoal gc run` (shoal/gc/deletion.py: one request per node per group of records, several in
-flight); and removes the rows whose blocks are all gone. Deletion records are staged on the
+deleted before it), a batch at a time, in the Python worker that reclaims them; works out
+each batch's blocks per node on its Arrow columns; deletes them with the code path of
+`shoal gc run` (shoal/gc/deletion.py: requests of 1,000 names, four in flight per node); and
+removes the rows whose blocks are all gone. Deletion records are staged on the
 shard and, once the task has seen all its rows, removed a window at a time: a window that
 holds nothing else is truncated whole, others lose their rows by id and are vacuumed by the
 driver afterwards, so no dead tuples are left. Then the driver drops deleted-bucket records
 with nothing left, and every past window left empty. Each step is idempotent: run again after
 a crash, the job converges.
 
-A task's memory holds one batch of rows (Arrow's, 10,000 by default) and its driver receives
-one small summary per task: neither grows with the number of records.
+A task's memory holds two batches of rows (BATCH_ROWS each: the one being deleted, the one
+being read) and its driver receives one small summary per task: neither grows with the
+number of records.
 
 "Block replicas deleted" counts what the nodes report they removed (one block on one node),
 as the daemon does; replicas already missing are counted apart.
@@ -435,7 +437,7 @@ class _Windows:
 
 
 def _fault_injection() -> Callable[[], None]:
-    """Counts the task's delete requests (one per node per group); the test hook
+    """Counts the task's node delete batches (one per node per batch of rows); the test hook
     SHOAL_GC_FAULT_AFTER=K makes the task exit with status 3 at the K-th."""
     after = io.fault_after_requests()
     calls = 0
