@@ -79,6 +79,13 @@ class Peaks:
     executor: int = 0  # the largest one executor (its JVM and its Python workers)
     total: int = 0  # everything at once
     samples: int = 0
+    # CPU seconds (user + system) of each process of the run's trees, as last sampled, and
+    # what each process is: "Python workers", "JVMs" (the driver's, executors'), "driver".
+    cpu: dict[int, float] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)
+
+    def cpu_of(self, kind: str) -> float:
+        return sum(seconds for pid, seconds in self.cpu.items() if self.kinds[pid] == kind)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class Outcome:
     peaks: Peaks
     left: tuple[int, int]  # records, block files
     figures: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: command, nodes, postgres
 
     @property
     def rate(self) -> float:
@@ -112,6 +120,15 @@ def _is_executor_jvm(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return any("CoarseGrainedExecutorBackend" in part for part in process.cmdline())
     return False
+
+
+def _kind(process: psutil.Process) -> str:
+    if _is_python_worker(process):
+        return "Python workers"
+    with contextlib.suppress(psutil.Error):
+        if process.name() == "java":
+            return "JVMs"
+    return "driver"
 
 
 def _rss(process: psutil.Process) -> int:
@@ -154,6 +171,7 @@ class MemoryWatch:
         peaks = self.peaks
         driver = python = total = 0
         for process in _tree(self.command):
+            self._cpu(process)
             rss = _rss(process)
             total += rss
             if _is_python_worker(process):
@@ -165,6 +183,7 @@ class MemoryWatch:
             for executor in [p for p in _tree(self.worker) if _is_executor_jvm(p)]:
                 own = 0
                 for process in _tree(executor):
+                    self._cpu(process)
                     rss = _rss(process)
                     own += rss
                     total += rss
@@ -178,6 +197,13 @@ class MemoryWatch:
         peaks.executor = max(peaks.executor, biggest)
         peaks.total = max(peaks.total, total)
         peaks.samples += 1
+
+    def _cpu(self, process: psutil.Process) -> None:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            self.peaks.cpu[process.pid] = times.user + times.system
+            # As last seen: the JVM starts as a shell script that execs it.
+            self.peaks.kinds[process.pid] = _kind(process)
 
 
 # -- a standalone cluster ---------------------------------------------------------------------
@@ -239,10 +265,14 @@ def run_command(
     records: int,
     executors: int,
     worker: psutil.Process | None,
+    profile: Path | None = None,
 ) -> Outcome:
     names = make_backlog(bench, records)
     assert count_records(bench.shard.dsn, bench.ring.vnodes) == records
     print(f"  {runner}: {' '.join(command[1:])}", flush=True)
+    cpu_before = {"nodes": _nodes_cpu(bench), "postgres": _postgres_cpu(bench)}
+    if profile is not None:
+        command = profiled(command, profile / f"{runner.replace(' ', '-')}-{records}.txt")
     started = time.monotonic()
     with open(bench.scratch / "run.out", "w+") as out, open(bench.scratch / "run.err", "w+") as err:
         environment = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -260,12 +290,47 @@ def run_command(
     if stdout.lstrip().startswith("{"):
         figures = json.loads(stdout)
         job_seconds = figures.get("seconds: total")
+    cpu = {
+        "command": sum(watch.peaks.cpu.values()),
+        **{kind: watch.peaks.cpu_of(kind) for kind in ("driver", "JVMs", "Python workers")},
+        "nodes": _nodes_cpu(bench) - cpu_before["nodes"],
+        "postgres": _postgres_cpu(bench) - cpu_before["postgres"],
+    }
     left = (count_records(bench.shard.dsn, bench.ring.vnodes), files_on_nodes(bench, names))
-    outcome = Outcome(runner, records, seconds, job_seconds, executors, watch.peaks, left, figures)
+    outcome = Outcome(
+        runner, records, seconds, job_seconds, executors, watch.peaks, left, figures, cpu
+    )
     print(report(outcome), flush=True)
     if left != (0, 0):
         raise RuntimeError(f"{runner} left {left[0]} records and {left[1]} block files")
     return outcome
+
+
+def _nodes_cpu(bench: Bench) -> float:
+    return sum(node.cpu_seconds() for node in bench.nodes)
+
+
+def _postgres_cpu(bench: Bench) -> float:
+    """CPU seconds of the PostgreSQL server: the postmaster, its processes, and its
+    connections that have ended (reaped, so counted in the postmaster's children)."""
+    with contextlib.closing(_connect(bench)) as conn:
+        backend = psutil.Process(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        postmaster = backend.parent()
+    assert postmaster is not None
+    seconds = 0.0
+    for process in _tree(postmaster):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            seconds += times.user + times.system + times.children_user + times.children_system
+    return seconds
+
+
+def profiled(command: list[str], output: Path) -> list[str]:
+    """The command under py-spy, sampling it and every process it starts (the JVM's Python
+    workers included), written as collapsed stacks (one line per stack and its count)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).parent / "py-spy")
+    return [spy, "record", "--subprocesses", "--format", "raw", "-o", str(output), "--", *command]
 
 
 def mib(value: int) -> str:
@@ -286,6 +351,11 @@ def report(o: Outcome) -> str:
         f"  {o.runner}: {o.records:,} records in {o.seconds:.1f} s{job}: {o.rate:,.0f} records/s"
         f"{per_executor}; {memory}; left {o.left[0]} records, {o.left[1]} block files"
     )
+    if o.cpu:
+        per = 100_000 / o.records
+        line += "\n    CPU s per 100,000 records: " + ", ".join(
+            f"{name} {seconds * per:.1f}" for name, seconds in o.cpu.items()
+        )
     if phases:
         line += "\n    " + ", ".join(f"{k[9:]} {v}" for k, v in phases.items())
     return line
@@ -303,10 +373,14 @@ def measure(args: argparse.Namespace, bench: Bench, config: Path) -> list[Outcom
         for records in args.records:
             print(f"{records:,} records ({load_average('now')})", flush=True)
             outcomes.append(
-                run_command(bench, "gc run", [SHOAL, "gc", "run", *where], records, 0, None)
+                run_command(
+                    bench, "gc run", [SHOAL, "gc", "run", *where], records, 0, None, args.profile
+                )
             )
             local = [SHOAL, "pipeline", "gc", *where, "--master", "local[2]", "--json"]
-            outcomes.append(run_command(bench, "pipeline gc local[2]", local, records, 2, None))
+            outcomes.append(
+                run_command(bench, "pipeline gc local[2]", local, records, 2, None, args.profile)
+            )
             for executors in args.executors:
                 assert cluster is not None
                 on_cluster = [
@@ -329,6 +403,7 @@ def measure(args: argparse.Namespace, bench: Bench, config: Path) -> list[Outcom
                         records,
                         executors,
                         psutil.Process(cluster.processes[1].pid),  # the worker
+                        args.profile,
                     )
                 )
     return outcomes
@@ -355,6 +430,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="executor counts on the standalone cluster (none: local[2] only)",
     )
     parser.add_argument("--vnodes", type=int, default=DEFAULT_VNODES)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run each command under py-spy (its Python workers too), stacks written here",
+    )
     parser.add_argument("--dsn", help="an existing PostgreSQL superuser DSN (default: embedded)")
     parser.add_argument("--scratch", type=Path, help="parent folder of the scratch folder")
     return parser.parse_args(argv)

@@ -48,14 +48,13 @@ def blocks_of(record: ObjectVersion) -> list[BlockRun]:
     return block_runs(record.id, record.content_length or 0, record.sharks, record.properties)
 
 
-def by_node(runs: Sequence[BlockRun]) -> dict[str, list[BlockRun]]:
-    """The same blocks grouped per node they are on: one delete batch per node."""
-    grouped: dict[str, list[BlockRun]] = {}
+def names_by_node(runs: Sequence[BlockRun]) -> dict[str, list[str]]:
+    """The names of the runs' blocks, per node they are on: one delete batch per node."""
+    grouped: dict[str, list[str]] = {}
     for run in runs:
+        names = run.block_names()
         for shark in run.sharks:
-            grouped.setdefault(shark, []).append(
-                BlockRun(run.id, run.size, run.block_size, [shark])
-            )
+            grouped.setdefault(shark, []).extend(names)
     return grouped
 
 

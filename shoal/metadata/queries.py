@@ -950,6 +950,12 @@ COPY_RECLAIMED = "COPY gc_reclaimed (vnode, window_name, id) FROM STDIN"
 
 ANALYZE_RECLAIMED = "ANALYZE gc_reclaimed"
 
+# Each window's check and removal then look up its own staged ids, instead of reading every
+# row the connection staged once per window.
+INDEX_RECLAIMED = """
+CREATE INDEX IF NOT EXISTS gc_reclaimed_ids ON gc_reclaimed (vnode, window_name, id)
+"""
+
 # The records staged for one window: what follows its vnode when the vnode moved away.
 STAGED_RECLAIMED = """
 SELECT vnode, window_name, id FROM gc_reclaimed

@@ -17,10 +17,11 @@ that is run again after a crash converges.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -234,35 +235,71 @@ def read_rows(
     Executors read Arrow record batches (ADBC) and hand them to Spark as they are
     (mapInArrow): no Python object per row on either side.
     """
+    tasks = read_tasks(shards, ring, snapshots, template, **literals)
+    return map_read(spark, tasks, _as_read, RECORD_SCHEMA)
+
+
+def read_tasks(
+    shards: Sequence[ShardConfig],
+    ring: Ring,
+    snapshots: dict[str, str],
+    template: str,
+    **literals: Any,
+) -> list[ReadTask]:
+    """One ReadTask per vnode for `template` (placeholders as read_rows)."""
     dsns = {s.name: s.dsn for s in shards}
     query = template.replace("{columns}", OBJECT_COLUMNS)
     for name, value in literals.items():
         query = query.replace("{" + name + "}", sql.Literal(value).as_string(None))
     every = tuple((s.name, s.dsn) for s in shards)
-    tasks = [
+    return [
         ReadTask(
             ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query, every
         )
         for v in range(ring.vnodes)
     ]
+
+
+# What a Spark task does with the batches it read (ARROW_RECORD_SCHEMA): batches of the
+# DataFrame's schema.
+BatchMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def map_read(
+    spark: SparkSession, tasks: list[ReadTask], function: BatchMap, schema: T.StructType
+) -> DataFrame:
+    """The DataFrame of `function` applied, in each Spark task, to the rows of its share of
+    `tasks` as they are read: a job that acts on each row (gc) does so in the Python worker
+    that read it, without handing the rows to the JVM and back."""
     # A few vnodes per Spark task: a task costs more than reading a small vnode.
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 2))
     counter = rows_read(spark.sparkContext)
     # Each task gets the numbers of its tasks' entries (the list travels in the function,
     # pickled once: its entries share their query and DSNs).
     numbers = spark.range(0, len(tasks), 1, slices)
-    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter), RECORD_SCHEMA)
+    return numbers.mapInArrow(functools.partial(_read_numbered, tasks, counter, function), schema)
+
+
+def _as_read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return batches
 
 
 def _read_numbered(
-    tasks: list[ReadTask], counter: Accumulator[int], batches: Iterable[pa.RecordBatch]
+    tasks: list[ReadTask],
+    counter: Accumulator[int],
+    function: BatchMap,
+    batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow's function: numbers of `tasks` -> the rows of those tasks, counted for the
-    job's progress."""
+    """mapInArrow's function: numbers of `tasks` -> `function` of the rows of those tasks,
+    counted for the job's progress."""
     mine = (tasks[number] for batch in batches for number in batch.column("id").to_pylist())
-    for batch in read_batches(mine):
-        counter.add(batch.num_rows)
-        yield batch
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        for batch in read_batches(mine):
+            counter.add(batch.num_rows)
+            yield batch
+
+    yield from function(counted())
 
 
 def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
@@ -273,13 +310,22 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
 
     Each vnode is read in a transaction of its own (joining the same snapshot), so the locks
     its read takes go as soon as it is read: a move's write fence waits for one vnode's read
-    at most, never for the rest of the task."""
+    at most, never for the rest of the task.
+
+    Connections that end clean are kept for the worker's next task of the same job
+    (_IdleReaders): Spark reuses the worker, and connecting costs more than reading a vnode."""
     connections: dict[str, AdbcConnection] = {}
+    joined: dict[str, tuple[str, str]] = {}  # shard -> its DSN and the job's snapshot
+    clean = False
     try:
         for task in tasks:
             conn = connections.get(task.shard)
             if conn is None:
-                conn = connections[task.shard] = arrow_connect(task.shard, task.dsn)
+                conn = _IDLE_READERS.take(task.dsn, task.snapshot)
+                if conn is None:
+                    conn = arrow_connect(task.shard, task.dsn)
+                connections[task.shard] = conn
+                joined[task.shard] = (task.dsn, task.snapshot)
             try:
                 _join_snapshot(conn, task.snapshot)
             except AdbcError as exc:
@@ -297,9 +343,56 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
                 _statement(conn, "ROLLBACK")  # read only: ends the vnode's transaction, its locks
             except AdbcError as exc:
                 raise _arrow_classified(exc, task.shard) from None
+        clean = True
     finally:
-        for conn in connections.values():
-            conn.close()
+        for shard, conn in connections.items():
+            if clean:
+                _IDLE_READERS.keep(*joined[shard], conn)
+            else:
+                conn.close()
+
+
+# Bounds what a long-lived worker (one Spark session running many jobs, as in the tests)
+# holds between jobs on shards it has read.
+MAX_IDLE_READERS = 4
+
+
+class _IdleReaders:
+    """A Python worker's reading connections between its tasks: one per shard, for the
+    tasks of the job whose snapshot it last joined (a connection of an earlier job is
+    closed, not reused), at most MAX_IDLE_READERS (the longest idle is closed first); all
+    closed when the worker exits."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, tuple[str, AdbcConnection]] = {}  # DSN -> snapshot, connection
+        atexit.register(self.close)
+
+    def take(self, dsn: str, snapshot: str) -> AdbcConnection | None:
+        kept = self.idle.pop(dsn, None)
+        if kept is None:
+            return None
+        if kept[0] != snapshot:
+            kept[1].close()
+            return None
+        return kept[1]
+
+    def keep(self, dsn: str, snapshot: str, conn: AdbcConnection) -> None:
+        earlier = self.idle.pop(dsn, None)
+        if earlier is not None:
+            earlier[1].close()
+        self.idle[dsn] = (snapshot, conn)
+        while len(self.idle) > MAX_IDLE_READERS:
+            oldest = next(iter(self.idle))
+            self.idle.pop(oldest)[1].close()
+
+    def close(self) -> None:
+        for _, conn in self.idle.values():
+            with contextlib.suppress(Exception):
+                conn.close()
+        self.idle.clear()
+
+
+_IDLE_READERS = _IdleReaders()
 
 
 def _read_vnode(conn: AdbcConnection, task: ReadTask) -> Iterator[pa.RecordBatch]:
@@ -596,6 +689,7 @@ class Remover:
         truncated = 0
         to_vacuum: list[tuple[str, int, str]] = []
         for shard in {shard for shard, _, _ in self.staged}:
+            self._connection(shard).execute(queries.INDEX_RECLAIMED)
             self._connection(shard).execute(queries.ANALYZE_RECLAIMED)  # a plan for its size
         for shard, vnode, window in sorted(self.staged):
             try:

@@ -1,6 +1,5 @@
-"""`shoal gc run` on a backlog of 100,000 deletion records and `shoal pipeline gc` on a
-smaller one, with the default configuration (64 vnodes, 4 GC workers), as an operator runs
-them."""
+"""`shoal gc run` and `shoal pipeline gc` on a backlog of 100,000 deletion records, with the
+default configuration (64 vnodes, 4 GC workers), as an operator runs them."""
 
 from __future__ import annotations
 
@@ -18,10 +17,6 @@ from tests.fixtures.storage import MakeStorage, StorageCluster
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 BACKLOG = 100_000
-# A Spark job pays some 20 CPU-seconds of start before its first record, and on the few cores
-# the test suite shares the whole backlog took well over a minute: a fifth of it keeps this
-# test in the suite's time (bench/pipeline_gc_bench.py runs the Spark job at scale).
-SPARK_BACKLOG = 20_000
 WITH_BLOCKS = 500  # records naming a real block on both nodes; the others are inline
 
 
@@ -72,7 +67,7 @@ def test_pipeline_gc_with_a_node_down_names_it_and_exits_1(cluster: StorageClust
     the same of the node."""
     dsn, vnodes = shard_dsn(cluster), cluster.store.ring.vnodes
     where = ["--config", str(cluster.config_file), "--leeway", "0s"]
-    backlog = make_backlog(cluster, dsn, SPARK_BACKLOG, WITH_BLOCKS)
+    backlog = make_backlog(cluster, dsn, BACKLOG, WITH_BLOCKS)
     down = cluster.nodes[1]
     down.kill()
     spark = shoal("pipeline", "gc", *where)
@@ -81,8 +76,8 @@ def test_pipeline_gc_with_a_node_down_names_it_and_exits_1(cluster: StorageClust
     assert f"  problem: block delete failed on {down.shark}: " in spark.stdout
     assert count_records(dsn, vnodes) == WITH_BLOCKS
     assert last_gc_run(dsn) == (
-        SPARK_BACKLOG,
-        SPARK_BACKLOG - WITH_BLOCKS,
+        BACKLOG,
+        BACKLOG - WITH_BLOCKS,
         WITH_BLOCKS,
         WITH_BLOCKS,
     )

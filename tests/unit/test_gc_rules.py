@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shoal.gc.rules import DEFAULT_LEEWAY, blocks_of, by_node, may_remove, parse_leeway
+from shoal.gc.rules import DEFAULT_LEEWAY, blocks_of, may_remove, names_by_node, parse_leeway
 from shoal.metadata import ObjectVersion
 from shoal.storage import BlockRun
 
@@ -90,11 +90,7 @@ def test_records_without_blocks() -> None:
 def test_deletes_are_batched_per_node() -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     runs = [BlockRun(a, 10, MiB, ["n1", "n2"]), BlockRun(b, 10, MiB, ["n2"])]
-    assert by_node(runs) == {
-        "n1": [BlockRun(a, 10, MiB, ["n1"])],
-        "n2": [BlockRun(a, 10, MiB, ["n2"]), BlockRun(b, 10, MiB, ["n2"])],
-    }
-    assert runs[0].sharks == ["n1", "n2"]  # the records' own runs are left as they were
+    assert names_by_node(runs) == {"n1": [f"{a}.0"], "n2": [f"{a}.0", f"{b}.0"]}
 
 
 def test_a_record_goes_only_when_no_node_it_names_failed() -> None:

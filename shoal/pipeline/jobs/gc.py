@@ -2,17 +2,19 @@
 
 One streaming pass, no shuffle: each task reads the rows of its vnodes from one snapshot per
 shard (every deletion record older than the leeway, and every row of a bucket incarnation
-deleted before it), a batch at a time; deletes each batch's blocks with the code path of
-`shoal gc run` (shoal/gc/deletion.py: one request per node per group of records, several in
-flight); and removes the rows whose blocks are all gone. Deletion records are staged on the
+deleted before it), a batch at a time, in the Python worker that reclaims them; works out
+each batch's blocks per node on its Arrow columns; deletes them with the code path of
+`shoal gc run` (shoal/gc/deletion.py: requests of 1,000 names, four in flight per node); and
+removes the rows whose blocks are all gone. Deletion records are staged on the
 shard and, once the task has seen all its rows, removed a window at a time: a window that
 holds nothing else is truncated whole, others lose their rows by id and are vacuumed by the
 driver afterwards, so no dead tuples are left. Then the driver drops deleted-bucket records
 with nothing left, and every past window left empty. Each step is idempotent: run again after
 a crash, the job converges.
 
-A task's memory holds one batch of rows (Arrow's, 10,000 by default) and its driver receives
-one small summary per task: neither grows with the number of records.
+A task's memory holds two batches of rows (BATCH_ROWS each: the one being deleted, the one
+being read) and its driver receives one small summary per task: neither grows with the
+number of records.
 
 "Block replicas deleted" counts what the nodes report they removed (one block on one node),
 as the daemon does; replicas already missing are counted apart.
@@ -26,31 +28,32 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import Accumulator, AccumulatorParam
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shoal.gc.deletion import Deletion, delete_blocks
+from shoal.gc.deletion import Deletion, delete_names
+from shoal.gc.rules import may_remove, names_by_node
 from shoal.metadata import MetadataStore
 from shoal.metadata.garbage import GcRun, vacuum_windows
 from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 from shoal.pipeline.jobs.rebalance import FixedDirectory
-from shoal.storage import BlockRun, DataPath, block_runs
+from shoal.storage import DEFAULT_BLOCK_SIZE, BlockRun, DataPath, block_runs
 from shoal.storage.client import ClientSettings
 
-# Records whose blocks one delete call covers (each node's share of them is one request of
-# up to 1,000 names for single-block records), and how many such calls a task has in flight:
-# each overlaps its round trips with the nodes' unlinks and the other calls' JSON.
-GROUP = 500
-GROUPS_IN_FLIGHT = 4
+# Rows a task works on at once (its memory holds one such batch, as read).
+BATCH_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,9 @@ class Summaries(AccumulatorParam[list[TaskSummary]]):
         return value1
 
 
-# What the executors read of each row, and what the output keeps of it: enough to find the
-# record (its key and version, its nodes, when it was deleted), not its whole metadata.
-_INPUT = [
+# What the output keeps of each row read: enough to find the record (its key and version,
+# its nodes, when it was deleted), not its whole metadata; and whether it was reclaimed.
+_REPORTED = [
     "shard",
     "vnode",
     "kind",
@@ -102,13 +105,11 @@ _INPUT = [
     "name",
     "content_length",
     "sharks",
-    "properties",
     "deleted_at",
 ]
 REPORT_SCHEMA = T.StructType(
     [
-        *(field for field in io.RECORD_SCHEMA.fields if field.name in _INPUT[:-2]),
-        io.RECORD_SCHEMA["deleted_at"],
+        *(io.RECORD_SCHEMA[name] for name in _REPORTED),
         T.StructField("reclaimed", T.BooleanType()),
     ]
 )
@@ -127,24 +128,24 @@ def run(ctx: JobContext) -> Summary:
     # One phase: each task reads, deletes and removes its records as they stream.
     ctx.progress.begin("reclaim")
     with io.exported_snapshots(ctx.shards) as snapshots:
-        garbage = io.read_rows(
-            ctx.spark, ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff
-        )
+        tasks = io.read_tasks(ctx.shards, ctx.ring, snapshots, io.DELETION_RECORDS, cutoff=cutoff)
         dead = _dead_buckets(ctx, snapshots, cutoff)
         if dead:
-            contents = io.read_rows(
-                ctx.spark,
+            tasks += io.read_tasks(
                 ctx.shards,
                 ctx.ring,
                 snapshots,
                 io.DEAD_BUCKET_CONTENTS,
                 dead=[d[0] for d in dead],
             )
-            garbage = garbage.unionByName(contents)
         # One pass, no shuffle: each task reads its vnodes' rows, deletes their blocks and
-        # removes them, streaming; the report is written as it goes.
-        report = garbage.select(*_INPUT).mapInArrow(
-            lambda batches: reclaim(batches, setup, summaries), REPORT_SCHEMA
+        # removes them, streaming, in the Python worker that read them; the report is
+        # written as it goes.
+        report = io.map_read(
+            ctx.spark,
+            tasks,
+            functools.partial(reclaim, setup=setup, summaries=summaries),
+            REPORT_SCHEMA,
         )
         report.withColumn("run_started", F.lit(ctx.started)).write.mode("overwrite").parquet(
             str(ctx.output / "records")
@@ -214,81 +215,140 @@ def reclaim(
 ) -> Iterator[pa.RecordBatch]:
     """One task: for each batch of rows (RECORD_SCHEMA), delete their blocks (shoal.gc's code
     path, as `gc run`), stage the rows that may go for removal, and yield the batch with
-    `reclaimed`; then remove the staged rows, window by window. Memory holds one batch."""
+    `reclaimed`; then remove the staged rows, window by window.
+
+    A batch's deletes and staging run on a thread of their own while the task reads and
+    parses the next batch: the task waits on the nodes and the shard for one batch while it
+    works on the next. Memory holds two batches."""
     summary = TaskSummary()
-    loop = asyncio.new_event_loop()
-    client = setup.access.client()
-    data = DataPath(client, FixedDirectory(setup.urls, []))
-    remover = io.Remover(setup.dsns)
-    windows = _Windows(setup.window)
-    count_request = _fault_injection()
-    try:
-        for batch in batches:
-            rows = _Columns.of(batch)
-            runs = _runs_of(rows)
-            deletion = loop.run_until_complete(_delete(data, runs, count_request))
-            _tally(summary, rows, deletion)
-            _remove(remover, rows, deletion.may_go, windows)
-            yield batch.drop_columns(["properties"]).append_column(
-                "reclaimed", pa.array(deletion.may_go, pa.bool_())
-            )
-        summary.truncated, summary.to_vacuum = remover.finish()
-        summary.removed = remover.removed
-    finally:
-        remover.close()
-        loop.run_until_complete(client.close())
-        loop.close()
+    with ThreadPoolExecutor(1, thread_name_prefix="gc-batch") as pool:
+        effects = _Effects(setup, summary)
+        try:
+            pending: tuple[pa.RecordBatch, Future[pa.BooleanArray]] | None = None
+            for batch in _sliced(batches):
+                submitted = pool.submit(effects.reclaim, _Blocks.of(batch))
+                if pending is not None:
+                    yield _reported(*pending)
+                pending = (batch, submitted)
+            if pending is not None:
+                yield _reported(*pending)
+            pool.submit(effects.finish).result()
+        finally:
+            pool.submit(effects.close).result()
     summaries.add([summary])
 
 
-@dataclass(frozen=True)
-class _Columns:
-    """The columns of a batch the executors use, as lists (a list of dicts per row, or
-    datetimes, cost more than the work on them)."""
+def _sliced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches in slices of at most BATCH_ROWS rows (views, no copy)."""
+    for batch in batches:
+        for first in range(0, batch.num_rows, BATCH_ROWS):
+            yield batch.slice(first, BATCH_ROWS)
 
-    shard: list[str]
-    vnode: list[int]
-    kind: list[str]
-    id: list[str]
-    owner: list[str]
-    bucket_id: list[str]
-    content_length: list[int | None]
-    sharks: list[list[str] | None]
-    properties: list[str | None]
-    deleted_at: list[int | None]  # microseconds since the Unix epoch
+
+def _reported(batch: pa.RecordBatch, may_go: Future[pa.BooleanArray]) -> pa.RecordBatch:
+    """A batch of REPORT_SCHEMA, once its blocks are deleted and its rows staged."""
+    return batch.select(_REPORTED).append_column("reclaimed", may_go.result())
+
+
+class _Effects:
+    """What a task does to the nodes and the shards, on its one thread (which runs its event
+    loop and uses its connections)."""
+
+    def __init__(self, setup: Setup, summary: TaskSummary) -> None:
+        self.summary = summary
+        self.loop = asyncio.new_event_loop()
+        self.client = setup.access.client()
+        self.data = DataPath(self.client, FixedDirectory(setup.urls, []))
+        self.remover = io.Remover(setup.dsns)
+        self.windows = _Windows(setup.window)
+        self.count_request = _fault_injection()
+
+    def reclaim(self, blocks: _Blocks) -> pa.BooleanArray:
+        """Delete a batch's blocks and stage (or remove) its rows that may go."""
+        deletion = self.loop.run_until_complete(
+            delete_names(self.data, blocks.names, self.count_request)
+        )
+        may_go = blocks.may_go(deletion.failures)
+        _tally(self.summary, blocks.batch, deletion, may_go)
+        _remove(self.remover, blocks.batch.filter(may_go), self.windows)
+        return may_go
+
+    def finish(self) -> None:
+        self.summary.truncated, self.summary.to_vacuum = self.remover.finish()
+        self.summary.removed = self.remover.removed
+
+    def close(self) -> None:
+        self.remover.close()
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """The blocks a batch's rows name, per node, worked out on Arrow's columns: a row of one
+    block (or none) per node, as most are, costs no Python object; the others (parts of a
+    multipart object, blocks in their row, several blocks) go through rules' block_runs."""
+
+    batch: pa.RecordBatch
+    names: dict[str, list[str]]  # node -> names of the batch's blocks on it
+    runs: dict[int, list[BlockRun]]  # row -> its block runs, for the rows worked out in Python
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch) -> _Columns:
-        deleted_at = batch.column("deleted_at")
-        if deleted_at.type.unit == "us":  # Spark's: read the instants as they are stored
-            deleted_at = deleted_at.view(pa.int64())
-        else:
-            deleted_at = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
-        listed: dict[str, Any] = {name: batch.column(name).to_pylist() for name in _LISTED}
-        return cls(**listed, deleted_at=deleted_at.to_pylist())
-
-
-_LISTED = [
-    "shard",
-    "vnode",
-    "kind",
-    "id",
-    "owner",
-    "bucket_id",
-    "content_length",
-    "sharks",
-    "properties",
-]
-
-
-def _runs_of(rows: _Columns) -> list[list[BlockRun]]:
-    """Each row's block runs (rules.blocks_of, from columns)."""
-    return [
-        block_runs(uuid.UUID(id_), length or 0, sharks or [], _properties(properties))
-        for id_, length, sharks, properties in zip(
-            rows.id, rows.content_length, rows.sharks, rows.properties, strict=True
+    def of(cls, batch: pa.RecordBatch) -> _Blocks:
+        properties = batch.column("properties")
+        length = pc.fill_null(batch.column("content_length"), 0)
+        block_size = pc.fill_null(
+            pc.struct_field(pc.extract_regex(properties, _BLOCK_SIZE), [0]).cast(pa.int64()),
+            DEFAULT_BLOCK_SIZE,
         )
-    ]
+        in_python = pc.fill_null(
+            pc.or_kleene(
+                pc.match_substring_regex(properties, _NOT_ONE_BLOCK),
+                pc.or_kleene(pc.less_equal(block_size, 0), pc.greater(length, block_size)),
+            ),
+            False,
+        )
+        names: dict[str, list[str]] = {}
+        one_block = pc.and_(pc.invert(in_python), pc.greater(length, 0))
+        sharks = pc.filter(batch.column("sharks"), one_block)
+        block = pc.binary_join_element_wise(pc.filter(batch.column("id"), one_block), ".0", "")
+        on = pc.list_flatten(sharks)
+        named = pc.take(block, pc.list_parent_indices(sharks))
+        for shark in pc.unique(on).to_pylist():
+            names[shark] = pc.filter(named, pc.equal(on, shark)).to_pylist()
+        runs = {}
+        for row in pc.indices_nonzero(in_python).to_pylist():
+            runs[row] = record_runs = block_runs(
+                uuid.UUID(batch.column("id")[row].as_py()),
+                length[row].as_py(),
+                batch.column("sharks")[row].as_py() or [],
+                _properties(properties[row].as_py()),
+            )
+            for shark, more in names_by_node(record_runs).items():
+                names.setdefault(shark, []).extend(more)
+        return cls(batch, names, runs)
+
+    def may_go(self, failures: Collection[str]) -> pa.BooleanArray:
+        """Per row: whether all its blocks are gone (none of the nodes it names failed)."""
+        if not failures:
+            return pa.repeat(pa.scalar(True), self.batch.num_rows)
+        sharks = self.batch.column("sharks").to_pylist()
+        return pa.array(
+            [
+                may_remove(self.runs[row], failures)
+                if row in self.runs
+                else not any(shark in failures for shark in sharks[row] or [])
+                for row in range(self.batch.num_rows)
+            ],
+            pa.bool_(),
+        )
+
+
+# A row's block size, in its properties (jsonb as text); and the properties of a row whose
+# blocks do not follow from its columns alone (parts of a multipart object, or bytes in its
+# row): those rows go through block_runs.
+_BLOCK_SIZE = r'"block_size": (?P<size>-?\d+)'
+_NOT_ONE_BLOCK = r'"parts"|"inline"'
 
 
 @functools.lru_cache(maxsize=4096)
@@ -302,68 +362,69 @@ def _properties(text: str | None) -> dict[str, Any]:
     return _parsed(text) if text else {}
 
 
-async def _delete(
-    data: DataPath, runs: list[list[BlockRun]], count_request: Callable[[], None]
-) -> Deletion:
-    """Delete the blocks of a batch's records, GROUP records per call, GROUPS_IN_FLIGHT
-    calls at once; one Deletion for the batch."""
-    gate = asyncio.Semaphore(GROUPS_IN_FLIGHT)
-
-    async def group(first: int) -> Deletion:
-        async with gate:
-            return await delete_blocks(data, runs[first : first + GROUP], count_request)
-
-    parts = await asyncio.gather(*(group(first) for first in range(0, len(runs), GROUP)))
-    whole = Deletion(may_go=[])
-    for part in parts:
-        whole.may_go.extend(part.may_go)
-        whole.deleted += part.deleted
-        whole.missing += part.missing
-        whole.kept += part.kept
-        for shark, reason in part.failures.items():
-            whole.failures.setdefault(shark, reason)
-    return whole
-
-
-def _tally(summary: TaskSummary, rows: _Columns, deletion: Deletion) -> None:
-    summary.found += len(rows.id)
+def _tally(
+    summary: TaskSummary, batch: pa.RecordBatch, deletion: Deletion, may_go: pa.BooleanArray
+) -> None:
+    summary.found += batch.num_rows
     summary.replicas_deleted += deletion.deleted
     summary.replicas_missing += deletion.missing
     summary.replicas_kept += deletion.kept
     for shark, reason in deletion.failures.items():
         summary.failures.setdefault(shark, reason)
-    summary.reclaimed_bytes += sum(
-        length or 0 for length, go in zip(rows.content_length, deletion.may_go, strict=True) if go
-    )
+    reclaimed = pc.sum(pc.filter(batch.column("content_length"), may_go)).as_py()
+    summary.reclaimed_bytes += reclaimed or 0
 
 
-def _remove(remover: io.Remover, rows: _Columns, may_go: list[bool], windows: _Windows) -> None:
-    """Stage the batch's deletion records that may go; delete its deleted buckets' rows."""
-    records: dict[str, list[tuple[int, str, str]]] = {}
+def _remove(remover: io.Remover, gone: pa.RecordBatch, windows: _Windows) -> None:
+    """Stage the deletion records of `gone` (rows whose blocks are all gone); delete its
+    deleted buckets' rows."""
+    kind = gone.column("kind")
+    records = gone.filter(pc.equal(kind, "record"))
+    if records.num_rows:
+        window = windows.of_column(records.column("deleted_at"))
+        shard = records.column("shard")
+        for name in pc.unique(shard).to_pylist():
+            here = pc.equal(shard, name)
+            remover.records(
+                name,
+                list(
+                    zip(
+                        pc.filter(records.column("vnode"), here).to_pylist(),
+                        pc.filter(window, here).to_pylist(),
+                        pc.filter(records.column("id"), here).to_pylist(),
+                        strict=True,
+                    )
+                ),
+            )
     bucket_rows: dict[tuple[str, int, str, str, str], list[str]] = {}
-    for i, go in enumerate(may_go):
-        if not go:
-            continue
-        if rows.kind[i] == "record":
-            window = windows.of(rows.deleted_at[i] or 0)
-            records.setdefault(rows.shard[i], []).append((rows.vnode[i], window, rows.id[i]))
-        else:
-            key = (rows.shard[i], rows.vnode[i], rows.kind[i], rows.owner[i], rows.bucket_id[i])
-            bucket_rows.setdefault(key, []).append(rows.id[i])
-    for shard, staged in records.items():
-        remover.records(shard, staged)
-    for (shard, vnode, kind, owner, bucket_id), ids in bucket_rows.items():
-        remover.bucket_rows(shard, vnode, kind, owner, bucket_id, ids)
+    others = gone.filter(pc.not_equal(kind, "record"))
+    for row in others.select(["shard", "vnode", "kind", "owner", "bucket_id", "id"]).to_pylist():
+        key = (row["shard"], row["vnode"], row["kind"], row["owner"], row["bucket_id"])
+        bucket_rows.setdefault(key, []).append(row["id"])
+    for (shard, vnode, kind_, owner, bucket_id), ids in bucket_rows.items():
+        remover.bucket_rows(shard, vnode, kind_, owner, bucket_id, ids)
 
 
 class _Windows:
-    """The window of the deleted-object table a record lives in, from its deletion time in
-    microseconds; each window's name is made once."""
+    """The window of the deleted-object table a record lives in, from its deletion time;
+    each window's name is made once."""
 
     def __init__(self, width: timedelta) -> None:
         self.width = width
         self.width_us = width // timedelta(microseconds=1)
         self.names: dict[int, str] = {}
+
+    def of_column(self, deleted_at: pa.Array) -> pa.Array:
+        """The window (its table's name) of each deletion time of a column."""
+        if deleted_at.type.unit == "us":  # Spark's: read the instants as they are stored
+            micros = deleted_at.view(pa.int64())
+        else:
+            micros = deleted_at.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+        starts, which = np.unique(
+            micros.to_numpy(zero_copy_only=False) // self.width_us, return_inverse=True
+        )
+        names = pa.array([self.of(int(start) * self.width_us) for start in starts], pa.string())
+        return names.take(pa.array(which.ravel()))
 
     def of(self, deleted_us: int) -> str:
         start = deleted_us - deleted_us % self.width_us
@@ -376,7 +437,7 @@ class _Windows:
 
 
 def _fault_injection() -> Callable[[], None]:
-    """Counts the task's delete requests (one per node per group); the test hook
+    """Counts the task's node delete batches (one per node per batch of rows); the test hook
     SHOAL_GC_FAULT_AFTER=K makes the task exit with status 3 at the K-th."""
     after = io.fault_after_requests()
     calls = 0

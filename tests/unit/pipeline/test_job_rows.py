@@ -62,31 +62,27 @@ def parts(*specs: tuple[int, list[str]]) -> tuple[list[uuid.UUID], dict[str, Any
 # gc
 
 
-def columns(*rows: Row) -> Any:
+def batch(*rows: Row) -> pa.RecordBatch:
     """Rows as the gc job's executors get them: an Arrow batch of io.RECORD_SCHEMA."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(io.RECORD_SCHEMA, timezone="UTC")
-    batch = pa.RecordBatch.from_pylist([r.asDict() for r in rows], schema=schema)
-    return gc._Columns.of(batch)
+    return pa.RecordBatch.from_pylist([r.asDict() for r in rows], schema=schema)
 
 
 def test_gc_deletes_each_block_of_a_record_on_each_node_it_names() -> None:
     record = row(size=MiB + 1, sharks=["n1", "n2"])
-    [[run]] = gc._runs_of(columns(record))
-    assert run.id == uuid.UUID(record.id) and run.sharks == ["n1", "n2"]
-    assert run.block_names() == [block_name(run.id, 0), block_name(run.id, 1)]
+    version = uuid.UUID(record.id)
+    names = [block_name(version, 0), block_name(version, 1)]
+    assert gc._Blocks.of(batch(record)).names == {"n1": names, "n2": names}
 
 
 def test_gc_deletes_a_multipart_record_s_parts_and_none_of_an_inline_one() -> None:
     (first, second), described = parts((5, ["n1"]), (7, ["n3"]))
     multipart = row(size=12, sharks=[], properties=described)
-    runs, inline = gc._runs_of(columns(multipart, row(properties={"inline": True})))
-    assert [(r.id, r.sharks, r.block_names()) for r in runs] == [
-        (first, ["n1"], [block_name(first, 0)]),
-        (second, ["n3"], [block_name(second, 0)]),
-    ]
-    assert inline == []
+    blocks = gc._Blocks.of(batch(multipart, row(properties={"inline": True})))
+    assert blocks.names == {"n1": [block_name(first, 0)], "n3": [block_name(second, 0)]}
+    assert blocks.may_go({"n3"}).to_pylist() == [False, True]
 
 
 def test_gc_removes_a_deletion_record_from_the_window_it_was_deleted_in() -> None:
@@ -96,10 +92,8 @@ def test_gc_removes_a_deletion_record_from_the_window_it_was_deleted_in() -> Non
     assert expected.endswith("_w20240610t1100")
     # Arrow hands the deletion time over as an instant, whatever the zone it is shown in.
     shown = deleted.astimezone(timezone(timedelta(hours=5)))
-    [micros] = columns(row(deleted_at=shown)).deleted_at
-    assert gc._Windows(width).of(micros) == expected
-    # The rows of a deleted bucket have no deletion time.
-    assert columns(row(kind="bucket_object")).deleted_at == [None]
+    column = batch(row(deleted_at=shown)).column("deleted_at")
+    assert gc._Windows(width).of_column(column).to_pylist() == [expected]
 
 
 def test_gc_adds_the_tasks_summaries_and_keeps_a_node_s_first_reason() -> None:
