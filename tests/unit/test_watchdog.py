@@ -1,4 +1,5 @@
-"""The test session's watchdog ends a session whose test is stuck out of pytest-timeout's reach."""
+"""The test session's guard: a stuck test ends the session with its stack, and a failure is said
+as it happens (tests/fixtures/watchdog.py)."""
 
 from __future__ import annotations
 
@@ -23,63 +24,30 @@ def test_stuck_where_no_signal_reaches() -> None:
     time.sleep(30)
 """
 
-
-def test_a_stuck_test_ends_the_session_with_its_stack(tmp_path: Path) -> None:
-    (tmp_path / "test_stuck.py").write_text(STUCK_TEST)
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.fixtures.watchdog",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=25,
-    )
-    assert done.returncode != 0
-    assert "Timeout" in done.stderr
-    assert "test_stuck_where_no_signal_reaches" in done.stderr
-
-
 FAILING_TEST = """
 def test_that_fails() -> None:
     assert 1 + 1 == 3, "arithmetic broke"
 """
 
 
-def test_a_failure_is_said_as_it_happens(tmp_path: Path) -> None:
-    (tmp_path / "test_fails.py").write_text(FAILING_TEST)
+def _session(folder: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
+    """A pytest session, with the guard, over one test file `name` holding `text`."""
+    (folder / name).write_text(text)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.fixtures.watchdog"]
+    command += ["-p", "no:cacheprovider", "--rootdir", str(folder), str(folder)]
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.fixtures.watchdog",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=25,
-    )
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=25)
+
+
+def test_a_stuck_test_ends_the_session_with_its_stack(tmp_path: Path) -> None:
+    done = _session(tmp_path, "test_stuck.py", STUCK_TEST)
+    assert done.returncode != 0
+    assert "Timeout" in done.stderr
+    assert "test_stuck_where_no_signal_reaches" in done.stderr
+
+
+def test_a_failure_is_said_as_it_happens(tmp_path: Path) -> None:
+    done = _session(tmp_path, "test_fails.py", FAILING_TEST)
     assert done.returncode == 1
-    said = done.stderr
-    assert "--- FAILED test_fails.py::test_that_fails (call) ---" in said
-    assert "arithmetic broke" in said
+    assert "--- FAILED test_fails.py::test_that_fails (call) ---" in done.stderr
+    assert "arithmetic broke" in done.stderr
