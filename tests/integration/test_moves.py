@@ -360,14 +360,14 @@ def test_a_pipeline_read_follows_a_vnode_that_moved_after_its_snapshot(
     assert {row["shard"] for row in mine if row["vnode"] == moved} == {"s2"}
 
 
-def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
-    cluster: tuple[list[ShardConfig], bytes], run: Run
-) -> None:
+def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(admin_dsn: str, run: Run) -> None:
     """A GC worker holds a claimed batch of the vnode's deletion records (its blocks being
     deleted): the mover waits for it before copying, and the records the worker removed are
-    gone on the new shard too, the others there exactly once."""
-    configs, key = cluster
-    store = _open(configs, key, run)
+    gone on the new shard too, the others there exactly once. On shards of its own: what
+    earlier moves left (an old copy in its grace) would refuse the move."""
+    home, spare, key = _home_and_spare(admin_dsn, run)
+    store = run(MetadataStore.open([home], 4, shard_key=key))
+    close_later(lambda: run(store.close()))
 
     async def scenario() -> None:
         owner = (await store.accounts.create(unique("gcmove"))).id
@@ -380,22 +380,16 @@ def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
             for size in (1, 2):  # the second replaces the first: one deletion record each
                 write = ObjectWrite(size, b"g" * 16, sharks=["dc0:n1"])
                 await store.objects.put(owner, found.name, name, write)
-        source = ring.shard_of(vnode)
-        target = next(c.name for c in configs if c.name != source)
-        # Earlier tests of the module left records on the vnode too: claim them all.
-        claim = store.garbage.claim_deleted_objects(vnode, timedelta(0), limit=100_000)
+        claim = store.garbage.claim_deleted_objects(vnode, timedelta(0))
         batch = await claim.__aenter__()
         released = False
         try:
             mine = [r for r in batch.records if r.bucket_id == found.id]
             assert len(mine) == len(names)
-            async with _mover(configs) as mover:
-                await mover.finish(now=True)  # an earlier test's copy on the target, if any
-                moving = asyncio.create_task(mover.move(vnode, target))
+            async with _mover([home, spare]) as mover:
+                moving = asyncio.create_task(mover.move(vnode, spare.name))
                 try:
-                    source_dsn = next(c.dsn for c in configs if c.name == source)
-                    await _until_the_mover_waits(source_dsn)
-                    assert not moving.done()
+                    await _until_the_mover_waits(home.dsn, moving)
                     await batch.remove(mine[:2])
                     await claim.__aexit__(None, None, None)
                     released = True
@@ -404,13 +398,12 @@ def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(
                     if not moving.done():
                         moving.cancel()
                         await asyncio.gather(moving, return_exceptions=True)
-                assert result is not None and result.target == target
+                assert result is not None and result.target == spare.name
                 await mover.finish(now=True)
         finally:
             if not released:  # its transaction would hold up every later move of the server
                 await claim.__aexit__(None, None, None)
-        target_dsn = next(c.dsn for c in configs if c.name == target)
-        with psycopg.connect(target_dsn, autocommit=True) as conn:
+        with psycopg.connect(spare.dsn, autocommit=True) as conn:
             rows = conn.execute(
                 f"SELECT id FROM manta_bucket_{vnode}.manta_bucket_deleted_object"
                 " WHERE bucket_id = %s",
@@ -450,11 +443,8 @@ def test_a_move_gives_up_on_a_transaction_left_open_on_its_server(
 def test_readiness_asks_only_the_shards_that_hold_vnodes(admin_dsn: str, run: Run) -> None:
     """A shard that holds no vnode (added and unused, or drained for removal) may be stopped:
     the store's readiness ping leaves it out, and counts it again once a vnode is on it."""
-    home, spare = create_databases(admin_dsn, 2)
+    home, spare, key = _home_and_spare(admin_dsn, run)
     config = MetadataConfig(vnodes=VNODES, partitions_ahead=1)
-    run(migrate([home], config))
-    key = secrets.token_bytes(32)
-    run(add_shard(home, spare, key, config))
     store = run(MetadataStore.open([home], 4, shard_key=key))
     close_later(lambda: run(store.close()))
 
@@ -496,10 +486,22 @@ def _refusing_connections(admin_dsn: str, shard: ShardConfig) -> Iterator[None]:
             )
 
 
-async def _until_the_mover_waits(dsn: str) -> None:
+def _home_and_spare(admin_dsn: str, run: Run) -> tuple[ShardConfig, ShardConfig, bytes]:
+    """Two new shards: `home` with every vnode, `spare` added by `add_shard` (no vnode)."""
+    home, spare = create_databases(admin_dsn, 2)
+    config = MetadataConfig(vnodes=VNODES, partitions_ahead=1)
+    run(migrate([home], config))
+    key = secrets.token_bytes(32)
+    run(add_shard(home, spare, key, config))
+    return home, spare, key
+
+
+async def _until_the_mover_waits(dsn: str, moving: asyncio.Task[Any]) -> None:
     """Until a session waits for a vnode's move lock on this shard (deadline 20 s)."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
+        if moving.done():
+            raise AssertionError(f"the move ended before it waited: {moving.exception()}")
         with psycopg.connect(dsn, autocommit=True) as conn:
             waiting = conn.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
