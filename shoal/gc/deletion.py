@@ -9,19 +9,11 @@ may go when none of the nodes it names failed (rules.may_remove).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shoal.gc.rules import may_remove, names_by_node
-from shoal.storage import BlockRun, DataPath, NodeError
-from shoal.storage.datapath import DELETE_BATCH
-
-log = logging.getLogger("shoal.gc")
-
-# Delete requests in flight per node: each overlaps its round trip and JSON with the node's
-# unlinks of the others.
-REQUESTS_IN_FLIGHT = 4
+from shoal.storage import BlockRun, DataPath, DeleteOutcome
 
 
 @dataclass
@@ -55,42 +47,19 @@ async def delete_names(
 ) -> Deletion:
     """Delete the named blocks from each node (`names`: node -> block names on it); the
     Deletion's `may_go` is left for the caller, who knows which records name which nodes."""
-    deletion = Deletion(may_go=[])
 
-    async def delete_on(shark: str, share: Sequence[str]) -> None:
-        await _delete_share(data, shark, share, deletion)
+    async def delete_on(shark: str, share: Sequence[str]) -> DeleteOutcome:
+        outcome = await data.delete_names({shark: share})
         if after_each_node is not None:
             after_each_node()
+        return outcome
 
-    await asyncio.gather(*(delete_on(shark, share) for shark, share in names.items()))
+    outcomes = await asyncio.gather(*(delete_on(shark, share) for shark, share in names.items()))
+    deletion = Deletion(may_go=[])
+    for (shark, share), outcome in zip(names.items(), outcomes, strict=True):
+        deletion.deleted += outcome.deleted
+        deletion.missing += outcome.missing
+        if not outcome.complete:
+            deletion.kept += len(share) - outcome.deleted - outcome.missing
+            deletion.failures[shark] = outcome.reasons.get(shark, "delete failed")
     return deletion
-
-
-async def _delete_share(
-    data: DataPath, shark: str, share: Sequence[str], deletion: Deletion
-) -> None:
-    """Send one node's share, in requests of DELETE_BATCH names, and count what it did."""
-    url = await data.directory.url_of(shark)
-    if url is None:
-        deletion.kept += len(share)
-        deletion.failures[shark] = "the node is not in the registry"
-        return
-    gate = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
-
-    async def request(batch: Sequence[str]) -> int:
-        async with gate:
-            return await data.client.delete_blocks(url, batch)
-
-    batches = [share[first : first + DELETE_BATCH] for first in range(0, len(share), DELETE_BATCH)]
-    answers = await asyncio.gather(*(request(batch) for batch in batches), return_exceptions=True)
-    for batch, answer in zip(batches, answers, strict=True):
-        if isinstance(answer, NodeError):
-            deletion.kept += len(batch)
-            if shark not in deletion.failures:
-                log.warning("block delete failed on %s: %s", shark, answer)
-                deletion.failures[shark] = str(answer) or type(answer).__name__
-        elif isinstance(answer, BaseException):
-            raise answer
-        else:
-            deletion.deleted += answer
-            deletion.missing += len(batch) - answer

@@ -28,7 +28,7 @@ import ctypes
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,9 @@ BLOCKS_IN_FLIGHT = 4
 # Large blocks: fewer in flight, so that a write or a read holds at most about this much.
 BYTES_IN_FLIGHT = 8 * 1024 * 1024
 DELETE_BATCH = 1000
+# Delete requests in flight per node: each overlaps its round trip with the node's unlinks of
+# the others.
+DELETES_IN_FLIGHT = 4
 # How long a failed write waits for its blocks in flight before deleting what it wrote.
 ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
@@ -314,24 +317,42 @@ class DataPath:
         for run in runs:
             for shark in run.sharks:
                 by_shark.setdefault(shark, []).extend(run.block_names())
+        return await self.delete_names(by_shark)
+
+    async def delete_names(self, names: Mapping[str, Sequence[str]]) -> DeleteOutcome:
+        """Delete the named blocks from each node (node -> block names on it): all nodes at
+        once, each in requests of DELETE_BATCH names, DELETES_IN_FLIGHT at a time."""
         outcome = DeleteOutcome()
-        for shark, names in by_shark.items():
-            url = await self.directory.url_of(shark)
-            if url is None:
-                outcome.failed_nodes.append(shark)
-                outcome.reasons[shark] = "the node is not in the registry"
-                continue
-            try:
-                for first in range(0, len(names), DELETE_BATCH):
-                    batch = names[first : first + DELETE_BATCH]
-                    gone = await self.client.delete_blocks(url, batch)
-                    outcome.deleted += gone
-                    outcome.missing += len(batch) - gone
-            except NodeError as exc:
-                log.warning("block delete failed on %s: %s", shark, exc)
-                outcome.failed_nodes.append(shark)
-                outcome.reasons[shark] = str(exc) or type(exc).__name__
+        await asyncio.gather(
+            *(self._delete_on(shark, share, outcome) for shark, share in names.items())
+        )
         return outcome
+
+    async def _delete_on(self, shark: str, names: Sequence[str], outcome: DeleteOutcome) -> None:
+        url = await self.directory.url_of(shark)
+        if url is None:
+            outcome.failed_nodes.append(shark)
+            outcome.reasons[shark] = "the node is not in the registry"
+            return
+        gate = asyncio.Semaphore(DELETES_IN_FLIGHT)
+
+        async def request(batch: Sequence[str]) -> int:
+            async with gate:
+                return await self.client.delete_blocks(url, batch)
+
+        batches = [names[i : i + DELETE_BATCH] for i in range(0, len(names), DELETE_BATCH)]
+        answers = await asyncio.gather(*map(request, batches), return_exceptions=True)
+        for batch, answer in zip(batches, answers, strict=True):
+            if isinstance(answer, NodeError):
+                if shark not in outcome.reasons:
+                    log.warning("block delete failed on %s: %s", shark, answer)
+                    outcome.failed_nodes.append(shark)
+                    outcome.reasons[shark] = str(answer) or type(answer).__name__
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                outcome.deleted += answer
+                outcome.missing += len(batch) - answer
 
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)
