@@ -177,6 +177,11 @@ def exported_snapshots(shards: Sequence[ShardConfig]) -> Iterator[dict[str, str]
         yield snapshots
     finally:
         for conn in connections:
+            # End the transaction before closing: ROLLBACK returns once the server has let
+            # go of the snapshot, while a closed socket's backend may hold it a moment
+            # longer, and a VACUUM run then (the gc job's, next) keeps the dead rows.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
             conn.close()
 
 
