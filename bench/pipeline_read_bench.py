@@ -11,7 +11,10 @@ deletion records. The baseline is shoal/pipeline/io.py of `--baseline` (the last
 partition readers yield psycopg tuples), taken with `git archive` into the scratch folder and
 imported as a module of its own (the executors import it from there too); for the psycopg
 side its `read_rows` and SQL templates take the place of this checkout's in
-`shoal.pipeline.io`, so the jobs' own code is the same on both sides.
+`shoal.pipeline.io`. A job whose tasks now work on the Arrow batches themselves (meter: it
+sums them where they are read) runs on the psycopg side as it was when it read rows into
+Spark (its module at `--baseline-jobs`, taken the same way), so that side is the job as it
+was with psycopg tuples; inventory's code is the same on both sides.
 
 One local[2] Spark session. Each round runs both sides, in alternating order, and times,
 after a warm-up read of each:
@@ -55,6 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VNODES = 64
 # The last commit whose partition readers yield psycopg tuples.
 BASELINE = "0df2b5e"
+# The last commit whose meter job read rows into Spark (its DataFrame sums).
+BASELINE_JOBS = "25df7b9"
+BASELINE_JOB_MODULES = ("meter",)
 SHARKS = ["dc0:n0", "dc0:n1"]
 OBJECT_COLUMNS = (
     "id, name, owner, bucket_id, created, modified, content_length, content_md5, "
@@ -128,21 +134,28 @@ def write_objects(
     return time.monotonic() - started
 
 
-def baseline_reader(baseline: str, into: Path) -> Path:
+def baseline_reader(baseline: str, jobs: str, into: Path) -> Path:
     """The baseline's shoal/pipeline/io.py (of a commit, or a file: for a run from a copy of
-    the tree) as `baseline_io.py` in `into`; nothing in the repository changes."""
+    the tree) as `baseline_io.py` in `into`, and BASELINE_JOB_MODULES of `jobs` as
+    `baseline_<job>.py`; nothing in the repository changes."""
     into.mkdir(parents=True)
     if Path(baseline).is_file():
         source = Path(baseline).read_text()
     else:
-        source = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{baseline}:shoal/pipeline/io.py"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        source = _show(baseline, "shoal/pipeline/io.py")
     (into / "baseline_io.py").write_text(source)
+    for job in BASELINE_JOB_MODULES:
+        (into / f"baseline_{job}.py").write_text(_show(jobs, f"shoal/pipeline/jobs/{job}.py"))
     return into
+
+
+def _show(commit: str, path: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 class PhaseLines(logging.Handler):
@@ -162,7 +175,10 @@ class PhaseLines(logging.Handler):
 
 @contextlib.contextmanager
 def reader(side: str, baseline: Any) -> Iterator[None]:
-    """`shoal.pipeline.io` with the baseline's read_rows and templates for "psycopg"."""
+    """`shoal.pipeline.io` with the baseline's read_rows and templates for "psycopg", and the
+    baseline's modules of BASELINE_JOB_MODULES in place of today's."""
+    import importlib
+
     from shoal.pipeline import io
 
     if side == "arrow":
@@ -174,11 +190,16 @@ def reader(side: str, baseline: Any) -> Iterator[None]:
     saved = {n: getattr(io, n) for n in names}
     for name in names:
         setattr(io, name, getattr(baseline, name))
+    modules = {f"shoal.pipeline.jobs.{job}": f"baseline_{job}" for job in BASELINE_JOB_MODULES}
+    today = {name: importlib.import_module(name) for name in modules}
+    for name, old in modules.items():
+        sys.modules[name] = importlib.import_module(old)
     try:
         yield
     finally:
         for name, value in saved.items():
             setattr(io, name, value)
+        sys.modules.update(today)
 
 
 def measure(config_file: Path, output: Path, rounds: int) -> dict[str, list[dict[str, float]]]:
@@ -244,6 +265,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline", default=BASELINE, help="a commit with psycopg readers, or its io.py"
     )
+    parser.add_argument(
+        "--baseline-jobs",
+        default=BASELINE_JOBS,
+        help=f"the commit of the jobs that read rows into Spark: {', '.join(BASELINE_JOB_MODULES)}",
+    )
     parser.add_argument("--dsn", help="an existing server's superuser DSN (default: embedded)")
     args = parser.parse_args()
     with (
@@ -266,7 +292,7 @@ def main() -> None:
         )
         config.chmod(0o600)
         # The executors (Python workers the JVM starts) import the baseline from there too.
-        baseline = baseline_reader(args.baseline, scratch / "baseline")
+        baseline = baseline_reader(args.baseline, args.baseline_jobs, scratch / "baseline")
         sys.path.insert(0, str(baseline))
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(baseline), str(ROOT), os.environ.get("PYTHONPATH", "")]

@@ -22,7 +22,7 @@ from shoal.config import load_config
 from shoal.metadata import ObjectWrite
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
-from shoal.pipeline.jobs.meter import meter
+from shoal.pipeline.jobs.meter import SUMS_SCHEMA, meter
 from tests.fixtures.garbage import block_ids, build_garbage, check_live, dead_tuples, garbage_files
 from tests.fixtures.storage import MakeStorage, NodeProcess, StorageCluster
 
@@ -196,29 +196,31 @@ def test_meter_counts_usage_per_bucket(
 def test_meter_transform_on_inline_rows(spark: Any) -> None:
     from pyspark.sql import Row
 
-    def obj(bucket: str, size: int, sharks: list[str], props: str = "{}") -> Row:
+    def sums(bucket: str, objects: int, logical: int, stored: int, gc: int, parts: int) -> Row:
         return Row(
-            owner="o1", bucket_id=bucket, content_length=size, sharks=sharks, properties=props
+            owner="o1",
+            bucket_id=bucket,
+            objects=objects,
+            logical_bytes=logical,
+            stored_bytes=stored,
+            gc_bytes=gc,
+            multipart_bytes=parts,
         )
 
-    live = spark.createDataFrame(
-        [
-            obj("b1", 10, ["a", "b"]),
-            obj("b1", 5, ["a"]),
-            obj("b1", 4, [], '{"inline": true}'),  # held once, in its metadata row
-            obj("b2", 7, ["a", "b"]),
-        ]
+    # What the tasks hand on: a bucket's rows summed by each task that read some.
+    tasks = spark.createDataFrame(
+        [sums("b1", 2, 15, 25, 0, 0), sums("b1", 1, 4, 4, 3, 0), sums("b2", 1, 7, 14, 0, 100)],
+        SUMS_SCHEMA,
     )
-    waiting = spark.createDataFrame([Row(owner="o1", bucket_id="b1", content_length=3)])
-    parts = spark.createDataFrame([Row(owner="o1", bucket_id="b2", content_length=100)])
     names = spark.createDataFrame(
         [
             Row(bucket_id="b1", owner="o1", bucket="one", deleted=False),
             Row(bucket_id="b2", owner="o1", bucket="two", deleted=True),
+            Row(bucket_id="b3", owner="o1", bucket="empty", deleted=False),
         ]
     )
     people = spark.createDataFrame([Row(owner="o1", account="alice")])
-    rows = {r.bucket: r.asDict() for r in meter(live, waiting, parts, names, people).collect()}
+    rows = {r.bucket: r.asDict() for r in meter(tasks, names, people).collect()}
     assert rows["one"] == {
         "account": "alice",
         "bucket": "one",
@@ -231,6 +233,8 @@ def test_meter_transform_on_inline_rows(spark: Any) -> None:
     # A deleted bucket's objects are waiting for GC, not in use.
     assert rows["two"]["objects"] == 0 and rows["two"]["gc_bytes"] == 7
     assert rows["two"]["multipart_bytes"] == 100
+    # A live bucket without rows is metered, all zero.
+    assert rows["empty"]["objects"] == 0 and rows["empty"]["stored_bytes"] == 0
 
 
 def test_audit_finds_missing_and_corrupt_blocks_and_repairs_them(

@@ -7,46 +7,47 @@ bytes per account over every metered day.
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 
-# The parts of a multipart object, as its properties list them.
-PARTS_TYPE = "array<struct<size:bigint,sharks:array<string>>>"
+KEYS = ["owner", "bucket_id"]
+SUMS = ["objects", "logical_bytes", "stored_bytes", "gc_bytes", "multipart_bytes"]
 
-
-def stored_bytes(length: Column, sharks: Column, properties: Column) -> Column:
-    """Bytes on disk: each part (or the object) times the nodes that hold it; a small object
-    kept in its metadata row counts once (its shard's copy). Spark's own expressions (no
-    Python UDF), so the rows never leave the JVM."""
-    zero = F.lit(0).cast("long")
-    nothing = F.array().cast("array<string>")
-    size = F.coalesce(length, zero)
-    parts = F.from_json(F.get_json_object(properties, "$.parts"), PARTS_TYPE)
-    per_part = F.aggregate(
-        parts,
-        zero,
-        lambda total, part: total + part.size * F.size(F.coalesce(part.sharks, nothing)),
-    )
-    return (
-        F.when(F.get_json_object(properties, "$.inline") == "true", size)
-        .when(F.coalesce(F.size(parts), F.lit(0)) > 0, per_part)
-        .otherwise(size * F.size(F.coalesce(sharks, nothing)))
-    )
+# What each Spark task hands on: its rows' usage summed per (owner, bucket), a few rows per
+# bucket whatever the objects in it.
+SUMS_SCHEMA = T.StructType(
+    [T.StructField(key, T.StringType()) for key in KEYS]
+    + [T.StructField(column, T.LongType()) for column in SUMS]
+)
+ARROW_SUMS_SCHEMA = pa.schema(
+    [pa.field(key, pa.string()) for key in KEYS] + [pa.field(column, pa.int64()) for column in SUMS]
+)
 
 
 def run(ctx: JobContext) -> Summary:
     ctx.progress.begin("read metadata")
     with io.exported_snapshots(ctx.shards) as snapshots:
-        live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
-        waiting = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.ALL_DELETION_RECORDS)
-        parts = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.OPEN_PARTS)
+        # One pass over live objects, deletion records and open parts: each task sums the
+        # rows it read, in the Python worker that read them, so that no row goes to the JVM.
+        tasks = [
+            task
+            for template in (io.LIVE_OBJECTS, io.ALL_DELETION_RECORDS, io.OPEN_PARTS)
+            for task in io.read_tasks(ctx.shards, ctx.ring, snapshots, template)
+        ]
+        sums = io.map_read(ctx.spark, tasks, usage_sums, SUMS_SCHEMA)
         buckets = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.BUCKETS)
         dead = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.ALL_DELETED_BUCKETS)
         accounts = io.catalog_rows(ctx.shards, io.ACCOUNTS)
@@ -55,7 +56,7 @@ def run(ctx: JobContext) -> Summary:
             "bucket_id string, owner string, bucket string, deleted boolean",
         )
         people = ctx.spark.createDataFrame(accounts, "owner string, account string")
-        usage = meter(live, waiting, parts, names, people).cache()
+        usage = meter(sums, names, people).cache()
         usage.count()
     ctx.progress.begin("write history")
     day = datetime.now(UTC).date().isoformat()
@@ -79,25 +80,96 @@ def run(ctx: JobContext) -> Summary:
     return Summary("meter", figures, history)
 
 
-def meter(
-    live: DataFrame, waiting: DataFrame, parts: DataFrame, names: DataFrame, people: DataFrame
-) -> DataFrame:
-    """Usage rows per (account, bucket): pure DataFrame work, testable on inline rows."""
-    keys = ["owner", "bucket_id"]
-    objects = live.groupBy(keys).agg(
-        F.count("*").alias("objects"),
-        F.sum("content_length").alias("logical_bytes"),
-        F.sum(stored_bytes(F.col("content_length"), F.col("sharks"), F.col("properties"))).alias(
-            "stored_bytes"
-        ),
+# -- in each Spark task: rows to sums ---------------------------------------------------------
+
+
+def usage_sums(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The usage of a task's rows (io.ARROW_RECORD_SCHEMA: live objects, deletion records,
+    open parts) summed per (owner, bucket): one batch, worked out on Arrow's columns."""
+    partial = [_summed(_usage_of(batch)) for batch in batches if batch.num_rows]
+    if partial:
+        yield from _summed(pa.concat_tables(partial)).to_batches()
+
+
+def _usage_of(batch: pa.RecordBatch) -> pa.Table:
+    """Per row, what it adds to each sum: a live object its count, bytes and stored bytes; a
+    deletion record its bytes waiting for GC; an open part its bytes."""
+    kind = batch.column("kind")
+    length = pc.fill_null(batch.column("content_length"), 0)
+    zero = pa.scalar(0, pa.int64())
+
+    def only(which: str, values: pa.Array) -> pa.Array:
+        return pc.if_else(pc.equal(kind, which), values, zero)
+
+    is_object = pc.equal(kind, "object")
+    return pa.table(
+        {
+            "owner": batch.column("owner"),
+            "bucket_id": batch.column("bucket_id"),
+            "objects": pc.cast(is_object, pa.int64()),
+            "logical_bytes": only("object", length),
+            "stored_bytes": only("object", stored_bytes(batch)),
+            "gc_bytes": only("record", length),
+            "multipart_bytes": only("part", length),
+        }
     )
-    garbage = waiting.groupBy(keys).agg(F.sum("content_length").alias("gc_bytes"))
-    open_parts = parts.groupBy(keys).agg(F.sum("content_length").alias("multipart_bytes"))
+
+
+def _summed(usage: pa.Table) -> pa.Table:
+    summed = usage.group_by(KEYS).aggregate([(column, "sum") for column in SUMS])
+    columns = [summed[key] for key in KEYS] + [summed[f"{column}_sum"] for column in SUMS]
+    return pa.table(columns, schema=ARROW_SUMS_SCHEMA)
+
+
+def stored_bytes(batch: pa.RecordBatch) -> pa.Array:
+    """Bytes on disk per row: the object (or each of its parts) times the nodes that hold it;
+    a small object kept in its metadata row counts once (its shard's copy). Rows without
+    parts or inline bytes, nearly all, cost no Python object."""
+    properties = batch.column("properties")
+    length = pc.fill_null(batch.column("content_length"), 0)
+    copies = pc.fill_null(pc.list_value_length(batch.column("sharks")), 0).cast(pa.int64())
+    stored = pc.multiply(length, copies)
+    special = pc.fill_null(pc.match_substring_regex(properties, _PARTS_OR_INLINE), False)
+    rows = pc.indices_nonzero(special).to_pylist()
+    if not rows:
+        return stored
+    values = stored.to_pylist()
+    sharks = batch.column("sharks")
+    for row in rows:
+        values[row] = _stored_of_row(
+            length[row].as_py(), sharks[row].as_py() or [], _parsed(properties[row].as_py())
+        )
+    return pa.array(values, pa.int64())
+
+
+_PARTS_OR_INLINE = r'"parts"|"inline"'
+
+
+def _stored_of_row(length: int, sharks: list[str], properties: dict[str, Any]) -> int:
+    if properties.get("inline"):
+        return length
+    parts = properties.get("parts")
+    if parts:
+        return sum(int(p["size"]) * len(p.get("sharks") or []) for p in parts)
+    return length * len(sharks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+# -- on the driver: sums to usage -------------------------------------------------------------
+
+
+def meter(sums: DataFrame, names: DataFrame, people: DataFrame) -> DataFrame:
+    """Usage rows per (account, bucket) from the tasks' sums (SUMS_SCHEMA): pure DataFrame
+    work, testable on inline rows."""
+    totals = sums.groupBy(KEYS).agg(*(F.sum(c).alias(c) for c in SUMS))
     usage = (
         names.select("owner", "bucket_id", "bucket", "deleted")
-        .join(objects, keys, "left")
-        .join(garbage, keys, "left")
-        .join(open_parts, keys, "left")
+        .join(totals, KEYS, "left")
         .join(people, "owner", "left")
     )
     zero = F.lit(0).cast("long")

@@ -12,19 +12,11 @@ import pyarrow as pa
 
 from shoal.gc.rules import may_remove, names_by_node
 from shoal.metadata.partitions import window_name, window_start
-from shoal.pipeline import io
 from shoal.pipeline.jobs.gc import _Blocks, _Windows
 from shoal.storage import block_runs
+from tests.fixtures.arrow import batch_of
 
 MiB = 1 << 20
-
-
-def batch_of(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    columns: dict[str, list[Any]] = {name: [] for name in io.ARROW_RECORD_SCHEMA.names}
-    for row in rows:
-        for name in columns:
-            columns[name].append(row.get(name))
-    return pa.RecordBatch.from_pydict(columns, schema=io.ARROW_RECORD_SCHEMA)
 
 
 def row(length: int | None, sharks: list[str] | None, properties: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.jobs import audit, gc, lifecycle, meter, orphans
 from shoal.storage.blockfile import block_name
+from tests.fixtures.arrow import batch_of
 
 MiB = 1 << 20
 OWNER, BUCKET = str(uuid.uuid4()), str(uuid.uuid4())
@@ -165,20 +166,18 @@ def test_orphans_count_a_version_or_its_parts_as_naming_blocks() -> None:
         (15, [], {"parts": [{"size": 10, "sharks": ["a", "b"]}, {"size": 5, "sharks": ["a"]}]}, 25),
     ],
 )
-@pytest.mark.slow  # Spark evaluates the expression
 def test_meter_counts_stored_bytes_per_copy(
-    spark: Any,
     length: int | None,
     sharks: list[str] | None,
     properties: dict[str, Any] | None,
     stored: int,
 ) -> None:
     text = json.dumps(properties) if properties is not None else None
-    row = spark.createDataFrame(
-        [(length, sharks, text)], "length long, sharks array<string>, properties string"
-    )
-    found = row.select(meter.stored_bytes(row.length, row.sharks, row.properties)).first()[0]
-    assert found == stored
+    one = {"content_length": length, "sharks": sharks, "properties": text}
+    plain = {"content_length": 7, "sharks": ["n1"], "properties": None}
+    # Alone, and beside a plain row (the rows worked out in Python land in their place).
+    assert meter.stored_bytes(batch_of([one])).to_pylist() == [stored]
+    assert meter.stored_bytes(batch_of([plain, one, plain])).to_pylist() == [7, stored, 7]
 
 
 # lifecycle
