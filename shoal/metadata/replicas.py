@@ -119,25 +119,35 @@ class UnderReplicated(Component):
         return bool(rows and rows[0]["updated"])
 
     async def vnodes_with_notes(self) -> list[int]:
-        found: list[int] = []
-        for shard in self.shards.placed():
-            arm = queries.UNDER_REPLICATED_VNODE_ARM
-            statement = render_arms("{arms}", arm, tuple(shard.vnodes))
-            rows = await self.shard_rows(shard, statement, {}, template=arm)
-            found += [row["vnode"] for row in rows]
-        return sorted(found)
+        """The vnodes holding notes, read under one ring (a vnode that moved since this
+        process read the ring is found on its new shard, not missed)."""
+
+        async def read() -> list[int]:
+            found: list[int] = []
+            for shard in self.shards.placed():
+                arm = queries.UNDER_REPLICATED_VNODE_ARM
+                statement = render_arms("{arms}", arm, tuple(shard.vnodes))
+                rows = await self.shard_rows(shard, statement, {}, template=arm)
+                found += [row["vnode"] for row in rows]
+            return sorted(found)
+
+        return await self.under_one_ring(read)
 
     async def count(self) -> int:
-        """Notes waiting, over every vnode."""
-        total = 0
-        for shard in self.shards.placed():
-            statement = render_arms(
-                queries.UNDER_REPLICATED_COUNT,
-                queries.UNDER_REPLICATED_COUNT_ARM,
-                tuple(shard.vnodes),
-            )
-            rows = await self.shard_rows(
-                shard, statement, {}, template=queries.UNDER_REPLICATED_COUNT
-            )
-            total += int(rows[0]["notes"])
-        return total
+        """Notes waiting, over every vnode (under one ring, as vnodes_with_notes)."""
+
+        async def read() -> int:
+            total = 0
+            for shard in self.shards.placed():
+                statement = render_arms(
+                    queries.UNDER_REPLICATED_COUNT,
+                    queries.UNDER_REPLICATED_COUNT_ARM,
+                    tuple(shard.vnodes),
+                )
+                rows = await self.shard_rows(
+                    shard, statement, {}, template=queries.UNDER_REPLICATED_COUNT
+                )
+                total += int(rows[0]["notes"])
+            return total
+
+        return await self.under_one_ring(read)

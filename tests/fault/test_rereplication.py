@@ -6,11 +6,12 @@ version that nobody noted)."""
 from __future__ import annotations
 
 import hashlib
+import secrets
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,15 @@ import psycopg
 import pytest
 
 from shoal.cluster import RegistryDirectory
-from shoal.config import load_config
+from shoal.config import MetadataConfig, load_config
 from shoal.metadata import MetadataStore, ObjectWrite, PartWrite
+from shoal.metadata.moves import Mover, add_shard
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
 from shoal.ports import free_port
 from shoal.replication import Rereplicator
 from shoal.storage import BlockRun, DataPath, Node, block_runs
-from tests.fixtures.postgres import unique
+from tests.fixtures.postgres import close_later, create_databases, unique
 from tests.fixtures.serve import start_serve, stop_serve
 from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster
 
@@ -168,6 +170,80 @@ def test_a_version_replaced_before_its_copy_is_dropped_and_the_live_one_restored
 
     note = Note(owner, live.bucket_id, "k", first)
     assert not run(cluster.store.under_replicated.add_sharks(note, [down.shark]))
+
+
+class MovedWhenReached(Rereplicator):
+    """A pass during which another process moves the vnode: after the pass listed the vnodes
+    with notes, before it claims this one's."""
+
+    def __init__(self, *args: Any, move: Callable[[int], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.move = move
+
+    async def _vnode(self, vnode: int, *args: Any) -> None:
+        await self.move(vnode)
+        await super()._vnode(vnode, *args)
+
+
+def test_notes_of_a_vnode_that_moves_are_restored_on_its_new_shard(
+    make_storage: MakeStorage, admin_dsn: str, run: Any
+) -> None:
+    """A vnode whose notes wait moves to another shard: before a pass (this process's ring
+    is stale), and during one. Each time its note is restored where the vnode now is, at the
+    latest by the next pass, and no note is lost."""
+    cluster = make_storage(nodes=2, vnodes=2)
+    up, down = cluster.nodes
+    [home] = load_config(cluster.config_file, None).metadata.shards
+    spare = replace(create_databases(admin_dsn, 1)[0], name="s1")
+    key = secrets.token_bytes(32)
+    layout = MetadataConfig(vnodes=2, partitions_ahead=1)
+    run(add_shard(home, spare, key, layout))
+    store = run(MetadataStore.open([home], 4, shard_key=key, poll_ring=False))
+    close_later(lambda: run(store.close()))
+    directory = Hiding(cluster, {down.shark})
+    path = DataPath(cluster.client, directory, block_size=BLOCK_SIZE)
+    owner = run(store.accounts.create(unique("moved"))).id
+    bucket = run(store.buckets.create(owner, unique("moved")))
+
+    async def move(vnode: int) -> None:
+        async with Mover([home, spare], layout, grace=timedelta(0)) as mover:
+            assert await mover.move(vnode, spare.name) is not None
+
+    def restored(key: str, version: uuid.UUID) -> bool:
+        live = run(store.objects.get(owner, bucket.name, key))
+        copies = [f for f in down.block_files() if f.name.startswith(str(version))]
+        both = sorted(live.sharks) == sorted([up.shark, down.shark])
+        return live.id == version and both and len(copies) == 2  # 20 KiB: two 16 KiB blocks
+
+    # Before a pass: the vnode moves, and this process learns of it only from the pass.
+    directory.hidden = {down.shark}
+    first = run(put(store, path, owner, bucket.name, "a", body(20 * KiB, 1)))
+    vnode = store.ring.vnode_for_object(owner, bucket.id, "a")
+    run(move(vnode))
+    assert store.ring.shard_of(vnode) == home.name  # stale
+    directory.hidden = set()
+    tally = run(Rereplicator(store, path, grace=timedelta(0)).run_once())
+    assert store.ring.shard_of(vnode) == spare.name
+    assert tally.restored == 1 and restored("a", first)
+    assert run(store.under_replicated.count()) == 0
+
+    # During a pass (the other vnode): the claim meets the vnode gone; the next pass finds it
+    # on its new shard.
+    other = next(
+        f"b{i}"
+        for i in range(100)
+        if store.ring.vnode_for_object(owner, bucket.id, f"b{i}") != vnode
+    )
+    directory.hidden = {down.shark}
+    second = run(put(store, path, owner, bucket.name, other, body(20 * KiB, 2)))
+    directory.hidden = set()
+    mid_pass = MovedWhenReached(store, path, grace=timedelta(0), move=move)
+    tally = run(mid_pass.run_once())
+    assert tally.restored == 0 and store.ring.shard_of(1 - vnode) == spare.name
+    assert run(store.under_replicated.count()) == 1
+    tally = run(Rereplicator(store, path, grace=timedelta(0)).run_once())
+    assert tally.restored == 1 and restored(other, second)
+    assert run(store.under_replicated.count()) == 0
 
 
 @pytest.mark.slow
