@@ -11,10 +11,10 @@ deletion records. The baseline is shoal/pipeline/io.py of `--baseline` (the last
 partition readers yield psycopg tuples), taken with `git archive` into the scratch folder and
 imported as a module of its own (the executors import it from there too); for the psycopg
 side its `read_rows` and SQL templates take the place of this checkout's in
-`shoal.pipeline.io`. A job whose tasks now work on the Arrow batches themselves (meter: it
-sums them where they are read) runs on the psycopg side as it was when it read rows into
-Spark (its module at `--baseline-jobs`, taken the same way), so that side is the job as it
-was with psycopg tuples; inventory's code is the same on both sides.
+`shoal.pipeline.io`. The jobs' tasks now work on the Arrow batches themselves (meter sums
+them, inventory makes its report's columns, where they are read), so the psycopg side runs
+each job as it was when it read whole rows into Spark (its module at `--baseline-jobs`,
+taken the same way): that side is the job as it was with psycopg tuples.
 
 One local[2] Spark session. Each round runs both sides, in alternating order, and times,
 after a warm-up read of each:
@@ -58,9 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VNODES = 64
 # The last commit whose partition readers yield psycopg tuples.
 BASELINE = "0df2b5e"
-# The last commit whose meter job read rows into Spark (its DataFrame sums).
+# The last commit whose meter and inventory jobs read whole rows into Spark.
 BASELINE_JOBS = "25df7b9"
-BASELINE_JOB_MODULES = ("meter",)
+BASELINE_JOB_MODULES = ("meter", "inventory")
 SHARKS = ["dc0:n0", "dc0:n1"]
 OBJECT_COLUMNS = (
     "id, name, owner, bucket_id, created, modified, content_length, content_md5, "

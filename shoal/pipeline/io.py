@@ -92,6 +92,15 @@ LIVE_OBJECTS = """
 SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
 """
 
+# What the whole-store inventory reports of each live object, the JSON it needs taken out by
+# PostgreSQL (jsonb, already parsed): read as the query's own columns (ReadTask.as_records
+# False), not as RECORD_SCHEMA.
+INVENTORY_OBJECTS = """
+SELECT bucket_id::text, name, content_length, content_md5, created, content_type, sharks,
+       (properties -> 'tags')::text AS tags, jsonb_array_length(properties -> 'parts') AS parts
+FROM {schema}.manta_bucket_object
+"""
+
 # The live objects of some bucket incarnations ({wanted}: their ids), with the time of their
 # last change in the `created` column: Last-Modified, as S3 lists it.
 LIVE_OBJECTS_OF_BUCKETS = """
@@ -160,6 +169,9 @@ class ReadTask:
     # Every shard of the job (name, DSN), the catalog first: where to look for the vnode if
     # it moved to another shard since the job read the ring.
     shards: tuple[tuple[str, str], ...] = ()
+    # The rows as RECORD_SCHEMA, after their shard and vnode; False: the query's own columns
+    # as ADBC reads them (a job that reads few columns, and works on them in its tasks).
+    as_records: bool = True
 
 
 @contextlib.contextmanager
@@ -249,9 +261,12 @@ def read_tasks(
     ring: Ring,
     snapshots: dict[str, str],
     template: str,
+    *,
+    as_records: bool = True,
     **literals: Any,
 ) -> list[ReadTask]:
-    """One ReadTask per vnode for `template` (placeholders as read_rows)."""
+    """One ReadTask per vnode for `template` (placeholders as read_rows; `as_records` as
+    ReadTask's)."""
     dsns = {s.name: s.dsn for s in shards}
     query = template.replace("{columns}", OBJECT_COLUMNS)
     for name, value in literals.items():
@@ -259,7 +274,13 @@ def read_tasks(
     every = tuple((s.name, s.dsn) for s in shards)
     return [
         ReadTask(
-            ring.shard_of(v), dsns[ring.shard_of(v)], snapshots[ring.shard_of(v)], v, query, every
+            ring.shard_of(v),
+            dsns[ring.shard_of(v)],
+            snapshots[ring.shard_of(v)],
+            v,
+            query,
+            every,
+            as_records,
         )
         for v in range(ring.vnodes)
     ]
@@ -415,7 +436,7 @@ def _read_vnode(conn: AdbcConnection, task: ReadTask) -> Iterator[pa.RecordBatch
     def batches() -> Iterator[pa.RecordBatch]:
         try:
             for batch in _batches_of(reader, task.shard):
-                yield _with_place(batch, task)
+                yield _with_place(batch, task) if task.as_records else batch
         finally:
             cursor.close()
 

@@ -21,21 +21,26 @@ through the data path and the metadata API, as the gateway puts an object.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import hashlib
 import json
 import logging
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from shoal import inventory as spec
 from shoal.metadata import BucketNotFound, MetadataError
@@ -64,11 +69,15 @@ def run(ctx: JobContext) -> Summary:
     folder = ctx.output / "deliveries"
     ctx.progress.begin("read objects")
     with io.exported_snapshots(ctx.shards) as snapshots:
-        objects = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
         buckets = io.driver_rows(ctx.shards, ctx.ring, snapshots, io.BUCKETS)
-        everything = inventory(
-            objects,
-            ctx.spark.createDataFrame(buckets, "bucket_id string, owner string, bucket string"),
+        # Each task makes its rows' report columns where it read them; only those columns
+        # reach the JVM.
+        tasks = io.read_tasks(
+            ctx.shards, ctx.ring, snapshots, io.INVENTORY_OBJECTS, as_records=False
+        )
+        names = {bucket_id: name for bucket_id, _, name in buckets}
+        everything = io.map_read(
+            ctx.spark, tasks, functools.partial(report_rows, names=names), REPORT_SCHEMA
         ).cache()
         count = everything.count()
         reports = _write_reports(ctx, snapshots, due, folder)
@@ -101,26 +110,82 @@ def run(ctx: JobContext) -> Summary:
     )
 
 
-def inventory(objects: DataFrame, buckets: DataFrame) -> DataFrame:
-    """The report's rows: pure DataFrame work, testable on inline rows."""
-    parts = F.json_array_length(F.get_json_object("properties", "$.parts"))
-    etag = F.when(parts.isNull(), F.hex("content_md5")).otherwise(
-        F.concat(F.hex("content_md5"), F.lit("-"), parts.cast("string"))
+# The whole-store report's columns.
+REPORT_SCHEMA = T.StructType(
+    [
+        T.StructField("bucket", T.StringType()),
+        T.StructField("key", T.StringType()),
+        T.StructField("size", T.LongType()),
+        T.StructField("etag", T.StringType()),
+        T.StructField("last_modified", T.TimestampType()),
+        T.StructField("content_type", T.StringType()),
+        T.StructField("storage_nodes", T.StringType()),
+        T.StructField("tags", T.StringType()),
+    ]
+)
+ARROW_REPORT_SCHEMA = to_arrow_schema(REPORT_SCHEMA, timezone="UTC")
+
+
+def report_rows(
+    batches: Iterator[pa.RecordBatch], names: dict[str, str]
+) -> Iterator[pa.RecordBatch]:
+    """The report's rows of a task's batches (io.INVENTORY_OBJECTS), on Arrow's columns:
+    an object of a bucket not in `names` (bucket id -> name: the buckets of the job's
+    snapshot) is left out."""
+    ids = pa.array(list(names), pa.string())
+    bucket_names = pa.array(list(names.values()), pa.string())
+    for batch in batches:
+        bucket = pc.take(bucket_names, pc.index_in(batch.column("bucket_id"), value_set=ids))
+        known = pc.is_valid(bucket)
+        parts = batch.column("parts")
+        etag = pc.if_else(
+            pc.is_null(parts),
+            hex_of(batch.column("content_md5")),
+            pc.binary_join_element_wise(
+                hex_of(batch.column("content_md5")), pc.cast(parts, pa.string()), "-"
+            ),
+        )
+        content_type = batch.column("content_type")
+        sharks = pc.fill_null(batch.column("sharks"), pa.scalar([], pa.list_(pa.string())))
+        columns = [
+            bucket,
+            batch.column("name"),
+            batch.column("content_length"),
+            etag,
+            batch.column("created"),
+            # What HEAD answers: an object stored without a type is binary/octet-stream.
+            pc.if_else(
+                pc.fill_null(pc.not_equal(content_type, ""), False),
+                content_type,
+                DEFAULT_CONTENT_TYPE,
+            ),
+            pc.binary_join(sharks, " "),
+            pc.fill_null(batch.column("tags"), ""),
+        ]
+        report = pa.RecordBatch.from_arrays(
+            [c.cast(f.type) for c, f in zip(columns, ARROW_REPORT_SCHEMA, strict=True)],
+            schema=ARROW_REPORT_SCHEMA,
+        )
+        yield report.filter(known)
+
+
+def hex_of(digests: pa.Array) -> pa.Array:
+    """Lower-case hex of each binary value, NULL staying NULL: one bytes.hex() of the
+    array's data, and its offsets doubled."""
+    digests = digests.cast(pa.binary())
+    if len(digests) == 0:
+        return pa.array([], pa.string())
+    _, offsets, data = digests.buffers()
+    start = digests.offset
+    ends = np.frombuffer(offsets, np.int32)[start : start + len(digests) + 1]
+    first = int(ends[0])
+    text = data.to_pybytes()[first : int(ends[-1])].hex().encode() if data else b""
+    strings = pa.StringArray.from_buffers(
+        len(digests),
+        pa.py_buffer(((ends - first) * 2).astype(np.int32).tobytes()),
+        pa.py_buffer(text),
     )
-    return objects.join(buckets, "bucket_id").select(
-        F.col("bucket"),
-        F.col("name").alias("key"),
-        F.col("content_length").alias("size"),
-        F.lower(etag).alias("etag"),
-        F.col("created").alias("last_modified"),
-        # What HEAD answers: an object stored without a type is binary/octet-stream.
-        F.coalesce(
-            F.when(F.col("content_type") != "", F.col("content_type")),
-            F.lit(DEFAULT_CONTENT_TYPE),
-        ).alias("content_type"),
-        F.array_join("sharks", " ").alias("storage_nodes"),
-        F.coalesce(F.get_json_object("properties", "$.tags"), F.lit("")).alias("tags"),
-    )
+    return pc.if_else(pc.is_valid(digests), strings, pa.scalar(None, pa.string()))
 
 
 def _due(

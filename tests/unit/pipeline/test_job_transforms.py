@@ -3,16 +3,14 @@ Spark (tests/fixtures/spark.py), no database and no storage node."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from pyspark.sql import Row
 
 from shoal.ids import uuid7_time
-from shoal.pipeline.jobs import audit, inventory, orphans
+from shoal.pipeline.jobs import audit, orphans
 
 pytestmark = pytest.mark.slow  # the first of them starts the session's Spark
 
@@ -88,62 +86,3 @@ def test_orphans_are_unnamed_blocks_older_than_the_cutoff_by_id_and_by_file(spar
         ("n1", f"{unnamed}.0", str(unnamed)),
         ("n2", f"{unnamed}.1", str(unnamed)),
     ]
-
-
-def test_inventory_reports_each_live_object_of_a_known_bucket(spark: Any) -> None:
-    md5 = bytes.fromhex("00ff" * 8)
-    created = datetime(2024, 6, 1, 12, 0)
-    objects = spark.createDataFrame(
-        [
-            Row(
-                bucket_id="b1",
-                name="plain.txt",
-                content_length=10,
-                content_md5=md5,
-                created=created,
-                content_type="text/plain",
-                sharks=["n1", "n2"],
-                properties=json.dumps({"tags": {"team": "a"}}),
-            ),
-            Row(
-                bucket_id="b1",
-                name="big.bin",
-                content_length=20,
-                content_md5=md5,
-                created=created,
-                content_type=None,
-                sharks=[],
-                properties=json.dumps({"parts": [{"size": 10}, {"size": 10}]}),
-            ),
-            Row(
-                bucket_id="gone",  # its bucket is not in the listing of buckets
-                name="lost",
-                content_length=1,
-                content_md5=md5,
-                created=created,
-                content_type=None,
-                sharks=["n1"],
-                properties=None,
-            ),
-        ],
-        "bucket_id string, name string, content_length long, content_md5 binary, "
-        "created timestamp, content_type string, sharks array<string>, properties string",
-    )
-    buckets = spark.createDataFrame(
-        [("b1", "o1", "photos")], "bucket_id string, owner string, bucket string"
-    )
-    report = {r.key: r.asDict() for r in inventory.inventory(objects, buckets).collect()}
-    assert set(report) == {"plain.txt", "big.bin"}
-    assert report["plain.txt"] == {
-        "bucket": "photos",
-        "key": "plain.txt",
-        "size": 10,
-        "etag": "00ff" * 8,
-        "last_modified": created,
-        "content_type": "text/plain",
-        "storage_nodes": "n1 n2",
-        "tags": '{"team":"a"}',
-    }
-    assert report["big.bin"]["etag"] == "00ff" * 8 + "-2"
-    assert report["big.bin"]["storage_nodes"] == ""
-    assert report["big.bin"]["tags"] == ""
