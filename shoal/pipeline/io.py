@@ -20,6 +20,7 @@ import asyncio
 import atexit
 import contextlib
 import functools
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -91,6 +92,23 @@ WHERE deleted_at < {cutoff}
 LIVE_OBJECTS = """
 SELECT 'object', {columns}, NULL::timestamptz FROM {schema}.manta_bucket_object
 """
+
+# The properties (jsonb read as text) of a row whose blocks and bytes do not follow from its
+# columns alone: the parts of a multipart object, or bytes held in the row itself. Jobs that
+# work on Arrow columns look inside those rows' properties (properties_of), and only those.
+PARTS_OR_INLINE = r'"parts"|"inline"'
+
+
+def properties_of(text: str | None) -> dict[str, Any]:
+    """A row's properties; most rows of a job hold the same few (read only, so shared)."""
+    return _parsed_properties(text) if text else {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_properties(text: str) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
 
 # What the whole-store inventory reports of each live object, the JSON it needs taken out by
 # PostgreSQL (jsonb, already parsed): read as the query's own columns (ReadTask.as_records

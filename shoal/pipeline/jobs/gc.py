@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import time
 import uuid
@@ -303,7 +302,7 @@ class _Blocks:
         )
         in_python = pc.fill_null(
             pc.or_kleene(
-                pc.match_substring_regex(properties, _NOT_ONE_BLOCK),
+                pc.match_substring_regex(properties, io.PARTS_OR_INLINE),
                 pc.or_kleene(pc.less_equal(block_size, 0), pc.greater(length, block_size)),
             ),
             False,
@@ -322,7 +321,7 @@ class _Blocks:
                 uuid.UUID(batch.column("id")[row].as_py()),
                 length[row].as_py(),
                 batch.column("sharks")[row].as_py() or [],
-                _properties(properties[row].as_py()),
+                io.properties_of(properties[row].as_py()),
             )
             for shark, more in names_by_node(record_runs).items():
                 names.setdefault(shark, []).extend(more)
@@ -344,22 +343,8 @@ class _Blocks:
         )
 
 
-# A row's block size, in its properties (jsonb as text); and the properties of a row whose
-# blocks do not follow from its columns alone (parts of a multipart object, or bytes in its
-# row): those rows go through block_runs.
+# A row's block size, in its properties (jsonb as text).
 _BLOCK_SIZE = r'"block_size": (?P<size>-?\d+)'
-_NOT_ONE_BLOCK = r'"parts"|"inline"'
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(text: str) -> dict[str, Any]:
-    parsed: dict[str, Any] = json.loads(text)
-    return parsed
-
-
-def _properties(text: str | None) -> dict[str, Any]:
-    """A row's properties; most rows of a backlog hold the same few (read only, so shared)."""
-    return _parsed(text) if text else {}
 
 
 def _tally(

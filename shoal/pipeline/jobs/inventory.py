@@ -76,9 +76,15 @@ def run(ctx: JobContext) -> Summary:
             ctx.shards, ctx.ring, snapshots, io.INVENTORY_OBJECTS, as_records=False
         )
         names = {bucket_id: name for bucket_id, _, name in buckets}
-        everything = io.map_read(
-            ctx.spark, tasks, functools.partial(report_rows, names=names), REPORT_SCHEMA
-        ).cache()
+        # Kept sorted by bucket: both writes below split their files by bucket, and find
+        # the rows already in that order instead of sorting them each.
+        everything = (
+            io.map_read(
+                ctx.spark, tasks, functools.partial(report_rows, names=names), REPORT_SCHEMA
+            )
+            .sortWithinPartitions("bucket")
+            .cache()
+        )
         count = everything.count()
         reports = _write_reports(ctx, snapshots, due, folder)
     ctx.progress.begin("write inventory")

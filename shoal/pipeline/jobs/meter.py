@@ -7,8 +7,6 @@ bytes per account over every metered day.
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,20 +127,16 @@ def stored_bytes(batch: pa.RecordBatch) -> pa.Array:
     length = pc.fill_null(batch.column("content_length"), 0)
     copies = pc.fill_null(pc.list_value_length(batch.column("sharks")), 0).cast(pa.int64())
     stored = pc.multiply(length, copies)
-    special = pc.fill_null(pc.match_substring_regex(properties, _PARTS_OR_INLINE), False)
+    special = pc.fill_null(pc.match_substring_regex(properties, io.PARTS_OR_INLINE), False)
     rows = pc.indices_nonzero(special).to_pylist()
     if not rows:
         return stored
     values = stored.to_pylist()
     sharks = batch.column("sharks")
     for row in rows:
-        values[row] = _stored_of_row(
-            length[row].as_py(), sharks[row].as_py() or [], _parsed(properties[row].as_py())
-        )
+        described = io.properties_of(properties[row].as_py())
+        values[row] = _stored_of_row(length[row].as_py(), sharks[row].as_py() or [], described)
     return pa.array(values, pa.int64())
-
-
-_PARTS_OR_INLINE = r'"parts"|"inline"'
 
 
 def _stored_of_row(length: int, sharks: list[str], properties: dict[str, Any]) -> int:
@@ -152,12 +146,6 @@ def _stored_of_row(length: int, sharks: list[str], properties: dict[str, Any]) -
     if parts:
         return sum(int(p["size"]) * len(p.get("sharks") or []) for p in parts)
     return length * len(sharks)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(text: str) -> dict[str, Any]:
-    parsed: dict[str, Any] = json.loads(text)
-    return parsed
 
 
 # -- on the driver: sums to usage -------------------------------------------------------------
