@@ -115,7 +115,10 @@ def _parsed_properties(text: str) -> dict[str, Any]:
 # False), not as RECORD_SCHEMA.
 INVENTORY_OBJECTS = """
 SELECT bucket_id::text, name, content_length, content_md5, created, content_type, sharks,
-       (properties -> 'tags')::text AS tags, jsonb_array_length(properties -> 'parts') AS parts
+       (properties -> 'tags')::text AS tags,
+       CASE jsonb_typeof(properties -> 'parts')
+           WHEN 'array' THEN jsonb_array_length(properties -> 'parts')
+       END AS parts
 FROM {schema}.manta_bucket_object
 """
 
@@ -304,8 +307,8 @@ def read_tasks(
     ]
 
 
-# What a Spark task does with the batches it read (ARROW_RECORD_SCHEMA): batches of the
-# DataFrame's schema.
+# What a Spark task does with the batches it read (ARROW_RECORD_SCHEMA, or the query's own
+# columns for tasks not `as_records`): batches of the DataFrame's schema.
 BatchMap = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
@@ -347,7 +350,8 @@ def _read_numbered(
 
 
 def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
-    """Read each task's vnode as Arrow batches of RECORD_SCHEMA, on one connection per shard
+    """Read each task's vnode as Arrow batches (of RECORD_SCHEMA, or the query's own columns
+    for a task not `as_records`), on one connection per shard
     inside the shard's snapshot. A vnode that moved to another shard since the job read the
     ring is refused by its old shard (docs/metadata.md, "Shards and vnodes"): it is read on
     its new one, at that shard's present (no snapshot of the job's covers it).

@@ -200,6 +200,8 @@ def test_notes_of_a_vnode_that_moves_are_restored_on_its_new_shard(
     run(add_shard(home, spare, key, layout))
     store = run(MetadataStore.open([home], 4, shard_key=key, poll_ring=False))
     close_later(lambda: run(store.close()))
+    counter = run(MetadataStore.open([home], 2, shard_key=key, poll_ring=False))
+    close_later(lambda: run(counter.close()))
     directory = Hiding(cluster, {down.shark})
     path = DataPath(cluster.client, directory, block_size=BLOCK_SIZE)
     owner = run(store.accounts.create(unique("moved"))).id
@@ -221,6 +223,8 @@ def test_notes_of_a_vnode_that_moves_are_restored_on_its_new_shard(
     vnode = store.ring.vnode_for_object(owner, bucket.id, "a")
     run(move(vnode))
     assert store.ring.shard_of(vnode) == home.name  # stale
+    assert counter.ring.shard_of(vnode) == home.name  # stale too, and counts the note
+    assert run(counter.under_replicated.count()) == 1
     directory.hidden = set()
     tally = run(Rereplicator(store, path, grace=timedelta(0)).run_once())
     assert store.ring.shard_of(vnode) == spare.name

@@ -17,7 +17,7 @@ from tests.fixtures.postgres import create_databases
 HOLDING_A_SNAPSHOT = (
     "SELECT count(*) FROM pg_stat_activity "
     "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-    "AND backend_xmin IS NOT NULL"
+    "AND backend_type = 'client backend' AND backend_xmin IS NOT NULL"
 )
 
 

@@ -138,10 +138,11 @@ def report_rows(
     """The report's rows of a task's batches (io.INVENTORY_OBJECTS), on Arrow's columns:
     an object of a bucket not in `names` (bucket id -> name: the buckets of the job's
     snapshot) is left out."""
-    ids = pa.array(list(names), pa.string())
-    bucket_names = pa.array(list(names.values()), pa.string())
     for batch in batches:
-        bucket = pc.take(bucket_names, pc.index_in(batch.column("bucket_id"), value_set=ids))
+        # The batch's few buckets looked up, not every bucket of the store.
+        ids = pc.unique(batch.column("bucket_id"))
+        found = pa.array([names.get(i) for i in ids.to_pylist()], pa.string())
+        bucket = pc.take(found, pc.index_in(batch.column("bucket_id"), value_set=ids))
         known = pc.is_valid(bucket)
         parts = batch.column("parts")
         etag = pc.if_else(
