@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
@@ -245,13 +245,28 @@ class BlockStore:
 
     def remove(self, name: str) -> int | None:
         """Remove a block; the bytes its file took, or None if it was not there."""
-        path = self.path_of(name)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            return None
-        return size
+        return self.remove_many([name])[0]
+
+    def remove_many(self, names: Sequence[str]) -> list[int | None]:
+        """Remove blocks, every name checked before any is removed (a batch naming one
+        invalid name removes nothing): the bytes each file took, None where it was not there.
+
+        Paths are plain strings here, not Path objects: the GC sends names by the
+        thousand, most of them already gone, and building Paths took half the node's CPU
+        per name (bench/pipeline_gc_bench.py prints the nodes' CPU per record)."""
+        for name in names:
+            check_block_name(name)
+        blocks = os.fspath(self.blocks)
+        sizes: list[int | None] = []
+        for name in names:
+            path = f"{blocks}/{_fan_out(name)}/{name}"
+            try:
+                size: int | None = os.stat(path).st_size
+                os.unlink(path)
+            except FileNotFoundError:
+                size = None
+            sizes.append(size)
+        return sizes
 
     def stored_bytes(self) -> int:
         """The bytes of every block file (a scan of the whole folder)."""

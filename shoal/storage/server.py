@@ -418,9 +418,7 @@ class _Handler(socketserver.StreamRequestHandler):
         names = self._json_body().get("names")
         if not isinstance(names, list) or len(names) > MAX_BATCH_DELETE:
             raise Refused(400, f"names must be a list of at most {MAX_BATCH_DELETE}")
-        for name in names:
-            self.server.store.path_of(name)  # refuse the whole batch if any name is invalid
-        sizes = [self.server.store.remove(name) for name in names]
+        sizes = self.server.store.remove_many(names)  # an invalid name refuses the whole batch
         removed = [size for size in sizes if size is not None]
         deleted = len(removed)
         self.server.count.add(-deleted, -sum(removed))

@@ -127,6 +127,25 @@ def test_ranges_and_delete(tmp_path: Path) -> None:
     assert store.delete(name) is False
 
 
+def test_a_batch_removes_what_is_there_and_nothing_when_a_name_is_invalid(
+    tmp_path: Path,
+) -> None:
+    store = BlockStore(tmp_path)
+    present = [block_name(uuid7(), i) for i in range(3)]
+    for name in present:
+        write(store, name, name.encode() * 2)
+    files = [store.path_of(name).stat().st_size for name in present]
+    gone = block_name(uuid7(), 0)
+    with pytest.raises(InvalidBlockName):
+        store.remove_many([present[0], "../escape.0"])
+    assert all(store.info(name) for name in present)  # nothing removed
+    # What each file took (the header and the bytes), None for the block never there.
+    sizes = store.remove_many([present[0], gone, *present[1:]])
+    assert sizes == [files[0], None, *files[1:]]
+    assert store.remove_many(present) == [None, None, None]
+    assert store.stored_bytes() == 0
+
+
 def test_inventory_walks_every_block_once_in_pages(tmp_path: Path) -> None:
     store = BlockStore(tmp_path)
     names = {block_name(uuid7(), i) for i in range(40)}
