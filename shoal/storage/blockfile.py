@@ -252,8 +252,8 @@ class BlockStore:
         invalid name removes nothing): the bytes each file took, None where it was not there.
 
         Paths are plain strings here, not Path objects: the GC sends names by the
-        thousand, most of them already gone, and building Paths took half the node's CPU
-        per name (bench/pipeline_gc_bench.py prints the nodes' CPU per record)."""
+        thousand, most of them already gone, and building Paths took about 40% of the
+        nodes' CPU per record (bench/pipeline_gc_bench.py prints it)."""
         for name in names:
             check_block_name(name)
         blocks = os.fspath(self.blocks)
