@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shoal.gc.rules import may_remove, names_by_node
-from shoal.storage import BlockRun, DataPath, DeleteOutcome
+from shoal.gc.rules import may_remove
+from shoal.storage import BlockRun, DataPath, DeleteOutcome, names_by_node
 
 
 @dataclass

@@ -48,16 +48,6 @@ def blocks_of(record: ObjectVersion) -> list[BlockRun]:
     return block_runs(record.id, record.content_length or 0, record.sharks, record.properties)
 
 
-def names_by_node(runs: Sequence[BlockRun]) -> dict[str, list[str]]:
-    """The names of the runs' blocks, per node they are on: one delete batch per node."""
-    grouped: dict[str, list[str]] = {}
-    for run in runs:
-        names = run.block_names()
-        for shark in run.sharks:
-            grouped.setdefault(shark, []).extend(names)
-    return grouped
-
-
 def may_remove(runs: Sequence[BlockRun], failed_nodes: Collection[str]) -> bool:
     """A record may go once all its blocks are gone from every node it names: none of those
     nodes failed its delete batch (a node that answered deleted them or never had them)."""

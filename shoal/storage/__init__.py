@@ -23,6 +23,7 @@ from shoal.storage.datapath import (
     StorageUnavailable,
     WriteResult,
     block_runs,
+    names_by_node,
 )
 from shoal.storage.placement import Node
 from shoal.storage.server import NodeIdentity, NodeServer
@@ -53,5 +54,6 @@ __all__ = [
     "WriteResult",
     "block_name",
     "block_runs",
+    "names_by_node",
     "parse_block_name",
 ]

@@ -144,6 +144,7 @@ class BlockStore:
         self.root = root.absolute()
         self.reserved_free_bytes = reserved_free_bytes
         self.blocks = self.root / "blocks"
+        self._blocks_text = os.fspath(self.blocks)
         self.tmp = self.root / "tmp" / f"w{worker}"
         self._buffers = _Buffers()
         self._spares: list[_TempBlock] = []
@@ -161,7 +162,11 @@ class BlockStore:
 
     def path_of(self, name: str) -> Path:
         check_block_name(name)
-        return self.blocks / _fan_out(name) / name
+        return Path(self._location(name))
+
+    def _location(self, name: str) -> str:
+        """Where a (checked) block's file is, as a string."""
+        return f"{self._blocks_text}/{_fan_out(name)}/{name}"
 
     def write(self, name: str, body: Readable, size: int, checksum: str) -> bool:
         """Store the `size` bytes that `body` yields; True if new, False if an identical
@@ -256,10 +261,9 @@ class BlockStore:
         nodes' CPU per record (bench/pipeline_gc_bench.py prints it)."""
         for name in names:
             check_block_name(name)
-        blocks = os.fspath(self.blocks)
         sizes: list[int | None] = []
         for name in names:
-            path = f"{blocks}/{_fan_out(name)}/{name}"
+            path = self._location(name)
             try:
                 size: int | None = os.stat(path).st_size
                 os.unlink(path)

@@ -175,6 +175,16 @@ def block_runs(
     ]
 
 
+def names_by_node(runs: Sequence[BlockRun]) -> dict[str, list[str]]:
+    """The names of the runs' blocks, per node they are on: one delete batch per node."""
+    grouped: dict[str, list[str]] = {}
+    for run in runs:
+        names = run.block_names()
+        for shark in run.sharks:
+            grouped.setdefault(shark, []).extend(names)
+    return grouped
+
+
 @dataclass
 class DeleteOutcome:
     deleted: int = 0
@@ -313,11 +323,7 @@ class DataPath:
 
     async def delete(self, runs: Sequence[BlockRun]) -> DeleteOutcome:
         """Delete every block of `runs` from every node that holds it."""
-        by_shark: dict[str, list[str]] = {}
-        for run in runs:
-            for shark in run.sharks:
-                by_shark.setdefault(shark, []).extend(run.block_names())
-        return await self.delete_names(by_shark)
+        return await self.delete_names(names_by_node(runs))
 
     async def delete_names(self, names: Mapping[str, Sequence[str]]) -> DeleteOutcome:
         """Delete the named blocks from each node (node -> block names on it): all nodes at

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from shoal.gc.rules import DEFAULT_LEEWAY, blocks_of, may_remove, names_by_node, parse_leeway
+from shoal.gc.rules import DEFAULT_LEEWAY, blocks_of, may_remove, parse_leeway
 from shoal.metadata import ObjectVersion
-from shoal.storage import BlockRun
+from shoal.storage import BlockRun, names_by_node
 
 MiB = 1 << 20
 WHEN = datetime(2024, 1, 1, tzinfo=UTC)

@@ -41,14 +41,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shoal.gc.deletion import Deletion, delete_names
-from shoal.gc.rules import may_remove, names_by_node
+from shoal.gc.rules import may_remove
 from shoal.metadata import MetadataStore
 from shoal.metadata.garbage import GcRun, vacuum_windows
 from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline import io
 from shoal.pipeline.context import JobContext, Summary
 from shoal.pipeline.jobs.rebalance import FixedDirectory
-from shoal.storage import DEFAULT_BLOCK_SIZE, BlockRun, DataPath, block_runs
+from shoal.storage import DEFAULT_BLOCK_SIZE, BlockRun, DataPath, block_runs, names_by_node
 from shoal.storage.client import ClientSettings
 
 # Rows a task works on at once (its memory holds one such batch, as read).

@@ -10,10 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from shoal.gc.rules import may_remove, names_by_node
+from shoal.gc.rules import may_remove
 from shoal.metadata.partitions import window_name, window_start
 from shoal.pipeline.jobs.gc import _Blocks, _Windows
-from shoal.storage import block_runs
+from shoal.storage import block_runs, names_by_node
 from tests.fixtures.arrow import batch_of
 
 MiB = 1 << 20
