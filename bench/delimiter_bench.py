@@ -1,21 +1,17 @@
-"""'/' listings of trees of P prefixes x K keys: the prefix index against reading object rows.
+"""'/' listings of trees of P prefixes x K keys: the shard's directory against reading object rows.
 
     .venv/bin/python bench/delimiter_bench.py            # 10x1,000, 10x100,000, 10,000x3
     .venv/bin/python bench/delimiter_bench.py --large    # and 10 x 1,000,000 (~3 min more)
 
 Each tree is a bucket of P directories "dDDDDD/" of K keys "dDDDDD/fFFFFFFF", on one shard
 of 64 vnodes, loaded in bulk as bench/listing_bench.py loads (its `load`: rows INSERTed per
-vnode from a COPY), then the prefix index filled from the rows (queries.FILL_PREFIX_INDEX, what
-vnode migration 4 runs over existing rows) and VACUUM ANALYZE.
+vnode from a COPY, and their directory rows beside them), then VACUUM ANALYZE.
 
 Each listing goes through the API (store.objects.list), both ways in alternation, so that
 the machine's load falls on all alike:
 
-  auto   what objects.list does: rows first, the index once prefixes prove to hold many
-         keys, and from the first round for a (bucket, prefix) known to (prefix_index.dense)
-  index  the index from the first round, always
-  rows   no index: rows in order, then skip scans (what '/' listings did before the index,
-         and what other delimiters do)
+  directory  what objects.list does: the directory (directory.py)
+  rows       the directory off: rows in order, then skip scans (what other delimiters do)
 
 The cases:
 
@@ -23,23 +19,22 @@ The cases:
   '/' walk        every page of the root, by next_marker (P > 1000): pages a second
   dir '/' page    the first page of 1000 of one directory's keys (K leaves)
 
-The claim under test: with the index, a '/' page costs in proportion to its entries, not to
-the keys under its common prefixes (the same few ms for K = 1,000 and K = 1,000,000).
+The claim under test: from the directory, a '/' page costs in proportion to its entries, not
+to the keys under its common prefixes (the same for K = 1,000 and K = 1,000,000).
 
-What the index costs writes (`--writes`): PUTs of new names two levels deep ("w/dN/kRI", 5
-directories, so that after the first round the directories' rows exist, as they do for most
-PUTs of a live bucket) through the API at 16 at once, into a shard with the index and one
-without it (its table and the leaf index dropped, PUT_OBJECT without its prefix rows: the
-write before vnode migration 4), in alternate rounds; PUTs a second, and WAL bytes a PUT
-(the shards share one server, and rounds run one at a time, so each round's WAL is its own).
-Then the sizes of the index beside the object table of the 10 x 100,000 tree.
+What the directory costs writes (`--writes`): PUTs of new names two levels deep
+("w/dN/kRI", 5 directories, so that after the first round the directories' rows exist, as
+they do for most PUTs of a live bucket) through the API at 16 at once, into a shard with the
+directory and one without it (its vnodes' triggers and leaf index dropped), in alternate
+rounds; PUTs a second, and WAL bytes a PUT (the shards share one server, and rounds run one
+at a time, so each round's WAL is its own). Then the sizes of the directory beside the
+object table of the trees.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import time
 from dataclasses import dataclass
 
@@ -58,25 +53,16 @@ from listing_bench import Layout, load, vacuum
 
 import shoal.loop
 from shoal.config import ShardConfig
-from shoal.metadata import MetadataStore, ObjectWrite, prefix_index, queries
+from shoal.metadata import MetadataStore, ObjectWrite, directory
 from shoal.metadata.shards import render
 
 MEASURED_CODE = (
     "shoal.metadata.queries",
     "shoal.metadata.objects",
-    "shoal.metadata.prefix_index",
+    "shoal.metadata.directory",
+    "shoal.metadata.schema",
 )
-WAYS = ("auto", "index", "rows")
-
-
-class Everything:
-    """As prefix_index.dense, but every listing is dense: the index from the first round."""
-
-    def __contains__(self, listing: object) -> bool:
-        return True
-
-    def add(self, listing: object) -> None:
-        pass
+WAYS = ("directory", "rows")
 
 
 class Tree(Layout):
@@ -104,12 +90,6 @@ class Figures:
     ms: dict[str, list[float]]  # per way: milliseconds of each run (of a whole walk)
 
 
-async def fill_prefix_index(dsn: str, vnodes: int) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        for vnode in range(vnodes):
-            await conn.execute(render(queries.FILL_PREFIX_INDEX, vnode))  # type: ignore[arg-type]
-
-
 async def walk(store: MetadataStore, case: Case) -> tuple[int, int, list[str]]:
     """Entries and pages listed, and the entries' keys (to compare the two ways)."""
     owner, bucket = case.tree.bucket.owner, case.tree.bucket.name
@@ -128,21 +108,19 @@ async def walk(store: MetadataStore, case: Case) -> tuple[int, int, list[str]]:
 
 async def measure(store: MetadataStore, case: Case, args: argparse.Namespace) -> Figures:
     ms: dict[str, list[float]] = {way: [] for way in WAYS}
-    remembered = prefix_index.dense
     listed: dict[str, list[str]] = {}
     entries = pages = 0
     for run in range(args.warmup + args.runs):
         for way in WAYS[run % len(WAYS) :] + WAYS[: run % len(WAYS)]:
-            prefix_index.ENABLED = way != "rows"
-            prefix_index.dense = Everything() if way == "index" else remembered  # type: ignore[assignment]
+            directory.ENABLED = way != "rows"
             started = time.perf_counter()
             entries, pages, keys = await walk(store, case)
             elapsed = (time.perf_counter() - started) * 1000
             listed[way] = keys
             if run >= args.warmup:
                 ms[way].append(elapsed)
-    prefix_index.ENABLED, prefix_index.dense = True, remembered
-    if not listed["auto"] == listed["index"] == listed["rows"]:
+    directory.ENABLED = True
+    if listed["directory"] != listed["rows"]:
         raise RuntimeError(f"{case.label}: the ways listed different entries")
     return Figures(case, entries, pages, ms)
 
@@ -173,9 +151,8 @@ async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> list[Figure
             print(f"loaded {tree.label} in {time.perf_counter() - started:.1f} s", flush=True)
             trees.append(tree)
         started = time.perf_counter()
-        await fill_prefix_index(shard.dsn, args.vnodes)
         await vacuum(shard.dsn)
-        print(f"prefix index and VACUUM in {time.perf_counter() - started:.1f} s", flush=True)
+        print(f"VACUUM in {time.perf_counter() - started:.1f} s", flush=True)
         figures = []
         for case in cases(trees):
             result = await measure(store, case, args)
@@ -187,15 +164,12 @@ async def benchmark(shard: ShardConfig, args: argparse.Namespace) -> list[Figure
         await store.close()
 
 
-# -- what the index costs writes -----------------------------------------------------------
+# -- what the directory costs writes -------------------------------------------------------
 
 WRITERS = 16
-# PUT_OBJECT as it was before the index: without the CTE that adds a new name's rows.
-PUT_WITHOUT_INDEX = re.sub(
-    r"\), prefixes AS \(.*?ON CONFLICT DO NOTHING\n\)\n", ")\n", queries.PUT_OBJECT, flags=re.S
-)
-DROP_INDEX = """
-DROP TABLE {schema}.manta_bucket_prefix;
+DROP_DIRECTORY = """
+DROP TRIGGER directory_add_name ON {schema}.manta_bucket_object;
+DROP TRIGGER directory_remove_name ON {schema}.manta_bucket_object;
 DROP INDEX {schema}.manta_bucket_object_directory_idx;
 """
 
@@ -228,13 +202,13 @@ async def write_cost(
     with_index: ShardConfig, without: ShardConfig, args: argparse.Namespace
 ) -> WriteFigures:
     stores = {
-        "index": await open_store(with_index, args.vnodes, pool_max_size=8),
-        "no index": await open_store(without, args.vnodes, pool_max_size=8),
+        "directory": await open_store(with_index, args.vnodes, pool_max_size=8),
+        "none": await open_store(without, args.vnodes, pool_max_size=8),
     }
     try:
         async with await psycopg.AsyncConnection.connect(without.dsn, autocommit=True) as conn:
             for vnode in range(args.vnodes):
-                await conn.execute(render(DROP_INDEX, vnode))  # type: ignore[arg-type]
+                await conn.execute(render(DROP_DIRECTORY, vnode))
         buckets = {}
         for way, store in stores.items():
             account = await store.accounts.create("writer")
@@ -244,16 +218,11 @@ async def write_cost(
         for run in range(args.write_rounds):
             for way in list(stores)[run % 2 :] + list(stores)[: run % 2]:
                 names = [f"w/d{i % 5}/k{run:02d}{i:06d}" for i in range(args.puts)]
-                original = queries.PUT_OBJECT
-                queries.PUT_OBJECT = original if way == "index" else PUT_WITHOUT_INDEX
-                try:
-                    wal = await wal_position(with_index.dsn)
-                    started = time.perf_counter()
-                    await put_round(stores[way], buckets[way], "writes", names)
-                    figures.seconds[way].append(time.perf_counter() - started)
-                    figures.wal_bytes[way].append(await wal_position(with_index.dsn) - wal)
-                finally:
-                    queries.PUT_OBJECT = original
+                wal = await wal_position(with_index.dsn)
+                started = time.perf_counter()
+                await put_round(stores[way], buckets[way], "writes", names)
+                figures.seconds[way].append(time.perf_counter() - started)
+                figures.wal_bytes[way].append(await wal_position(with_index.dsn) - wal)
             print(f"  write round {run + 1} of {args.write_rounds}", flush=True)
         return figures
     finally:
@@ -283,7 +252,7 @@ SIZES = """
 SELECT sum(pg_table_size(format('%I.manta_bucket_object', s))),
        sum(pg_relation_size(format('%I.manta_bucket_object_pkey', s))),
        sum(pg_relation_size(format('%I.manta_bucket_object_directory_idx', s))),
-       sum(pg_total_relation_size(format('%I.manta_bucket_prefix', s)))
+       pg_total_relation_size('shoal.bucket_directory')
 FROM (SELECT nspname AS s FROM pg_namespace WHERE nspname LIKE 'manta_bucket_%') AS vnodes
 """
 
@@ -292,7 +261,7 @@ async def sizes(dsn: str) -> str:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(SIZES)
         row = await cur.fetchone()
-    labels = ("object table", "its primary key", "leaf index", "prefix table and its key")
+    labels = ("object table", "its primary key", "leaf index", "directory and its key")
     return ", ".join(
         f"{label} {int(size) / 2**20:.1f} MiB"
         for label, size in zip(labels, row or (), strict=True)
@@ -302,7 +271,7 @@ async def sizes(dsn: str) -> str:
 def table(figures: list[Figures]) -> str:
     headers = ["tree (P x K)", "listing", "entries", "pages"]
     headers += [f"{way} ms/page" for way in WAYS] + [f"{way} pages/s" for way in WAYS]
-    headers.append("rows / auto")
+    headers.append("rows / directory")
     lines = []
     for f in figures:
         per_page = {way: median(f.ms[way]) / f.pages for way in WAYS}
@@ -310,7 +279,7 @@ def table(figures: list[Figures]) -> str:
             [f.case.tree.label, f.case.label, f"{f.entries:,}", f.pages]
             + [f"{per_page[way]:.2f}" for way in WAYS]
             + [f"{1000 / per_page[way]:.0f}" for way in WAYS]
-            + [f"{per_page['rows'] / per_page['auto']:.1f}x"]
+            + [f"{per_page['rows'] / per_page['directory']:.1f}x"]
         )
     return markdown_table(headers, lines)
 
@@ -321,7 +290,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=7, help="timed runs of each way")
     parser.add_argument("--warmup", type=int, default=6, help="untimed runs first")
     parser.add_argument("--vnodes", type=int, default=64)
-    parser.add_argument("--writes", action="store_true", help="and what the index costs PUTs")
+    parser.add_argument("--writes", action="store_true", help="and what the directory costs PUTs")
     parser.add_argument("--puts", type=int, default=3000, help="PUTs a write round")
     parser.add_argument("--write-rounds", type=int, default=6, help="write rounds, both ways")
     parser.add_argument("--no-lists", action="store_true", help="only the write cost")

@@ -16,7 +16,7 @@ from shoal.config import MetadataConfig, ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.partitions import WINDOW_SETTING, ensure_windows, window_width
-from shoal.metadata.ring import Ring, initial_ring, vnode_schema
+from shoal.metadata.ring import Ring, initial_ring, vnode_of_schema, vnode_schema
 from shoal.metadata.schema import (
     CATALOG_MIGRATIONS,
     CREATE_MIGRATIONS_TABLE,
@@ -104,7 +104,10 @@ async def apply_migrations(
                 await conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
                 )
-                await conn.execute(sql.SQL(migration.ddl).format(schema=sql.Identifier(schema)))
+                ddl = sql.SQL(migration.ddl).format(
+                    schema=sql.Identifier(schema), vnode=sql.Literal(vnode_of_schema(schema))
+                )
+                await conn.execute(ddl)
             await conn.execute(
                 queries.RECORD_MIGRATION,
                 {"scope": scope, "version": migration.version, "name": migration.name},

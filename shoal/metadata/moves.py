@@ -281,6 +281,7 @@ class Mover:
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(moved))
                 )
                 await source.execute(queries.FORGET_MIGRATION_SCOPE, {"scope": moved})
+                await source.execute(queries.FORGET_VNODE_DIRECTORY, {"vnode": move.vnode})
             await self._step(move.id, "done")
             said.append(f"vnode {move.vnode}: dropped its old copy on shard {move.source}")
         return said
@@ -689,6 +690,7 @@ class Mover:
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
             )
             await target.execute(queries.FORGET_MIGRATION_SCOPE, {"scope": schema})
+            await target.execute(queries.FORGET_VNODE_DIRECTORY, {"vnode": move.vnode})
 
     async def _windows(
         self, conn: psycopg.AsyncConnection[Any], schema: str

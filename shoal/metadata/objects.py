@@ -10,24 +10,25 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
+import heapq
 import logging
 import operator
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from psycopg.types.json import Jsonb
 
-from shoal.metadata import prefix_index, queries
-from shoal.metadata.base import Component, object_from_row, write_params
+from shoal.metadata import directory, queries
+from shoal.metadata.base import MOVE_WAIT_SECONDS, Component, object_from_row, write_params
 from shoal.metadata.errors import (
     InvalidName,
     MetadataError,
     ObjectNotFound,
     PreconditionFailed,
+    VnodeMoved,
 )
 from shoal.metadata.listing import (
     first_arm_limit,
@@ -48,15 +49,10 @@ from shoal.metadata.models import (
 )
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.prepared import Row, RowMaker
-from shoal.metadata.shards import Shard, ShardSet, render, render_arms
+from shoal.metadata.ring import vnode_schema
+from shoal.metadata.shards import Shard, render, render_arms
 
 MAX_KEYS = 1000
-# How long the removal of stale prefix index rows waits for its lock on a vnode's object
-# table, during which that vnode's writes wait behind it (Objects._remove_stale_prefixes).
-PREFIX_REPAIR_LOCK_WAIT = "50ms"
-# After a removal failed, how long listings leave that vnode's stale rows of the bucket be
-# (each try may hold its writes back for PREFIX_REPAIR_LOCK_WAIT).
-PREFIX_REPAIR_BACKOFF_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +65,6 @@ class PutResult:
 
 
 class Objects(Component):
-    def __init__(self, shards: ShardSet, window: timedelta) -> None:
-        super().__init__(shards, window)
-        # Removals of stale prefix index rows under way, by (vnode, bucket id): one at a time.
-        self._repairs: dict[tuple[int, uuid.UUID], asyncio.Task[None]] = {}
-        # When a removal that failed (its lock not had in time: a busy vnode) may be tried again.
-        self._repairs_deferred: dict[tuple[int, uuid.UUID], float] = {}
-
     async def put(
         self,
         owner: uuid.UUID,
@@ -239,14 +228,11 @@ class Objects(Component):
         bounds = key_range(prefix, delimiter, marker)
         entries: Sequence[ObjectSummary | CommonPrefix] = []
         if limit and bounds is not None:
-            indexed = prefix_index.serves(prefix, delimiter)
-            if (
-                indexed
-                and (found.id, prefix) in prefix_index.dense
-                and not prefix_index.starts_inside_a_prefix(prefix, bounds[0])
+            if directory.serves(prefix, delimiter) and not directory.starts_inside_a_prefix(
+                prefix, bounds[0]
             ):
                 entries = await self.under_one_ring(
-                    lambda: self._from_prefix_index(owner, found.id, prefix, bounds, wanted)
+                    lambda: self._from_directory(owner, found.id, prefix, bounds, wanted)
                 )
             elif delimiter:
                 entries = await self.under_one_ring(
@@ -280,7 +266,7 @@ class Objects(Component):
         shares = [len(shard.vnodes) / self.shards.ring.vnodes for shard in shards]
         return await first_keys(shares, read, lower, _name_of, wanted)
 
-    async def _from_prefix_index(
+    async def _from_directory(
         self,
         owner: uuid.UUID,
         bucket_id: uuid.UUID,
@@ -289,107 +275,58 @@ class Objects(Component):
         wanted: int,
     ) -> builtins.list[ObjectSummary | CommonPrefix]:
         """The first `wanted` entries in `bounds` of a '/' listing of `prefix` (empty or
-        ending in '/'), from the prefix index (prefix_index.py), each shard in one statement
-        a round; a common prefix several shards hold is listed once. Index rows found stale
-        are removed in the background (_remove_stale_prefixes).
-
-        A shard's answer holds up to `limit` rows, entries and stale rows in key order: one
-        that came back full is complete up to its last row, and when stale rows took places
-        that entries needed, the next round reads on from the least such last row."""
-        entries: list[ObjectSummary | CommonPrefix] = []
-        shards = self.shards.placed()
-        while True:
-            lower, upper = bounds
-            limit = wanted - len(entries)
-            params = {
-                "owner": owner,
-                "bucket_id": bucket_id,
-                "prefix": prefix,
-                "segment_lower": prefix_index.segment_lower(prefix, lower),
-                "lower": lower,
-                "upper": upper,
-                "limit": limit,
-            }
-            answers = await asyncio.gather(
-                *(
-                    self.shard_rows(
-                        shard,
-                        prefix_index.statement(tuple(shard.vnodes), upper is not None),
-                        params,
-                        rows=_indexed_rows,
-                        template=queries.LIST_PREFIX_INDEX,
-                    )
-                    for shard in shards
-                )
+        ending in '/'), from the directory (directory.py): each shard gives its first
+        `wanted`, and a common prefix several shards hold is listed once."""
+        answers = await asyncio.gather(
+            *(
+                self._directory_of_shard(shard, owner, bucket_id, prefix, bounds, wanted)
+                for shard in self.shards.placed()
             )
-            stale = [(arm, key) for answer in answers for key, _, arm in answer if arm is not None]
-            if stale:
-                self._remove_stale_prefixes(owner, bucket_id, prefix, stale)
-            ends = [answer[-1][0] for answer in answers if len(answer) >= limit]
-            through = min(ends) if ends else None
-            usable = [
-                [
-                    entry
-                    for key, entry, _ in answer
-                    if entry is not None and (through is None or key <= through)
-                ]
-                for answer in answers
-            ]
-            entries += merge_sorted(usable, key_of=_entry_key, limit=limit)
-            if through is None or len(entries) >= wanted:
-                return entries
-            rest = key_range(prefix, prefix_index.DELIMITER, through)
-            if rest is None:
-                return entries
-            bounds = rest
+        )
+        return merge_sorted(answers, key_of=_entry_key, limit=wanted)
 
-    def _remove_stale_prefixes(
+    async def _directory_of_shard(
         self,
+        shard: Shard,
         owner: uuid.UUID,
         bucket_id: uuid.UUID,
         prefix: str,
-        stale: builtins.list[tuple[int, str]],
-    ) -> None:
-        """Remove, in the background, index rows a listing found without keys under them.
-
-        Each vnode's rows go in a transaction that holds its object table in SHARE mode, which
-        waits for the writes of that vnode in flight and holds back new ones until it ends
-        (queries.REMOVE_STALE_PREFIXES says why that makes it safe), so it waits for that lock
-        for at most PREFIX_REPAIR_LOCK_WAIT and otherwise leaves the rows to a later listing.
-        """
-        by_vnode: dict[int, list[str]] = {}
-        for vnode, child in stale:
-            by_vnode.setdefault(vnode, []).append(child[len(prefix) :])
-        now = time.monotonic()
-        for vnode, segments in by_vnode.items():
-            key = (vnode, bucket_id)
-            if key not in self._repairs and self._repairs_deferred.get(key, now) <= now:
-                self._repairs[key] = asyncio.create_task(
-                    self._remove_stale_on_vnode(owner, bucket_id, vnode, prefix, segments)
-                )
-
-    async def _remove_stale_on_vnode(
-        self,
-        owner: uuid.UUID,
-        bucket_id: uuid.UUID,
-        vnode: int,
-        prefix: str,
-        segments: builtins.list[str],
-    ) -> None:
-        params = {"owner": owner, "bucket_id": bucket_id, "prefix": prefix, "segments": segments}
-        try:
-            async with self.shards.of_vnode(vnode).pool.transaction() as conn:
-                await conn.execute(f"SET LOCAL lock_timeout = '{PREFIX_REPAIR_LOCK_WAIT}'")
-                await conn.execute(render(queries.LOCK_OBJECTS, vnode))
-                await conn.execute(render(queries.REMOVE_STALE_PREFIXES, vnode), params)
-        except Exception as exc:  # a later listing finds the rows again
-            log.debug("stale prefix rows of vnode %d left for now: %s", vnode, exc)
-            deferred = time.monotonic() + PREFIX_REPAIR_BACKOFF_SECONDS
-            self._repairs_deferred[vnode, bucket_id] = deferred
-        else:
-            self._repairs_deferred.pop((vnode, bucket_id), None)
-        finally:
-            del self._repairs[vnode, bucket_id]
+        bounds: tuple[str, str | None],
+        wanted: int,
+    ) -> builtins.list[ObjectSummary | CommonPrefix]:
+        """One shard's first `wanted` entries: its common prefixes from its directory rows,
+        and the keys of the directory on the vnodes that hold some."""
+        lower, upper = bounds
+        params = {
+            "owner": owner,
+            "bucket_id": bucket_id,
+            "prefix": prefix,
+            "segment_lower": directory.segment_lower(prefix, lower),
+            "lower": lower,
+            "upper": upper,
+            "limit": wanted,
+            "vnodes": shard.vnodes,
+            "schemas": [vnode_schema(vnode) for vnode in shard.vnodes],
+        }
+        (found,) = await self.shard_rows(
+            shard, queries.LIST_DIRECTORY, params, template=queries.LIST_DIRECTORY
+        )
+        if found["held"] < len(shard.vnodes):
+            # A vnode moved away: its rows here are no longer its own (queries.LIST_DIRECTORY).
+            await self.shards.follow_ring(MOVE_WAIT_SECONDS)
+            raise VnodeMoved(f"shard {shard.name} no longer holds every vnode the ring gave it")
+        prefixes: builtins.list[ObjectSummary | CommonPrefix] = [
+            CommonPrefix(prefix=prefix + segment) for segment in found["segments"]
+        ]
+        if not found["leaf_vnodes"]:
+            return prefixes
+        statement = directory.leaves_statement(
+            tuple(sorted(found["leaf_vnodes"])), upper is not None
+        )
+        leaves = await self.shard_rows(
+            shard, statement, params, rows=_summaries, template=queries.LIST_LEAVES_ARM
+        )
+        return list(heapq.merge(prefixes, leaves, key=_entry_key))[:wanted]
 
     async def _rolled_up(
         self,
@@ -403,8 +340,9 @@ class Objects(Component):
         """The first `wanted` entries after `marker`, keys that share a common prefix as one.
 
         Rows are read in order, up to a budget a round, until they prove to be many keys per
-        common prefix; then the rest comes from the prefix index if it serves the listing
-        (prefix_index.py), else the rounds skip-scan, `arm_limit` steps per vnode.
+        common prefix; then the rest comes from the directory if it serves the listing
+        (directory.py: a listing that starts inside a common prefix), else the rounds
+        skip-scan, `arm_limit` steps per vnode.
         """
         shards = self.shards.placed()
         arms_per_shard = max(len(shard.vnodes) for shard in shards)
@@ -436,15 +374,12 @@ class Objects(Component):
                 arm_limit = next_arm_limit(arm_limit, len(found_now), missing, wanted)
             elif not prefer_skip_scan(rows * len(shards), len(found_now), arms_per_shard):
                 rows = next_row_budget(rows, len(found_now), missing)
-            elif prefix_index.serves(prefix, delimiter):
-                # Prefixes hold many keys: the rest of the page, and the next pages, from the
-                # index, which reads what they return.
-                prefix_index.dense.add((bucket_id, prefix))
+            elif directory.serves(prefix, delimiter):
+                # Prefixes hold many keys, and the rest starts past `through`: from the
+                # directory, which reads what it returns.
                 rest = key_range(prefix, delimiter, marker)
                 if rest is not None:
-                    entries += await self._from_prefix_index(
-                        owner, bucket_id, prefix, rest, missing
-                    )
+                    entries += await self._from_directory(owner, bucket_id, prefix, rest, missing)
                 break
             else:
                 skip_scan = True  # steps, not rows: start from the even share
@@ -580,29 +515,6 @@ def _listed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _ListedR
         # constructor, a Python function call per row.
         fields = (values[key], values[last_modified], values[length], values[etag])
         return values[key], values[through], _new_tuple(ObjectSummary, fields)
-
-    return make
-
-
-# The columns of queries.LIST_PREFIX_INDEX, in _indexed_rows's order.
-_INDEXED_COLUMNS = "key prefix last_modified content_length etag stale_arm"
-
-# A row of a listing from the prefix index: (key, entry or None, the vnode whose index row
-# of this common prefix is stale, or None). No entry: a stale row whose prefix holds no key.
-_IndexedRow = tuple[str, ObjectSummary | CommonPrefix | None, int | None]
-
-
-def _indexed_rows(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], _IndexedRow]:
-    """Rows of queries.LIST_PREFIX_INDEX made into entries, as _listed_rows makes others."""
-    key, prefix, last_modified, length, etag, stale = map(columns.index, _INDEXED_COLUMNS.split())
-
-    def make(values: Sequence[Any]) -> _IndexedRow:
-        if values[prefix] is not None:
-            return values[key], CommonPrefix(prefix=values[prefix]), values[stale]
-        if values[etag] is None:
-            return values[key], None, values[stale]
-        fields = (values[key], values[last_modified], values[length], values[etag])
-        return values[key], _new_tuple(ObjectSummary, fields), None
 
     return make
 

@@ -129,17 +129,17 @@ SELECT 1 FROM {schema}.manta_bucket_object WHERE owner = %(owner)s AND bucket_id
 
 # -- objects (on the object's vnode) ------------------------------------------------------
 
-# -- the '/' prefix index (manta_bucket_prefix, vnode migration 4) -------------------------
+# -- the '/' directory (shoal.bucket_directory: shard migration 2, vnode migration 5) -----
 #
-# Each vnode keeps a row (parent, segment) for every '/' common prefix of the names it holds:
-# "a/b/c" gives ("", "a/") and ("a/", "b/"). A write that makes a name new to its vnode adds
-# the name's rows in the same statement, so in the same transaction: no committed key ever
-# lacks its prefixes. Overwrites add nothing (the name's rows are there). Deletes remove
-# nothing: a row whose keys are all gone is stale, and a listing checks each prefix it
-# returns with one index probe (LIST_PREFIX_INDEX), so no write waits on a prefix's row, hot
-# or not (docs/metadata.md, "The '/' prefix index").
+# Each shard keeps a row (parent, segment, vnode) for every '/' common prefix under which a
+# vnode of it holds names, and a row (directory, '', vnode) for the directories a vnode holds
+# names in. The vnodes' triggers keep them in the transaction of each write (schema.py,
+# vnode migration 5), so PUT and DELETE name no table of it; a '/' listing reads the
+# directory with one index scan a shard (LIST_DIRECTORY, docs/metadata.md, "The '/'
+# directory").
 
-# The (parent, segment) rows of the name {name}, one per '/' in it.
+# Vnode migration 4's prefix index, kept as that migration wrote it (migration 5 drops the
+# table): the (parent, segment) rows of the name {name}, one per '/' in it.
 PREFIXES_OF_NAME = """\
 SELECT array_to_string(split.parts[1:level - 1], '/')
        || CASE WHEN level > 1 THEN '/' ELSE '' END AS parent,
@@ -147,18 +147,6 @@ SELECT array_to_string(split.parts[1:level - 1], '/')
 FROM (SELECT string_to_array({name}, '/') AS parts) AS split,
      generate_series(1, cardinality(split.parts) - 1) AS level"""
 
-# The rows of the name a write makes (it adds the WHERE that says whether the name is new).
-NEW_NAME_PREFIXES = (
-    """\
-    INSERT INTO {schema}.manta_bucket_prefix (owner, bucket_id, parent, segment)
-    SELECT %(owner)s, %(bucket_id)s, prefix_row.parent, prefix_row.segment
-    FROM ("""
-    + PREFIXES_OF_NAME.replace("{name}", "%(name)s::text")
-    + """) AS prefix_row"""
-)
-
-# Every row of the names a vnode holds (vnode migration 4 fills the index with it; bulk loads
-# that write manta_bucket_object directly, as bench/delimiter_bench.py does, run it after).
 FILL_PREFIX_INDEX = (
     """
 INSERT INTO {schema}.manta_bucket_prefix (owner, bucket_id, parent, segment)
@@ -170,9 +158,23 @@ ON CONFLICT DO NOTHING
 """
 )
 
+# Every directory row of the names vnode {vnode} holds (vnode migration 5 fills the directory
+# with it; bulk loads that write manta_bucket_object with its triggers off, as
+# bench/delimiter_bench.py does, run it after).
+FILL_DIRECTORY = """
+INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
+SELECT DISTINCT o.owner, o.bucket_id, level.parent, level.segment, {vnode}
+FROM {schema}.manta_bucket_object o CROSS JOIN LATERAL shoal.directory_levels(o.name) AS level
+ON CONFLICT DO NOTHING
+"""
+
+# The directory rows of vnode %(vnode)s, which go with the vnode's copy on a shard that no
+# longer holds it (moves.py), in the transaction that drops the copy.
+FORGET_VNODE_DIRECTORY = "DELETE FROM shoal.bucket_directory WHERE vnode = %(vnode)s"
+
 # The directory of a name under '/': all of it up to its last '/' ('' for a name with none).
-# The leaf index of manta_bucket_object (vnode migration 4) is on this expression, and the
-# listing below must spell it exactly so for PostgreSQL to use that index.
+# The leaf index of manta_bucket_object (vnode migration 4) is on this expression, and
+# LIST_LEAVES_ARM must spell it exactly so for PostgreSQL to use that index.
 DIRECTORY_OF_NAME = (
     "(CASE WHEN strpos(name, '/') = 0 THEN ''"
     " ELSE left(name, length(name) + 1 - strpos(reverse(name), '/')) END)"
@@ -190,8 +192,7 @@ WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND name = %(name)s
 """
 
 # Upsert; the replaced version (old.*) becomes a deletion record in the same statement.
-PUT_OBJECT = (
-    """
+PUT_OBJECT = """
 WITH upsert AS (
     INSERT INTO {schema}.manta_bucket_object AS live (
         id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
@@ -225,16 +226,9 @@ WITH upsert AS (
            old_content_length, old_content_md5, old_content_type, old_headers, old_roles,
            old_sharks, old_properties, statement_timestamp()
     FROM upsert WHERE old_id IS NOT NULL AND old_properties -> 'inline' IS NULL
-), prefixes AS (
-"""
-    + NEW_NAME_PREFIXES
-    + """
-    WHERE EXISTS (SELECT FROM upsert WHERE old_id IS NULL)
-    ON CONFLICT DO NOTHING
 )
 SELECT created, modified, old_id FROM upsert
 """
-)
 
 # If-Match: replaces the live version only if its ETag bytes match (`if_match` NULL, for
 # If-Match: *: any live version), re-checked on the latest row version under a row lock, so
@@ -283,8 +277,7 @@ PUT_OBJECT_IF_NONE_MATCH = PUT_OBJECT.replace(
 )
 
 # If-None-Match: * (create only): exactly one of many concurrent creators inserts.
-CREATE_OBJECT = (
-    """
+CREATE_OBJECT = """
 WITH inserted AS (
     INSERT INTO {schema}.manta_bucket_object (
         id, owner, bucket_id, name, created, modified, creator, content_length, content_md5,
@@ -294,16 +287,9 @@ WITH inserted AS (
             %(content_type)s, %(headers)s, %(roles)s, %(sharks)s, %(properties)s, %(data)s)
     ON CONFLICT (owner, bucket_id, name) DO NOTHING
     RETURNING created, modified
-), prefixes AS (
-"""
-    + NEW_NAME_PREFIXES
-    + """
-    WHERE EXISTS (SELECT FROM inserted)
-    ON CONFLICT DO NOTHING
 )
 SELECT created, modified, NULL::uuid AS old_id FROM inserted
 """
-)
 
 # An object's tags (properties.tags; none: the key removed), set on the version a tagging
 # request read (id): a version that replaced it meanwhile keeps its own tags. Data, ETag and
@@ -503,98 +489,41 @@ ORDER BY key
 LIMIT %(limit)s
 """
 
-# A '/' listing of a prefix that ends in '/' (or of none) from the prefix index: the
-# common prefixes are the index rows under it, the keys listed as themselves are those whose
-# directory is the prefix (the leaf index), so a page reads what it returns, whatever the
-# keys under each common prefix. One vnode's index rows under %(prefix)s, in order:
-LIST_PREFIX_INDEX_ARM = """
-(SELECT segment, {vnode} AS arm FROM {schema}.manta_bucket_prefix
- WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
-   AND segment >= %(segment_lower)s
- ORDER BY segment)
+# A '/' listing of a prefix that ends in '/' (or of none), from the directory: the common
+# prefixes are its rows under the prefix, the keys listed as themselves are those whose
+# directory is the prefix (the leaf index), read only on the vnodes the directory says hold
+# some. So a page reads what it returns, whatever the keys under each common prefix.
+#
+# One statement a shard: how many of the vnodes the caller's ring gives the shard it still
+# holds (their schemas: a vnode that moved away is renamed at its fence, and the caller must
+# follow the ring, as a statement naming the schema would), the first %(limit)s segments from
+# %(segment_lower)s, and the vnodes that hold keys in the directory.
+LIST_DIRECTORY = """
+SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%(schemas)s::text[])) AS held,
+       ARRAY(SELECT DISTINCT segment FROM shoal.bucket_directory
+             WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
+               AND segment >= %(segment_lower)s AND segment > ''
+               AND vnode = ANY(%(vnodes)s::int[])
+             ORDER BY segment
+             LIMIT %(limit)s) AS segments,
+       ARRAY(SELECT vnode FROM shoal.bucket_directory
+             WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
+               AND segment = '' AND vnode = ANY(%(vnodes)s::int[])) AS leaf_vnodes
 """
 
-# Whether vnode {vnode} holds a key under the common prefix `found.child`: one probe of the
-# leaf index, where the names under it are the directories in [child, child_end). A WHEN of
-# LIST_PREFIX_INDEX's CASE.
-PREFIX_HOLDS_KEYS = """
-WHEN {vnode} THEN EXISTS (
-    SELECT FROM {schema}.manta_bucket_object
-    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
-      AND {directory_of_name} >= found.child AND {directory_of_name} < found.child_end)
-"""
-
-# One vnode's keys whose directory is %(prefix)s, in order, from the leaf index.
-LIST_LEAVES_ARM = """
+# One vnode's keys whose directory is %(prefix)s, in order, from the leaf index; the arms of
+# the vnodes LIST_DIRECTORY named are merged as LIST_NAMES_MERGE merges a listing's.
+LIST_LEAVES_ARM = (
+    """
 (SELECT name, {listed_columns} FROM {schema}.manta_bucket_object
  WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
-   AND {directory_of_name} = %(prefix)s
+   AND """
+    + DIRECTORY_OF_NAME
+    + """ = %(prefix)s
    AND name >= %(lower)s {upper_bound}
  ORDER BY name)
 """
-
-# The page: the common prefixes (index rows merged in order, grouped by segment with the
-# vnodes that hold a row of it, by a window, which never hashes: a page reads its rows only)
-# and the keys, each up to %(limit)s, merged. A common prefix is listed if one of those vnodes
-# still holds a key under it, probed in order, the first nearly always holding one: `holder`
-# is the first that does. A row whose first vnode's keys under it are gone is stale there: it
-# comes back with that vnode (`stale_arm`), listed or not, for objects.list to remove
-# (REMOVE_STALE_PREFIXES); an unlisted one takes a place in the page like an entry, so a full
-# page is complete only up to its last row's key (objects.py). A segment always ends in '/',
-# so the names under prefix || segment end before prefix || segment with its '/' made '0'.
-# OFFSET 0 keeps each probe evaluated once. `listed_prefixes` takes the rows in the order the
-# merge gives them, by segment, with no ORDER BY: through the fence the planner no longer
-# knows that order and would sort every prefix under the prefix for one page. One set of
-# probes (a CASE of one per vnode), not a first probe and then the others: each probe is a
-# subplan that every execution starts, and a second set cost an empty answer a third more.
-LIST_PREFIX_INDEX = """
-WITH prefixes AS (
-    SELECT segment, child, arms[1] AS first_arm, holder IS NOT DISTINCT FROM arms[1] AS first_holds,
-           holder IS NOT NULL AS holds
-    FROM (SELECT segment, child, arms,
-                 (SELECT holder.arm FROM unnest(arms) WITH ORDINALITY AS holder(arm, nth)
-                  WHERE CASE holder.arm {probes} END ORDER BY holder.nth LIMIT 1) AS holder
-          FROM (SELECT segment, %(prefix)s || segment AS child,
-                       %(prefix)s || left(segment, -1) || '0' AS child_end,
-                       array_agg(arm) OVER by_segment AS arms,
-                       row_number() OVER by_segment AS nth
-                FROM ({prefix_arms}) AS index_rows
-                WINDOW by_segment AS (PARTITION BY segment)) AS found
-          WHERE nth = 1
-          OFFSET 0) AS probed
-), listed_prefixes AS (
-    SELECT * FROM prefixes WHERE holds OR NOT first_holds LIMIT %(limit)s
-), leaves AS (
-    SELECT * FROM ({leaf_arms}) AS arms ORDER BY name LIMIT %(limit)s
 )
-SELECT key, prefix, last_modified, content_length, etag, stale_arm
-FROM (SELECT child AS key, CASE WHEN holds THEN child END AS prefix,
-             NULL::text AS last_modified, NULL::bigint AS content_length, NULL::text AS etag,
-             CASE WHEN NOT first_holds THEN first_arm END AS stale_arm
-      FROM listed_prefixes
-      UNION ALL
-      SELECT name, NULL, {last_modified}, content_length, {etag}, NULL FROM leaves) AS rows
-ORDER BY key
-LIMIT %(limit)s
-"""
-
-# Removes index rows of the vnode under %(prefix)s whose keys are all gone. Safe only in a
-# transaction that first holds the vnode's object table in SHARE mode (LOCK_OBJECTS): every
-# write that makes a name new checks for its prefixes' rows and writes its object row in one
-# statement, holding the table in ROW EXCLUSIVE mode until it commits, so once the lock is
-# held no write that found a row is still uncommitted, and none can find one until this
-# commits; the probe below then sees every key there is.
-REMOVE_STALE_PREFIXES = """
-DELETE FROM {schema}.manta_bucket_prefix p
-WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
-  AND segment = ANY(%(segments)s::text[])
-  AND NOT EXISTS (
-      SELECT FROM {schema}.manta_bucket_object o
-      WHERE o.owner = p.owner AND o.bucket_id = p.bucket_id
-        AND o.name >= p.parent || p.segment AND o.name < p.parent || left(p.segment, -1) || '0')
-"""
-
-LOCK_OBJECTS = "LOCK TABLE {schema}.manta_bucket_object IN SHARE MODE"
 
 LIST_BUCKETS_MERGE = """
 SELECT id, owner, name, created FROM ({arms}) AS entries ORDER BY name LIMIT %(limit)s
@@ -773,12 +702,13 @@ DELETE FROM {schema}.manta_bucket_upload_part
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = ANY(%(ids)s::uuid[])
 """
 
-# The incarnation's '/' prefix index rows go too (every reclaim of a deleted bucket runs this
-# on each vnode): a deleted incarnation is never listed again.
+# The incarnation's '/' directory rows of the vnode go too (every reclaim of a deleted bucket
+# runs this on each vnode): a deleted incarnation is never listed again, and the rows of
+# directories that names with no '/' keep are removed by no delete.
 REMOVE_BUCKET_UPLOADS = """
-WITH prefixes_gone AS (
-    DELETE FROM {schema}.manta_bucket_prefix
-    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s
+WITH directory_gone AS (
+    DELETE FROM shoal.bucket_directory
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND vnode = {vnode}
 )
 DELETE FROM {schema}.manta_bucket_upload u
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s

@@ -54,6 +54,14 @@ def vnode_schema(vnode: int) -> str:
     return f"manta_bucket_{vnode}"
 
 
+def vnode_of_schema(schema: str) -> int:
+    """The vnode whose schema is `schema` (vnode_schema's inverse)."""
+    number = schema.removeprefix("manta_bucket_")
+    if number == schema or not number.isdigit():
+        raise ValueError(f"{schema!r} is not a vnode's schema")
+    return int(number)
+
+
 def _hash_to_vnode(kind: bytes, key: bytes, name: bytes, vnodes: int) -> int:
     # Owner and bucket ids are fixed-width, so key + name is unambiguous without separators.
     digest = hashlib.blake2b(kind + b"\0" + key + name, digest_size=8).digest()

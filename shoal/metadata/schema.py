@@ -1,19 +1,20 @@
 """The DDL of every migration, by scope.
 
 Three scopes, each with its own version sequence in `shoal.schema_migrations`:
-  shard      on every shard: the hstore extension and Shoal's SQL helpers
+  shard      on every shard: the hstore extension, Shoal's SQL helpers, the '/' directory
   catalog    on the catalog shard (the first configured): ring, accounts, keys, names, nodes
   vnode      in each `manta_bucket_<vnode>` schema, on the shard the ring gives that vnode
 
 The four tables of RFD 149 appear exactly as named and typed there; every addition is listed
-with its reason in docs/metadata.md. `{schema}` is replaced by the quoted vnode schema name.
+with its reason in docs/metadata.md. `{schema}` is replaced by the quoted vnode schema name,
+`{vnode}` by the vnode's number.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.metadata.queries import DIRECTORY_OF_NAME, FILL_PREFIX_INDEX
+from shoal.metadata.queries import DIRECTORY_OF_NAME, FILL_DIRECTORY, FILL_PREFIX_INDEX
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,49 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE left(name, length(prefix) + strpos(substr(name, length(prefix) + 1), delimiter)
                         + length(delimiter) - 1)
     END
+$$;
+""",
+    ),
+    Migration(
+        2,
+        "the '/' directory",
+        """
+-- The '/' directory of the buckets whose names the shard's vnodes hold (docs/metadata.md,
+-- "The '/' directory"), kept exact by the vnodes' triggers in the transaction of each write.
+-- A row (parent, segment, vnode), segment ending in '/': vnode holds a name under
+-- parent || segment. A row (parent, '', vnode): vnode holds a name whose directory is parent
+-- (for the root, parent '': has held one; that row goes with the bucket).
+CREATE TABLE shoal.bucket_directory (
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    parent text COLLATE "C" NOT NULL,
+    segment text COLLATE "C" NOT NULL,
+    vnode int NOT NULL,
+
+    PRIMARY KEY (owner, bucket_id, parent, segment, vnode)
+);
+
+-- The directory rows of a name: one (parent, segment) per '/' in it, root first ("a/b/c"
+-- gives ("", "a/") and ("a/", "b/")), then (its directory, '').
+CREATE FUNCTION shoal.directory_levels(name text) RETURNS TABLE (parent text, segment text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT array_to_string(split.parts[1:level - 1], '/')
+           || CASE WHEN level > 1 THEN '/' ELSE '' END,
+           split.parts[level] || '/'
+    FROM (SELECT string_to_array(name, '/') AS parts) AS split,
+         generate_series(1, cardinality(split.parts) - 1) AS level
+    UNION ALL
+    SELECT CASE WHEN strpos(name, '/') = 0 THEN ''
+                ELSE left(name, length(name) + 1 - strpos(reverse(name), '/')) END,
+           ''
+$$;
+
+-- The advisory lock that orders the writes of a vnode under one common prefix: a write that
+-- makes a name new holds it shared, a delete holds it exclusively while it checks whether
+-- its common prefixes still hold names (the vnodes' directory triggers).
+CREATE FUNCTION shoal.directory_lock(bucket_id uuid, common_prefix text, vnode int)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended(bucket_id::text || common_prefix, vnode)
 $$;
 """,
     ),
@@ -464,6 +508,79 @@ CREATE INDEX manta_bucket_object_directory_idx ON {schema}.manta_bucket_object
     (owner, bucket_id, """
         + DIRECTORY_OF_NAME
         + """, name);
+""",
+    ),
+    Migration(
+        5,
+        "the vnode's rows of the '/' directory",
+        """
+-- The vnode's rows of the shard's '/' directory (shard migration 2) follow its names, in the
+-- transaction of each write; ENABLE ALWAYS: also as logical replication applies a moving
+-- vnode's rows on its new shard (docs/metadata.md, "The '/' directory").
+--
+-- A name new to the vnode: its common prefixes' locks, shared (no new name waits for
+-- another), then its rows. Taken before the rows are looked at, so that a delete that held a
+-- lock exclusively has committed, and a row it removed is added again.
+CREATE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(
+        shoal.directory_lock(NEW.bucket_id, level.parent || level.segment, {vnode}))
+    FROM shoal.directory_levels(NEW.name) AS level
+    WHERE level.segment <> '';
+    INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
+    SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
+    FROM shoal.directory_levels(NEW.name) AS level
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+
+-- A name gone from the vnode: its common prefixes' locks, exclusively and root first (the
+-- order of every writer, so none waits for another in a cycle), then, in a statement of its
+-- own and so with a snapshot taken after the locks (READ COMMITTED), the rows of the common
+-- prefixes that no longer hold a name of the vnode go. A new name under one of them either
+-- committed before (it is seen) or waits for this transaction and adds its row again.
+CREATE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(
+        shoal.directory_lock(OLD.bucket_id, level.parent || level.segment, {vnode}))
+    FROM shoal.directory_levels(OLD.name) AS level
+    WHERE level.segment <> '';
+    DELETE FROM shoal.bucket_directory AS entry
+    USING shoal.directory_levels(OLD.name) AS level
+    WHERE entry.owner = OLD.owner AND entry.bucket_id = OLD.bucket_id
+      AND entry.parent = level.parent AND entry.segment = level.segment
+      AND entry.vnode = {vnode}
+      AND CASE
+          WHEN level.segment <> '' THEN NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = OLD.owner AND o.bucket_id = OLD.bucket_id
+                AND o.name >= level.parent || level.segment
+                AND o.name < level.parent || left(level.segment, -1) || '0')
+          -- The directory's own row, under the lock of the directory as a common prefix.
+          ELSE NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = OLD.owner AND o.bucket_id = OLD.bucket_id
+                AND """
+        + DIRECTORY_OF_NAME
+        + """ = level.parent)
+      END;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER directory_add_name AFTER INSERT ON {schema}.manta_bucket_object
+    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
+CREATE TRIGGER directory_remove_name AFTER DELETE ON {schema}.manta_bucket_object
+    FOR EACH ROW WHEN (strpos(OLD.name, '/') > 0)
+    EXECUTE FUNCTION {schema}.directory_remove_name();
+ALTER TABLE {schema}.manta_bucket_object ENABLE ALWAYS TRIGGER directory_add_name;
+ALTER TABLE {schema}.manta_bucket_object ENABLE ALWAYS TRIGGER directory_remove_name;
+
+-- The vnode's names so far (the triggers hold back writes until this commits).
+"""
+        + FILL_DIRECTORY
+        + """;
+-- Replaced by the directory: the vnode's own '/' prefix index (migration 4).
+DROP TABLE {schema}.manta_bucket_prefix;
 """,
     ),
 )

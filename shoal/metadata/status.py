@@ -26,8 +26,8 @@ VNODE_TABLES = (
     "manta_bucket_upload",
     "manta_bucket_upload_part",
     "manta_bucket_under_replicated",  # versions waiting for re-replication
-    "manta_bucket_prefix",  # the '/' prefix index
 )
+SHARD_TABLES = ("bucket_directory",)  # the '/' directory of the shard's vnodes
 CATALOG_TABLES = ("account", "access_key", "bucket_name", "storage_node")
 
 
@@ -79,9 +79,9 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
             vnodes=vnodes,
             schema_versions=summarize_versions(versions),
         )
+        shoal_tables = (*SHARD_TABLES, *(CATALOG_TABLES if with_catalog else ()))
         tables = [(vnode_schema(v), t) for v in vnodes for t in VNODE_TABLES]
-        if with_catalog:
-            tables += [("shoal", t) for t in CATALOG_TABLES]
+        tables += [("shoal", t) for t in shoal_tables]
         if tables:
             arms = sql.SQL(" UNION ALL ").join(
                 sql.SQL("SELECT {label} AS name, count(*) FROM {schema}.{table}").format(
@@ -96,10 +96,7 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
             )
             rows = await (await conn.execute(query)).fetchall()
             counts: dict[str, int] = {name: count for name, count in rows}
-            status.row_counts = {
-                t: counts.get(t, 0)
-                for t in (*VNODE_TABLES, *(CATALOG_TABLES if with_catalog else ()))
-            }
+            status.row_counts = {t: counts.get(t, 0) for t in (*VNODE_TABLES, *shoal_tables)}
         windows = await conn.execute(queries.COUNT_WINDOWS, {})
         status.windows = scalar(await windows.fetchone(), int)
         return status

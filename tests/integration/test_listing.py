@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.metadata import MetadataStore, ObjectWrite, listing, prefix_index
+from shoal.metadata import MetadataStore, ObjectWrite, directory, listing
 from tests.fixtures.postgres import MakeStore, unique
 
 # Characters that stress byte order and SQL: multibyte, LIKE wildcards, the delimiter, the
@@ -53,36 +53,27 @@ def listed(page: Any) -> list[tuple[str, bool]]:
     return [(e.prefix, True) if hasattr(e, "prefix") else (e.name, False) for e in page.entries]
 
 
-class EveryListingDense:
-    """For prefix_index.dense: every '/' listing it serves reads the index from its start."""
-
-    def __contains__(self, listing: object) -> bool:
-        return True
-
-    def add(self, listing: object) -> None:
-        pass
-
-
 @pytest.fixture(
     scope="module",
-    params=[1, 3, "index"],
+    params=[1, 3, "directory"],
     ids=[
-        "1-shard-one-entry-arms-skip-scans-or-index",
+        "1-shard-one-entry-arms-skip-scans-or-directory",
         "3-shards-one-entry-arms-rows",
-        "2-shards-prefix-index-first",
+        "2-shards-directory",
     ],
 )
 def store(request: pytest.FixtureRequest, make_store: MakeStore) -> Iterator[MetadataStore]:
     # Tiny row budgets and one-step arms, so that most delimiter pages take many rounds. On
-    # one shard they switch from reading rows to skip scans (or, for '/' listings of a prefix
-    # ending in '/', to the prefix index) after their first round; on three, they read rows
-    # in every round. With "index", '/' listings the index serves read it from their start
-    # (over two shards, which merge their common prefixes), and others read rows.
+    # one shard they switch from reading rows to skip scans (or, for a '/' listing that
+    # started inside a common prefix, to the directory) after their first round; on three,
+    # with the directory off, they read rows in every round. With "directory", '/' listings it
+    # serves read it (over two shards, which merge their common prefixes), others read rows.
     with pytest.MonkeyPatch.context() as patch:
-        if request.param == "index":
-            patch.setattr(prefix_index, "dense", EveryListingDense())
+        if request.param == "directory":
             yield make_store(shards=2, vnodes=6)
             return
+        if request.param == 3:
+            patch.setattr(directory, "ENABLED", False)
         patch.setattr(listing, "MIN_ROW_BUDGET", 1)
         patch.setattr(listing, "FIRST_ROUND_ROWS_PER_ENTRY", 0.1)
         patch.setattr(listing, "MIN_ARM_LIMIT", 1)

@@ -28,12 +28,10 @@ from shoal.metadata import (
     SchemaError,
     migrate,
     moves,
-    prefix_index,
     shards,
 )
 from shoal.metadata.moves import MoveError, Mover, add_shard, plan_rebalance
 from tests.fixtures.postgres import close_later, create_databases, unique
-from tests.integration.test_listing import EveryListingDense
 
 Run = Callable[[Awaitable[Any]], Any]
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -80,6 +78,7 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
     monkeypatch.setattr(shards, "RING_POLL_SECONDS", 3600.0)  # only refusals make it follow
     fresh = _open(configs, key, run)
     stale = _open(configs, key, run)
+    stale_lister = _open(configs, key, run)  # its first read after the move is a '/' listing
 
     async def scenario() -> None:
         account = await fresh.accounts.create(unique("mover"))
@@ -131,9 +130,23 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
             assert (await stale.objects.get(owner, bucket, name)).content_length == want
         page = await stale.objects.list(owner, bucket, prefix="key-", limit=1000)
         assert [o.name for o in page.objects] == names[10:]
-        monkeypatch.setattr(prefix_index, "dense", EveryListingDense())
         page = await stale.objects.list(owner, bucket, prefix="tree/", delimiter="/")
         assert page.common_prefixes == sorted(name[: -len("k")] for name in in_dirs)
+        # The directory rows of the moved vnode came with it, and follow its writes there: a
+        # process whose ring is older than the move follows it when it lists.
+        gone, *kept = in_dirs
+        await fresh.objects.delete(owner, bucket, gone)
+        added = next(
+            n
+            for n in (f"tree/new{i}/k" for i in range(400))
+            if fresh.ring.vnode_for_object(owner, found.id, n) == moved
+        )
+        await fresh.objects.put(owner, bucket, added, ObjectWrite(1, b"t" * 16))
+        assert stale_lister.ring.version == ring.version
+        page = await stale_lister.objects.list(owner, bucket, prefix="tree/", delimiter="/")
+        assert page.common_prefixes == sorted(n[: -len("k")] for n in [*kept, added])
+        assert stale_lister.ring.version == result.ring_version
+        in_dirs = [*kept, added]
 
         # Back again: refused while s(source) holds the old copy, then after `finish`.
         async with _mover(configs) as mover:
@@ -147,6 +160,13 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
             await stale.shards.follow_ring()
             said = await mover.finish(now=True)
             assert len(said) == 1 and "dropped" in said[0], said
+        # Each copy dropped took its directory rows with it: only the source's are left.
+        for config in configs:
+            with psycopg.connect(config.dsn) as conn:
+                held = conn.execute(
+                    "SELECT count(*) FROM shoal.bucket_directory WHERE vnode = %s", [moved]
+                ).fetchone()
+            assert (held is not None and held[0] > 0) == (config.name == source), config.name
         page = await fresh.objects.list(owner, bucket, prefix="key-", limit=1000)
         assert [o.name for o in page.objects] == names[10:]
         assert (await fresh.objects.get(owner, bucket, in_moved[-1])).content_length == 7777

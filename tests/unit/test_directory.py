@@ -1,13 +1,11 @@
-"""Which listings the '/' prefix index serves, and the dense listings a process remembers."""
+"""Which listings the '/' directory serves, and where they start in it."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from shoal.metadata import prefix_index
-from shoal.metadata.prefix_index import DenseListings, segment_lower, serves
+from shoal.metadata import directory
+from shoal.metadata.directory import segment_lower, serves, starts_inside_a_prefix
 
 
 @pytest.mark.parametrize(
@@ -32,7 +30,7 @@ def test_serves_slash_listings_of_whole_directories(
 
 
 def test_serves_nothing_when_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefix_index, "ENABLED", False)
+    monkeypatch.setattr(directory, "ENABLED", False)
     assert not serves("", "/")
 
 
@@ -42,13 +40,8 @@ def test_segment_lower_is_the_lower_name_without_its_prefix() -> None:
     assert segment_lower("", "x\x01") == "x\x01"
 
 
-def test_dense_listings_forget_the_least_recently_listed_first() -> None:
-    bucket = uuid.uuid4()
-    dense = DenseListings(size=2)
-    dense.add((bucket, "a/"))
-    dense.add((bucket, "b/"))
-    assert (bucket, "a/") in dense  # listed again: now the most recent
-    dense.add((bucket, "c/"))
-    assert (bucket, "b/") not in dense
-    assert (bucket, "a/") in dense and (bucket, "c/") in dense
-    assert (uuid.uuid4(), "a/") not in dense  # another bucket (or incarnation)
+def test_a_start_after_key_under_a_common_prefix_starts_inside_it() -> None:
+    assert starts_inside_a_prefix("", "a/b")
+    assert starts_inside_a_prefix("a/", "a/b/")
+    assert not starts_inside_a_prefix("a/", "a/b")
+    assert not starts_inside_a_prefix("", "a0")  # past every name under "a/"

@@ -1,9 +1,9 @@
-"""The '/' prefix index (prefix_index.py): listings from it equal the model and the row path,
-after deletes, under concurrent writes, with stale rows, multipart completions and odd names.
+"""The '/' directory (directory.py, schema.py's vnode migration 5): listings from it equal
+the model and the row path, and its rows equal what the live names say, after deletes, under
+concurrent writes, with a delete and a new name racing on one common prefix, multipart
+completions and odd names.
 
-The store reads '/' listings from the index from their first round (EveryListingDense), so
-every listing here that the index serves is answered by it; `rows_listing` turns the index
-off to compare with the path other delimiters take.
+`rows_listing` turns the directory off to compare with the path other delimiters take.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,24 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.metadata import MetadataStore, ObjectWrite, PartWrite, prefix_index, queries
+from shoal.metadata import MetadataStore, ObjectWrite, PartWrite, directory, queries
+from shoal.metadata.base import write_params
 from shoal.metadata.errors import ObjectNotFound, PreconditionFailed
 from shoal.metadata.shards import render
 from tests.fixtures.postgres import MakeStore, unique
-from tests.integration.test_listing import (
-    EveryListingDense,
-    fill_bucket,
-    key_text,
-    listed,
-    model_listing,
-)
+from tests.integration.test_listing import fill_bucket, key_text, listed, model_listing
 
 
 @pytest.fixture(scope="module")
 def store(make_store: MakeStore) -> Iterator[MetadataStore]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prefix_index, "dense", EveryListingDense())
-        yield make_store(shards=2, vnodes=6, pool_max_size=20)
+    yield make_store(shards=2, vnodes=6, pool_max_size=20)
 
 
 @pytest.fixture(scope="module")
@@ -68,39 +60,70 @@ async def walk(
 def rows_listing(
     store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str, prefix: str
 ) -> list[tuple[str, bool]]:
-    """The same listing read from the object rows (the index off)."""
-    prefix_index.ENABLED = False
+    """The same listing read from the object rows (the directory off)."""
+    directory.ENABLED = False
     try:
         return run(walk(store, owner, bucket, prefix))
     finally:
-        prefix_index.ENABLED = True
+        directory.ENABLED = True
 
 
-def index_entries(
-    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str
-) -> list[tuple[str, str]]:
-    """The bucket's index rows, (parent, segment), over every vnode."""
+Row = tuple[str, str, int]  # (parent, segment, vnode)
+
+
+def directory_rows(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> set[Row]:
+    """The bucket's directory rows over every shard."""
     bucket_id = run(store.buckets.get(owner, bucket)).id
 
-    async def rows() -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = []
-        for vnode in range(store.ring.vnodes):
-            async with store.shards.of_vnode(vnode).pool.connection() as conn:
-                statement = render(
-                    "SELECT parent, segment FROM {schema}.manta_bucket_prefix "
+    async def rows() -> set[Row]:
+        found: set[Row] = set()
+        for shard in store.shards.placed():
+            async with shard.pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT parent, segment, vnode FROM shoal.bucket_directory "
                     "WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s",
-                    vnode,
+                    {"owner": owner, "bucket_id": bucket_id},
                 )
-                cur = await conn.execute(statement, {"owner": owner, "bucket_id": bucket_id})
-                found += await cur.fetchall()
+                found |= set(await cur.fetchall())
         return found
 
     return run(rows())
 
 
-def index_rows(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> int:
-    """How many index rows the bucket has, over every vnode."""
-    return len(index_entries(store, run, owner, bucket))
+def rows_of_names(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> set[Row]:
+    """The rows the bucket's live names call for, each on its name's vnode: one per common
+    prefix, one per directory."""
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    rows: set[Row] = set()
+    for name in run(live_keys(store, owner, bucket)):
+        vnode = store.ring.vnode_for_object(owner, bucket_id, name)
+        parts = name.split("/")
+        for level in range(1, len(parts)):
+            rows.add(("".join(p + "/" for p in parts[: level - 1]), parts[level - 1] + "/", vnode))
+        rows.add((name[: name.rfind("/") + 1], "", vnode))
+    return rows
+
+
+def assert_exact(store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str) -> None:
+    """The directory's rows are exactly those of the live names, but for the root's own rows
+    (parent and segment ''), which names without a '/' leave behind until the bucket goes."""
+    found = directory_rows(store, run, owner, bucket)
+    wanted = rows_of_names(store, run, owner, bucket)
+    assert {row for row in found if row[:2] != ("", "")} == {
+        row for row in wanted if row[:2] != ("", "")
+    }
+    assert {row for row in wanted if row[:2] == ("", "")} <= found
+
+
+async def live_keys(store: MetadataStore, owner: uuid.UUID, bucket: str) -> list[str]:
+    keys: list[str] = []
+    marker = ""
+    while True:
+        page = await store.objects.list(owner, bucket, marker=marker)
+        keys += [o.name for o in page.objects]
+        if not page.is_truncated:
+            return keys
+        marker = page.next_marker or ""
 
 
 # Names under '/' with odd bytes: multibyte, the delimiter doubled, leading and trailing,
@@ -124,6 +147,7 @@ def test_listings_after_deletes_equal_the_model_and_the_row_path(
         expected = model_listing(kept, prefix, "/", "")
         assert run(walk(store, owner, bucket, prefix, limit)) == expected, prefix
         assert rows_listing(store, run, owner, bucket, prefix) == expected, prefix
+    assert_exact(store, run, owner, bucket)
 
 
 def test_the_last_key_under_a_prefix_deleted_takes_the_prefix_away(
@@ -141,67 +165,127 @@ def test_the_last_key_under_a_prefix_deleted_takes_the_prefix_away(
     run(store.objects.put(owner, bucket, "a/b/z", write("a/b/z")))
     assert run(walk(store, owner, bucket, "")) == [("a/", True), ("f", False)]
     assert run(walk(store, owner, bucket, "a/")) == [("a/b/", True)]
+    assert_exact(store, run, owner, bucket)
 
 
-def test_index_rows_without_keys_never_show_and_keys_never_hide(
+def names_on_one_vnode(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str, prefix: str
+) -> tuple[str, str, int]:
+    """Two names under `prefix` that live on the same vnode, and that vnode."""
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    seen: dict[int, str] = {}
+    for i in range(1000):
+        name = f"{prefix}k{i}"
+        vnode = store.ring.vnode_for_object(owner, bucket_id, name)
+        if vnode in seen:
+            return seen[vnode], name, vnode
+        seen[vnode] = name
+    raise AssertionError("no two names on one vnode")
+
+
+async def blocked_for_a_while(task: asyncio.Task[Any]) -> bool:
+    """Whether `task` is still waiting after a while (for a lock another transaction holds)."""
+    await asyncio.sleep(0.5)
+    return not task.done()
+
+
+def test_a_new_name_in_flight_keeps_its_prefix_when_the_last_other_name_goes(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
-    """Rows left with no key under them (by deletes, or by anything else that could leave a
-    row without its key) are checked away, and removed; the index is written in the
-    statement that writes the key, so no committed key is ever without its rows."""
-    keys = ["k/1", "k/2/x"]
-    bucket = fill_bucket(store, run, owner, keys)
+    """A delete of the last name under a common prefix waits for a write of a new name
+    under it that is in flight on the same vnode, then sees it and keeps the prefix's row."""
+    bucket = unique("race")
+    run(store.buckets.create(owner, bucket))
+    old, new, vnode = names_on_one_vnode(store, run, owner, bucket, "p/")
+    run(store.objects.put(owner, bucket, old, write(old)))
     bucket_id = run(store.buckets.get(owner, bucket)).id
 
-    async def stale_rows() -> None:
-        for vnode in range(store.ring.vnodes):
-            async with store.shards.of_vnode(vnode).pool.connection() as conn:
-                await conn.execute(
-                    render(
-                        "INSERT INTO {schema}.manta_bucket_prefix VALUES "
-                        "(%(owner)s, %(bucket_id)s, '', 'ghost/'), "
-                        "(%(owner)s, %(bucket_id)s, 'k/', 'ghost/'), "
-                        "(%(owner)s, %(bucket_id)s, '', 'k/') ON CONFLICT DO NOTHING",
-                        vnode,
-                    ),
-                    {"owner": owner, "bucket_id": bucket_id},
-                )
+    async def scenario() -> bool:
+        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
+            params = write_params(owner, bucket_id, new, write(new))
+            await conn.execute(render(queries.PUT_OBJECT, vnode), params)
+            deleting = asyncio.create_task(store.objects.delete(owner, bucket, old))
+            waited = await blocked_for_a_while(deleting)
+        await deleting
+        return waited
 
-    # 'k/' gets a row on every vnode, most without a key under it: the check must find the
-    # vnodes that hold one, whichever reported the prefix first.
-    run(stale_rows())
-    assert run(walk(store, owner, bucket, "")) == [("k/", True)]
-    assert run(walk(store, owner, bucket, "k/")) == [("k/1", False), ("k/2/", True)]
-    assert run(walk(store, owner, bucket, "ghost/")) == []
-    # Each listing removes, in the background, the stale rows it met first for each prefix
-    # (the first vnode of the merge that has a row of it, when that vnode holds no key under
-    # it): listings go on until no row of 'ghost/', which has no key at all, remains. Rows of
-    # 'k/' on vnodes without its keys may stay behind a vnode that holds some: they never show.
-    # Generous: a removal that misses its short lock wait on a loaded machine backs off for
-    # PREFIX_REPAIR_BACKOFF_SECONDS before a later listing tries that vnode again.
-    deadline = time.monotonic() + 120
-    while remaining := [row for row in index_entries(store, run, owner, bucket) if "ghost/" in row]:
-        assert time.monotonic() < deadline, f"stale prefix rows were not removed: {remaining}"
-        assert run(walk(store, owner, bucket, "")) == [("k/", True)]
-        assert run(walk(store, owner, bucket, "k/")) == [("k/1", False), ("k/2/", True)]
-        run(asyncio.sleep(0.05))
-    live = {("", "k/"), ("k/", "2/")}
-    assert live <= set(index_entries(store, run, owner, bucket))
-    assert run(walk(store, owner, bucket, "")) == [("k/", True)]
+    assert run(scenario()), "the delete did not wait for the new name's transaction"
+    assert run(walk(store, owner, bucket, "")) == [("p/", True)]
+    assert run(walk(store, owner, bucket, "p/")) == [(new, False)]
+    assert_exact(store, run, owner, bucket)
 
 
-def test_a_write_that_does_not_happen_adds_no_index_row(
+def test_a_new_name_waits_for_the_delete_that_removes_its_prefix_and_adds_it_again(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """A write of a new name under a common prefix whose last name is being deleted on the
+    same vnode waits for that delete, which removed the prefix's row, and adds the row again."""
+    bucket = unique("race")
+    run(store.buckets.create(owner, bucket))
+    old, new, vnode = names_on_one_vnode(store, run, owner, bucket, "q/r/")
+    run(store.objects.put(owner, bucket, old, write(old)))
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+
+    async def scenario() -> bool:
+        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
+            params = {"owner": owner, "bucket_id": bucket_id, "name": old, "if_match": None}
+            await conn.execute(render(queries.DELETE_OBJECT_ID, vnode), params)
+            putting = asyncio.create_task(store.objects.put(owner, bucket, new, write(new)))
+            waited = await blocked_for_a_while(putting)
+        await putting
+        return waited
+
+    assert run(scenario()), "the new name did not wait for the delete's transaction"
+    assert run(walk(store, owner, bucket, "")) == [("q/", True)]
+    assert run(walk(store, owner, bucket, "q/")) == [("q/r/", True)]
+    assert run(walk(store, owner, bucket, "q/r/")) == [(new, False)]
+    assert_exact(store, run, owner, bucket)
+
+
+def test_a_rolled_back_write_leaves_no_row_and_a_rolled_back_delete_keeps_it(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """The rows change in the write's own transaction: a crash before its commit (here a
+    rollback) leaves the directory as it was, so no key is ever hidden."""
+    bucket = fill_bucket(store, run, owner, ["keep/k"])
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    before = directory_rows(store, run, owner, bucket)
+
+    async def rolled_back(name: str, statement: str, params: dict[str, Any]) -> None:
+        vnode = store.ring.vnode_for_object(owner, bucket_id, name)
+        pool = store.shards.of_vnode(vnode).pool
+        async with pool.connection() as conn, conn.transaction(force_rollback=True):
+            await conn.execute(render(statement, vnode), params)
+
+    run(
+        rolled_back(
+            "gone/x", queries.PUT_OBJECT, write_params(owner, bucket_id, "gone/x", write("x"))
+        )
+    )
+    keep = {"owner": owner, "bucket_id": bucket_id, "name": "keep/k", "if_match": None}
+    run(rolled_back("keep/k", queries.DELETE_OBJECT_ID, keep))
+    assert directory_rows(store, run, owner, bucket) == before
+    assert run(walk(store, owner, bucket, "")) == [("keep/", True)]
+
+
+def test_a_write_that_does_not_happen_adds_no_row(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
     bucket = fill_bucket(store, run, owner, ["d/e/f"])
-    before = index_rows(store, run, owner, bucket)
+    before = directory_rows(store, run, owner, bucket)
     with pytest.raises(ObjectNotFound):
         run(store.objects.put(owner, bucket, "x/y/z", write("x"), if_match=b"\0" * 16))
     with pytest.raises(PreconditionFailed):
         run(store.objects.put(owner, bucket, "d/e/f", write("again"), if_none_match=True))
-    assert index_rows(store, run, owner, bucket) == before == 2
+    assert directory_rows(store, run, owner, bucket) == before
+    assert {(parent, segment) for parent, segment, _ in before} == {
+        ("", "d/"),
+        ("d/", "e/"),
+        ("d/e/", ""),
+    }
     run(store.objects.put(owner, bucket, "x/y/z", write("x"), if_none_match=True))
-    assert index_rows(store, run, owner, bucket) == 4
+    assert len(directory_rows(store, run, owner, bucket)) == 6
+    assert_exact(store, run, owner, bucket)
 
 
 def test_multipart_completion_adds_the_keys_prefixes(
@@ -221,29 +305,29 @@ def test_multipart_completion_adds_the_keys_prefixes(
     assert run(walk(store, owner, bucket, "")) == [("videos/", True)]
     assert run(walk(store, owner, bucket, "videos/")) == [("videos/2026/", True)]
     assert run(walk(store, owner, bucket, "videos/2026/")) == [("videos/2026/big.mp4", False)]
+    assert_exact(store, run, owner, bucket)
 
 
-def test_rows_written_around_the_index_are_filled_from_the_objects(
+def test_rows_written_around_the_directory_are_filled_from_the_objects(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
-    """What vnode migration 4 does for rows written before it (and bulk loads after)."""
+    """What vnode migration 5 does for rows written before it (and bulk loads after)."""
     keys = ["m/n/o", "m/p", "q/r/s/t", "u"]
     bucket = fill_bucket(store, run, owner, keys)
     bucket_id = run(store.buckets.get(owner, bucket)).id
+    before = directory_rows(store, run, owner, bucket)
 
     async def refill() -> None:
-        for vnode in range(store.ring.vnodes):
-            async with store.shards.of_vnode(vnode).pool.connection() as conn:
+        for shard in store.shards.placed():
+            async with shard.pool.connection() as conn:
                 await conn.execute(
-                    render(
-                        "DELETE FROM {schema}.manta_bucket_prefix WHERE bucket_id = %(id)s",
-                        vnode,
-                    ),
-                    {"id": bucket_id},
+                    "DELETE FROM shoal.bucket_directory WHERE bucket_id = %(id)s", {"id": bucket_id}
                 )
-                await conn.execute(render(queries.FILL_PREFIX_INDEX, vnode))
+                for vnode in shard.vnodes:
+                    await conn.execute(render(queries.FILL_DIRECTORY, vnode))
 
     run(refill())
+    assert directory_rows(store, run, owner, bucket) == before
     for prefix in ("", "m/", "q/", "q/r/"):
         assert run(walk(store, owner, bucket, prefix)) == model_listing(keys, prefix, "/", "")
 
@@ -254,7 +338,7 @@ def test_other_delimiters_and_prefixes_not_ending_in_slash_read_the_rows(
     keys = ["ab/c", "ab/d/e", "abc/f", "a|b|c", "a|d"]
     bucket = fill_bucket(store, run, owner, keys)
     for prefix, delimiter in (("a", "/"), ("ab", "/"), ("", "|"), ("a|", "|"), ("", "b/")):
-        assert not prefix_index.serves(prefix, delimiter)
+        assert not directory.serves(prefix, delimiter)
         page = run(store.objects.list(owner, bucket, prefix=prefix, delimiter=delimiter))
         assert listed(page) == model_listing(keys, prefix, delimiter, ""), (prefix, delimiter)
 
@@ -264,7 +348,8 @@ def test_listings_under_concurrent_writes_never_miss_a_settled_key(
 ) -> None:
     """Writers put and delete keys under a few hot prefixes while listers walk them. Keys
     written before the walk began and never deleted must be listed (as themselves or by
-    their common prefix) by every walk; afterwards, the index equals the model and rows."""
+    their common prefix) by every walk; afterwards, the directory equals the model and rows,
+    and its rows are exactly those of the live names."""
     settled = [f"hot{d}/s{i}" for d in range(3) for i in range(4)] + ["top"]
     bucket = fill_bucket(store, run, owner, settled)
     churn = [f"hot{d}/c{i}/x" for d in range(4) for i in range(6)] + [
@@ -300,21 +385,12 @@ def test_listings_under_concurrent_writes_never_miss_a_settled_key(
         assert {(f"hot1/s{i}", False) for i in range(4)} <= set(entries)
         assert entries == sorted(set(entries), key=lambda e: e[0].encode())
 
-    async def live_keys() -> list[str]:
-        page_keys: list[str] = []
-        marker = ""
-        while True:
-            page = await store.objects.list(owner, bucket, marker=marker)
-            page_keys += [o.name for o in page.objects]
-            if not page.is_truncated:
-                return page_keys
-            marker = page.next_marker or ""
-
-    keys = run(live_keys())
+    keys = run(live_keys(store, owner, bucket))
     for prefix in ("", "hot0/", "hot1/", "hot3/", "hot3/c2/"):
         expected = model_listing(keys, prefix, "/", "")
         assert run(walk(store, owner, bucket, prefix, limit=3)) == expected, prefix
         assert rows_listing(store, run, owner, bucket, prefix) == expected, prefix
+    assert_exact(store, run, owner, bucket)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -342,7 +418,7 @@ def test_a_marker_inside_a_common_prefix_lists_it_when_a_key_follows(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
     """S3's start-after may name any key: the common prefix it falls in is listed when it holds
-    a key after it (the index cannot say so; such a page reads rows)."""
+    a key after it (the directory cannot say so; such a page reads rows)."""
     keys = ["/_", "a/b", "a/d", "a/d/e", "c"]
     bucket = fill_bucket(store, run, owner, keys)
     for prefix in ("", "a/"):
@@ -357,36 +433,32 @@ def test_a_marker_inside_a_common_prefix_lists_it_when_a_key_follows(
                 assert listed(page) == expected[:limit], (prefix, marker, limit)
 
 
-def test_stale_rows_of_a_busy_vnode_stay_and_its_writes_wait_briefly(
+def test_delete_objects_of_many_deep_names_at_once_removes_their_rows(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
-    """A removal that cannot have its vnode's lock soon (a write in flight there) gives up,
-    leaving the rows, which listings still check away."""
-    bucket = fill_bucket(store, run, owner, ["busy/1"])
-    bucket_id = run(store.buckets.get(owner, bucket)).id
-    vnode = store.ring.vnode_for_object(owner, bucket_id, "busy/1")
-    run(store.objects.delete(owner, bucket, "busy/1"))  # its rows are stale now
-    params = {"owner": owner, "bucket_id": bucket_id}
+    """Two DeleteObjects of 500 names each, five levels deep under shared prefixes, at once:
+    each takes a lock per common prefix and vnode in one transaction a shard, and neither
+    fails nor leaves a row behind."""
+    names = [f"deep/{i % 7}/{i}/a/b" for i in range(1000)] + ["deep/kept"]
+    bucket = unique("deep")
+    run(store.buckets.create(owner, bucket))
 
-    async def list_while_a_write_is_open() -> int:
-        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
-            # A write in flight on the vnode: it holds the object table in ROW EXCLUSIVE mode.
-            writing = "DELETE FROM {schema}.manta_bucket_object WHERE bucket_id = %(bucket_id)s"
-            await conn.execute(render(writing, vnode), params)
-            assert await walk(store, owner, bucket, "") == []
-            deadline = time.monotonic() + 10
-            while store.objects._repairs:
-                assert time.monotonic() < deadline, "the removal did not give up"
-                await asyncio.sleep(0.01)
-            cur = await conn.execute(
-                render(
-                    "SELECT count(*) FROM {schema}.manta_bucket_prefix "
-                    "WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s",
-                    vnode,
-                ),
-                params,
+    async def put_all() -> None:
+        for start in range(0, len(names), 50):
+            await asyncio.gather(
+                *(store.objects.put(owner, bucket, n, write(n)) for n in names[start : start + 50])
             )
-            return int((await cur.fetchone())[0])  # type: ignore[index]
 
-    assert run(list_while_a_write_is_open()) == 1
-    assert run(walk(store, owner, bucket, "")) == []
+    run(put_all())
+
+    async def delete_halves() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            store.objects.delete_many(owner, bucket, names[0:1000:2]),
+            store.objects.delete_many(owner, bucket, names[1:1000:2]),
+        )
+
+    for outcome in run(delete_halves()):
+        assert set(outcome.values()) == {None}
+    assert run(walk(store, owner, bucket, "")) == [("deep/", True)]
+    assert run(walk(store, owner, bucket, "deep/")) == [("deep/kept", False)]
+    assert_exact(store, run, owner, bucket)
