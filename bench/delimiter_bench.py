@@ -170,6 +170,7 @@ WRITERS = 16
 DROP_DIRECTORY = """
 DROP TRIGGER directory_add_name ON {schema}.manta_bucket_object;
 DROP TRIGGER directory_remove_name ON {schema}.manta_bucket_object;
+DROP TRIGGER directory_remove_names ON {schema}.manta_bucket_object;
 DROP INDEX {schema}.manta_bucket_object_directory_idx;
 """
 

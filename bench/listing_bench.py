@@ -142,7 +142,7 @@ SELECT DISTINCT %(owner)s::uuid, %(bucket_id)s::uuid, level.parent, level.segmen
 FROM load_names CROSS JOIN LATERAL shoal.directory_levels(load_names.name) AS level
 ON CONFLICT DO NOTHING
 """
-TRIGGERS = "ALTER TABLE {schema}.manta_bucket_object {switch} TRIGGER USER"
+TRIGGERS = "ALTER TABLE {schema}.manta_bucket_object {switch} TRIGGER directory_add_name"
 
 
 def placement(store: MetadataStore, layout: Layout) -> list[list[str]]:

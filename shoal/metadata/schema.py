@@ -90,19 +90,53 @@ CREATE TABLE shoal.bucket_directory (
 );
 
 -- The directory rows of a name: one (parent, segment) per '/' in it, root first ("a/b/c"
--- gives ("", "a/") and ("a/", "b/")), then (its directory, '').
-CREATE FUNCTION shoal.directory_levels(name text) RETURNS TABLE (parent text, segment text)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT array_to_string(split.parts[1:level - 1], '/')
-           || CASE WHEN level > 1 THEN '/' ELSE '' END,
-           split.parts[level] || '/'
-    FROM (SELECT string_to_array(name, '/') AS parts) AS split,
-         generate_series(1, cardinality(split.parts) - 1) AS level
-    UNION ALL
-    SELECT CASE WHEN strpos(name, '/') = 0 THEN ''
-                ELSE left(name, length(name) + 1 - strpos(reverse(name), '/')) END,
-           ''
-$$;
+-- gives ("", "a/") and ("a/", "b/")), then (its directory, ''). PL/pgSQL with ROWS 4, not an
+-- inlined SQL function: a statement over it then costs the same to the planner whatever the
+-- name, so the triggers' statements keep one generic plan instead of being planned per row.
+CREATE FUNCTION shoal.directory_levels(object_name text, OUT parent text, OUT segment text)
+RETURNS SETOF record LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE ROWS 4 AS $$
+DECLARE
+    done int := 0;
+    cut int;
+BEGIN
+    LOOP
+        cut := strpos(substr(object_name, done + 1), '/');
+        EXIT WHEN cut = 0;
+        parent := left(object_name, done);
+        segment := substr(object_name, done + 1, cut);
+        RETURN NEXT;
+        done := done + cut;
+    END LOOP;
+    parent := left(object_name, done);
+    segment := '';
+    RETURN NEXT;
+END $$;
+
+-- The directory rows of a name in a bucket and vnode, each common prefix's advisory lock
+-- taken first, root first, shared or exclusive: the order of every writer, so that none waits
+-- for another in a cycle. All the locks are held before the first row is returned.
+CREATE FUNCTION shoal.directory_levels_locked(
+    bucket_id uuid, object_name text, vnode int, exclusive boolean,
+    OUT parent text, OUT segment text)
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
+DECLARE
+    level record;
+BEGIN
+    FOR level IN SELECT * FROM shoal.directory_levels(object_name) LOOP
+        IF level.segment <> '' THEN
+            IF exclusive THEN
+                PERFORM pg_advisory_xact_lock(
+                    shoal.directory_lock(bucket_id, level.parent || level.segment, vnode));
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared(
+                    shoal.directory_lock(bucket_id, level.parent || level.segment, vnode));
+            END IF;
+        END IF;
+        parent := level.parent;
+        segment := level.segment;
+        RETURN NEXT;
+    END LOOP;
+END $$;
 
 -- The advisory lock that orders the writes of a vnode under one common prefix: a write that
 -- makes a name new holds it shared, a delete holds it exclusively while it checks whether
@@ -518,62 +552,100 @@ CREATE INDEX manta_bucket_object_directory_idx ON {schema}.manta_bucket_object
 -- transaction of each write; ENABLE ALWAYS: also as logical replication applies a moving
 -- vnode's rows on its new shard (docs/metadata.md, "The '/' directory").
 --
--- A name new to the vnode: its common prefixes' locks, shared (no new name waits for
--- another), then its rows. Taken before the rows are looked at, so that a delete that held a
--- lock exclusively has committed, and a row it removed is added again.
+-- A name new to the vnode: its rows, each common prefix's lock taken shared first (no new
+-- name waits for another), so that a delete that held one exclusively has committed, and a
+-- row it removed is added again.
 CREATE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(
-        shoal.directory_lock(NEW.bucket_id, level.parent || level.segment, {vnode}))
-    FROM shoal.directory_levels(NEW.name) AS level
-    WHERE level.segment <> '';
     INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
     SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
-    FROM shoal.directory_levels(NEW.name) AS level
+    FROM shoal.directory_levels_locked(NEW.bucket_id, NEW.name, {vnode}, false) AS level
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;
 
--- A name gone from the vnode: its common prefixes' locks, exclusively and root first (the
--- order of every writer, so none waits for another in a cycle), then, in a statement of its
--- own and so with a snapshot taken after the locks (READ COMMITTED), the rows of the common
--- prefixes that no longer hold a name of the vnode go. A new name under one of them either
--- committed before (it is seen) or waits for this transaction and adds its row again.
-CREATE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Names gone from the vnode: the locks of their common prefixes, exclusively, in one order
+-- (by common prefix: each writer takes its locks in name order, so none waits for another in
+-- a cycle); then, in a statement of its own and so with a snapshot taken after the locks (READ
+-- COMMITTED), the rows of the common prefixes and directories under which the vnode holds no
+-- name any more go, each checked once however many of its names went. A new name under one
+-- of them either committed before (it is seen) or waits for this transaction and adds its
+-- row again. Generic plans: the arrays' sizes would otherwise have every call planned.
+CREATE FUNCTION {schema}.directory_forget(owners uuid[], bucket_ids uuid[], names text[])
+RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(
-        shoal.directory_lock(OLD.bucket_id, level.parent || level.segment, {vnode}))
-    FROM shoal.directory_levels(OLD.name) AS level
-    WHERE level.segment <> '';
+    PERFORM pg_advisory_xact_lock(shoal.directory_lock(prefix.bucket_id, prefix.path, {vnode}))
+    FROM (SELECT DISTINCT gone.bucket_id, level.parent || level.segment AS path
+          FROM unnest(bucket_ids, names) AS gone(bucket_id, name),
+               shoal.directory_levels(gone.name) AS level
+          WHERE level.segment <> '') AS prefix
+    ORDER BY prefix.path, prefix.bucket_id;
     DELETE FROM shoal.bucket_directory AS entry
-    USING shoal.directory_levels(OLD.name) AS level
-    WHERE entry.owner = OLD.owner AND entry.bucket_id = OLD.bucket_id
+    USING (SELECT gone.owner, gone.bucket_id, level.parent, level.segment,
+                  max(gone.name COLLATE "C") AS last_gone
+           FROM unnest(owners, bucket_ids, names) AS gone(owner, bucket_id, name),
+                shoal.directory_levels(gone.name) AS level
+           WHERE level.parent <> '' OR level.segment <> ''
+           GROUP BY 1, 2, 3, 4) AS level
+    WHERE entry.owner = level.owner AND entry.bucket_id = level.bucket_id
       AND entry.parent = level.parent AND entry.segment = level.segment
       AND entry.vnode = {vnode}
+      -- Looked for after the last name gone first, then before it: names deleted in order
+      -- leave their index entries before it, which a look from the start would step over.
       AND CASE
           WHEN level.segment <> '' THEN NOT EXISTS (
               SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = OLD.owner AND o.bucket_id = OLD.bucket_id
-                AND o.name >= level.parent || level.segment
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND o.name > level.last_gone
                 AND o.name < level.parent || left(level.segment, -1) || '0')
-          -- The directory's own row, under the lock of the directory as a common prefix.
+            AND NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND o.name >= level.parent || level.segment AND o.name < level.last_gone)
+          -- A directory's own row, under the lock of the directory as a common prefix.
           ELSE NOT EXISTS (
               SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = OLD.owner AND o.bucket_id = OLD.bucket_id
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
                 AND """
         + DIRECTORY_OF_NAME
-        + """ = level.parent)
+        + """ = level.parent AND o.name > level.last_gone)
+            AND NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND """
+        + DIRECTORY_OF_NAME
+        + """ = level.parent AND o.name < level.last_gone)
       END;
+END $$;
+
+-- Per statement, not per row: a statement deleting many names under one common prefix checks
+-- the prefix once (per row, each check would step over the rows deleted before it).
+CREATE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {schema}.directory_forget(array_agg(owner), array_agg(bucket_id), array_agg(name))
+    FROM gone WHERE strpos(name, '/') > 0 HAVING count(*) > 0;
+    RETURN NULL;
+END $$;
+
+-- Per row, for logical replication's apply on a vnode's new shard, which fires row triggers
+-- only (ENABLE REPLICA: there, and only there).
+CREATE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {schema}.directory_forget(
+        ARRAY[OLD.owner], ARRAY[OLD.bucket_id], ARRAY[OLD.name::text]);
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER directory_add_name AFTER INSERT ON {schema}.manta_bucket_object
     FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
+CREATE TRIGGER directory_remove_names AFTER DELETE ON {schema}.manta_bucket_object
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.directory_remove_names();
 CREATE TRIGGER directory_remove_name AFTER DELETE ON {schema}.manta_bucket_object
     FOR EACH ROW WHEN (strpos(OLD.name, '/') > 0)
     EXECUTE FUNCTION {schema}.directory_remove_name();
 ALTER TABLE {schema}.manta_bucket_object ENABLE ALWAYS TRIGGER directory_add_name;
-ALTER TABLE {schema}.manta_bucket_object ENABLE ALWAYS TRIGGER directory_remove_name;
+ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_remove_name;
 
 -- The vnode's names so far (the triggers hold back writes until this commits).
 """

@@ -137,6 +137,20 @@ class MixedLoad:
                 wrong.append(f"{key}: found {found}, expected one of {sorted(state.possible)}")
         assert not wrong, "acknowledged data lost or changed:\n" + "\n".join(wrong)
 
+    def verify_listings(self, client: Any) -> None:
+        """The '/' listings (from the metadata tier's directory) agree with the keys there
+        are: each thread's folder is a common prefix of the root exactly when it holds a
+        key, and its listing holds exactly its keys. Raise AssertionError otherwise."""
+        keys = _all_keys(client, self.bucket, prefix="")
+        folders = sorted({key[: key.index("/") + 1] for key in keys})
+        root = client.list_objects_v2(Bucket=self.bucket, Delimiter="/")
+        listed = [p["Prefix"] for p in root.get("CommonPrefixes", [])]
+        assert listed == folders, f"'/' listing of the root: {listed}, keys under {folders}"
+        for folder in folders:
+            page = client.list_objects_v2(Bucket=self.bucket, Prefix=folder, Delimiter="/")
+            names = [o["Key"] for o in page.get("Contents", [])]
+            assert names == [k for k in keys if k.startswith(folder)], folder
+
     def _run(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
         # No retries: each request's fate is recorded as the client first saw it.
@@ -229,3 +243,10 @@ def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1)
 def iter_failures(load: MixedLoad) -> Iterator[str]:
     for outcome in load.failures():
         yield f"{outcome.op} {outcome.key} -> {outcome.status} {outcome.error[:200]}"
+
+
+def _all_keys(client: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys

@@ -434,6 +434,60 @@ def test_a_move_waits_for_the_gc_batch_in_flight_on_its_vnode(admin_dsn: str, ru
     run(scenario())
 
 
+def test_directory_rows_follow_writes_streamed_to_the_new_shard(
+    admin_dsn: str, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names written and deleted on the source after the vnode's copy synced reach the new
+    shard by replication's stream, whose apply runs the vnode's directory triggers: after the
+    switch its rows there are exactly those of the vnode's names."""
+    home, spare, key = _home_and_spare(admin_dsn, run)
+    store = run(MetadataStore.open([home], 4, shard_key=key))
+    close_later(lambda: run(store.close()))
+
+    async def scenario() -> None:
+        owner = (await store.accounts.create(unique("dirmove"))).id
+        found = await store.buckets.create(owner, unique("dirmove"))
+        vnode = store.ring.vnode_for_object(owner, found.id, "a/k0")
+
+        def on_vnode(pattern: str, count: int) -> list[str]:
+            names = (pattern.format(i) for i in range(1000))
+            return [n for n in names if store.ring.vnode_for_object(owner, found.id, n) == vnode][
+                :count
+            ]
+
+        emptied, kept = on_vnode("gone/{}/k", 1), on_vnode("kept/k{}", 2)
+        added = on_vnode("new/{}/k", 1)
+        for name in emptied + kept:
+            await store.objects.put(owner, found.name, name, ObjectWrite(1, b"d" * 16))
+        synced = Mover._wait_synced
+
+        async def then_write(mover: Mover, move: Any, timeout: float = 3600.0) -> None:
+            await synced(mover, move, timeout)
+            await store.objects.delete(owner, found.name, emptied[0])
+            await store.objects.delete(owner, found.name, kept[0])
+            await store.objects.put(owner, found.name, added[0], ObjectWrite(1, b"d" * 16))
+
+        monkeypatch.setattr(Mover, "_wait_synced", then_write)
+        async with _mover([home, spare]) as mover:
+            result = await mover.move(vnode, spare.name)
+            assert result is not None and result.target == spare.name
+            await mover.finish(now=True)
+        page = await store.objects.list(owner, found.name, delimiter="/")
+        assert page.common_prefixes == ["kept/", "new/"]
+        with psycopg.connect(spare.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT parent, segment FROM shoal.bucket_directory"
+                " WHERE bucket_id = %s AND vnode = %s",
+                (found.id, vnode),
+            ).fetchall()
+        added_dir = added[0][: -len("k")]
+        assert sorted(rows) == sorted(
+            [("", "kept/"), ("kept/", ""), ("", "new/"), ("new/", added_dir[4:]), (added_dir, "")]
+        )
+
+    run(scenario())
+
+
 def test_a_move_gives_up_on_a_transaction_left_open_on_its_server(
     cluster: tuple[list[ShardConfig], bytes], run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
