@@ -618,12 +618,48 @@ BEGIN
       END;
 END $$;
 
+-- Whether another name of the directory of `gone_name` is on the vnode, and stays until this
+-- transaction ends: one is locked FOR KEY SHARE, which its delete would wait for (SKIP
+-- LOCKED: not one that a delete in flight holds). Then the directory, and every common prefix
+-- above it, keeps a name, and the delete of `gone_name` has no row to remove and takes no
+-- advisory lock: deletes in one directory do not wait for each other. Looked for after the
+-- name first, then before it (names deleted in order leave dead entries before it).
+CREATE FUNCTION {schema}.directory_kept(kept_owner uuid, kept_bucket_id uuid, gone_name text)
+RETURNS boolean LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    PERFORM FROM {schema}.manta_bucket_object
+    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
+      AND """
+        + DIRECTORY_OF_NAME
+        + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
+      AND name > gone_name
+    ORDER BY """
+        + DIRECTORY_OF_NAME
+        + """, name LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM FROM {schema}.manta_bucket_object
+    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
+      AND """
+        + DIRECTORY_OF_NAME
+        + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
+      AND name < gone_name
+    ORDER BY """
+        + DIRECTORY_OF_NAME
+        + """ DESC, name DESC LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+    RETURN FOUND;
+END $$;
+
 -- Per statement, not per row: a statement deleting many names under one common prefix checks
--- the prefix once (per row, each check would step over the rows deleted before it).
+-- the prefix once (per row, each check would step over the rows deleted before it). Names
+-- without a '/', and names whose directory keeps another, need nothing.
 CREATE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {schema}.directory_forget(array_agg(owner), array_agg(bucket_id), array_agg(name))
-    FROM gone WHERE strpos(name, '/') > 0 HAVING count(*) > 0;
+    FROM gone
+    WHERE strpos(name, '/') > 0 AND NOT {schema}.directory_kept(owner, bucket_id, name)
+    HAVING count(*) > 0;
     RETURN NULL;
 END $$;
 

@@ -242,6 +242,51 @@ def test_a_new_name_waits_for_the_delete_that_removes_its_prefix_and_adds_it_aga
     assert_exact(store, run, owner, bucket)
 
 
+def names_in_one_directory_on_one_vnode(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str, count: int
+) -> tuple[list[str], int]:
+    """`count` names of one directory that live on the same vnode, in order, and the vnode."""
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    by_vnode: dict[int, list[str]] = {}
+    for i in range(5000):
+        name = f"hot/dir/k{i:05d}"
+        same = by_vnode.setdefault(store.ring.vnode_for_object(owner, bucket_id, name), [])
+        same.append(name)
+        if len(same) == count:
+            return same, store.ring.vnode_for_object(owner, bucket_id, name)
+    raise AssertionError(f"no {count} names on one vnode")
+
+
+def test_deletes_in_a_directory_that_keeps_a_name_do_not_wait_for_each_other(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """A delete whose directory keeps another name on the vnode locks that name (FOR KEY
+    SHARE) and no common prefix: another delete in the directory goes through while it is in
+    flight; only a delete of the name it holds waits. The last name's delete then removes
+    the rows."""
+    bucket = unique("hotdir")
+    run(store.buckets.create(owner, bucket))
+    (first, held, last), vnode = names_in_one_directory_on_one_vnode(store, run, owner, bucket, 3)
+    for name in (first, held, last):
+        run(store.objects.put(owner, bucket, name, write(name)))
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+
+    async def scenario() -> tuple[bool, bool]:
+        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
+            params = {"owner": owner, "bucket_id": bucket_id, "name": first, "if_match": None}
+            await conn.execute(render(queries.DELETE_OBJECT_ID, vnode), params)
+            await asyncio.wait_for(store.objects.delete(owner, bucket, last), 10)
+            deleting_held = asyncio.create_task(store.objects.delete(owner, bucket, held))
+            held_waited = await blocked_for_a_while(deleting_held)
+        await deleting_held
+        return True, held_waited
+
+    went_through, held_waited = run(scenario())
+    assert went_through and held_waited, "the delete of the name held did not wait"
+    assert run(walk(store, owner, bucket, "")) == []
+    assert directory_rows(store, run, owner, bucket) == set()
+
+
 def test_a_rolled_back_write_leaves_no_row_and_a_rolled_back_delete_keeps_it(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
