@@ -499,7 +499,8 @@ LIMIT %(limit)s
 # follow the ring, as a statement naming the schema would), the first %(limit)s segments from
 # %(segment_lower)s, and the vnodes that hold keys in the directory.
 LIST_DIRECTORY = """
-SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%(schemas)s::text[])) AS held,
+SELECT (SELECT count(to_regnamespace('manta_bucket_' || vnode))
+        FROM unnest(%(vnodes)s::int[]) AS vnode) AS held,
        ARRAY(SELECT DISTINCT segment FROM shoal.bucket_directory
              WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
                AND segment >= %(segment_lower)s AND segment > ''
