@@ -90,11 +90,17 @@ CREATE TABLE shoal.bucket_directory (
 );
 
 -- The directory rows of a name: one (parent, segment) per '/' in it, root first ("a/b/c"
--- gives ("", "a/") and ("a/", "b/")), then (its directory, ''). PL/pgSQL with ROWS 4, not an
--- inlined SQL function: a statement over it then costs the same to the planner whatever the
--- name, so the triggers' statements keep one generic plan instead of being planned per row.
-CREATE FUNCTION shoal.directory_levels(object_name text, OUT parent text, OUT segment text)
-RETURNS SETOF record LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE ROWS 4 AS $$
+-- gives ("", "a/") and ("a/", "b/")), then (its directory, ''). With `lock_bucket` and
+-- `lock_vnode`, each common prefix's advisory lock is taken first, shared or exclusive, root
+-- first: the order of every writer, so that none waits for another in a cycle; all are held
+-- before the first row is returned (a PL/pgSQL set function returns its rows at its end).
+-- PL/pgSQL with ROWS 4, not an inlined SQL function: a statement over it then costs the same
+-- to the planner whatever the name, so the triggers' statements keep one generic plan
+-- instead of being planned per row.
+CREATE FUNCTION shoal.directory_levels(
+    object_name text, lock_bucket uuid DEFAULT NULL, lock_vnode int DEFAULT NULL,
+    exclusive boolean DEFAULT false, OUT parent text, OUT segment text)
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
 DECLARE
     done int := 0;
     cut int;
@@ -102,6 +108,15 @@ BEGIN
     LOOP
         cut := strpos(substr(object_name, done + 1), '/');
         EXIT WHEN cut = 0;
+        IF lock_bucket IS NULL THEN
+            NULL;
+        ELSIF exclusive THEN
+            PERFORM pg_advisory_xact_lock(
+                shoal.directory_lock(lock_bucket, left(object_name, done + cut), lock_vnode));
+        ELSE
+            PERFORM pg_advisory_xact_lock_shared(
+                shoal.directory_lock(lock_bucket, left(object_name, done + cut), lock_vnode));
+        END IF;
         parent := left(object_name, done);
         segment := substr(object_name, done + 1, cut);
         RETURN NEXT;
@@ -110,32 +125,6 @@ BEGIN
     parent := left(object_name, done);
     segment := '';
     RETURN NEXT;
-END $$;
-
--- The directory rows of a name in a bucket and vnode, each common prefix's advisory lock
--- taken first, root first, shared or exclusive: the order of every writer, so that none waits
--- for another in a cycle. All the locks are held before the first row is returned.
-CREATE FUNCTION shoal.directory_levels_locked(
-    bucket_id uuid, object_name text, vnode int, exclusive boolean,
-    OUT parent text, OUT segment text)
-RETURNS SETOF record LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
-DECLARE
-    level record;
-BEGIN
-    FOR level IN SELECT * FROM shoal.directory_levels(object_name) LOOP
-        IF level.segment <> '' THEN
-            IF exclusive THEN
-                PERFORM pg_advisory_xact_lock(
-                    shoal.directory_lock(bucket_id, level.parent || level.segment, vnode));
-            ELSE
-                PERFORM pg_advisory_xact_lock_shared(
-                    shoal.directory_lock(bucket_id, level.parent || level.segment, vnode));
-            END IF;
-        END IF;
-        parent := level.parent;
-        segment := level.segment;
-        RETURN NEXT;
-    END LOOP;
 END $$;
 
 -- The advisory lock that orders the writes of a vnode under one common prefix: a write that
@@ -525,7 +514,8 @@ ON {schema}.manta_bucket_under_replicated (noted_at);
         """
 -- Every '/' common prefix of the names of the vnode, as (parent, segment): "a/b/c" gives
 -- ("", "a/") and ("a/", "b/"). Added by the write that makes a name new, never removed by a
--- delete: a listing checks each prefix it returns (docs/metadata.md, "The '/' prefix index").
+-- delete: a listing checked each prefix it returned. Migration 5 replaces it with the shard's
+-- '/' directory (docs/metadata.md, "The '/' directory").
 CREATE TABLE {schema}.manta_bucket_prefix (
     owner uuid NOT NULL,
     bucket_id uuid NOT NULL,
@@ -559,7 +549,7 @@ CREATE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql A
 BEGIN
     INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
     SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
-    FROM shoal.directory_levels_locked(NEW.bucket_id, NEW.name, {vnode}, false) AS level
+    FROM shoal.directory_levels(NEW.name, NEW.bucket_id, {vnode}) AS level
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;

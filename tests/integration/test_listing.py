@@ -1,5 +1,5 @@
 """Listing equals a plain-Python model of S3 listing, on random keys, with 1 shard and with 3,
-and with '/' listings read from the prefix index from their start, on 2.
+and with '/' listings read from the shard's directory, on 2.
 
 Both read as few rows (or skip-scan steps) a round as they can, so that delimiter pages take
 several rounds of reads (objects.list): on one shard they skip-scan after the first round, on

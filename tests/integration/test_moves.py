@@ -99,7 +99,7 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
         for name in names[10:]:
             await stale.objects.get(owner, bucket, name)
         source = ring.shard_of(moved)
-        # '/' directories, some on the moved vnode: their prefix index rows move with it.
+        # '/' directories, some on the moved vnode: their directory rows move with it.
         in_dirs = [f"tree/d{i}/k" for i in range(400)]
         in_dirs = [n for n in in_dirs if ring.vnode_for_object(owner, found.id, n) == moved][:3]
         in_dirs += ["tree/other/k", "tree/other2/k"]
