@@ -16,8 +16,8 @@ does not hold.
 Why the rows are exact: the vnodes' triggers add a common prefix's row in the transaction
 that makes a name new and remove it in the transaction that deletes its vnode's last name
 under it, ordered by an advisory lock per (bucket, common prefix, vnode) (schema.py, vnode
-migration 5). A directory's own row (segment '') may outlive its keys: it only says which
-vnodes to read.
+migration 5). Only the root's own row (parent and segment '') may outlive its keys, until
+the bucket goes: it only says which vnodes to read.
 """
 
 from __future__ import annotations

@@ -703,13 +703,14 @@ DELETE FROM {schema}.manta_bucket_upload_part
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND id = ANY(%(ids)s::uuid[])
 """
 
-# The incarnation's '/' directory rows of the vnode go too (every reclaim of a deleted bucket
-# runs this on each vnode): a deleted incarnation is never listed again, and the rows of
-# directories that names with no '/' keep are removed by no delete.
+# The incarnation's root row of the vnode in the '/' directory goes too (every reclaim of a
+# deleted bucket runs this on each vnode): the deletes of its names removed every other row,
+# but the root's, which names without a '/' leave, goes with the bucket only.
 REMOVE_BUCKET_UPLOADS = """
 WITH directory_gone AS (
     DELETE FROM shoal.bucket_directory
-    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND vnode = {vnode}
+    WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = '' AND segment = ''
+      AND vnode = {vnode}
 )
 DELETE FROM {schema}.manta_bucket_upload u
 WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s

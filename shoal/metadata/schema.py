@@ -91,29 +91,27 @@ CREATE TABLE shoal.bucket_directory (
 
 -- The directory rows of a name: one (parent, segment) per '/' in it, root first ("a/b/c"
 -- gives ("", "a/") and ("a/", "b/")), then (its directory, ''). With `lock_bucket` and
--- `lock_vnode`, each common prefix's advisory lock is taken first, shared or exclusive, root
--- first: the order of every writer, so that none waits for another in a cycle; all are held
--- before the first row is returned (a PL/pgSQL set function returns its rows at its end).
--- PL/pgSQL with ROWS 4, not an inlined SQL function: a statement over it then costs the same
--- to the planner whatever the name, so the triggers' statements keep one generic plan
+-- `lock_vnode`, the shared advisory lock of each common prefix (of the first 8: a deeper one
+-- is held by its ancestor 8 levels down, so that no name takes more than 8) is taken first,
+-- root first: the order of every writer, so that none waits for another in a cycle; all are
+-- held before the first row is returned (a PL/pgSQL set function returns its rows at its
+-- end). PL/pgSQL with ROWS 4, not an inlined SQL function: a statement over it then costs the
+-- same to the planner whatever the name, so the triggers' statements keep one generic plan
 -- instead of being planned per row.
 CREATE FUNCTION shoal.directory_levels(
     object_name text, lock_bucket uuid DEFAULT NULL, lock_vnode int DEFAULT NULL,
-    exclusive boolean DEFAULT false, OUT parent text, OUT segment text)
+    OUT parent text, OUT segment text)
 RETURNS SETOF record LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
 DECLARE
     done int := 0;
     cut int;
+    depth int := 0;
 BEGIN
     LOOP
         cut := strpos(substr(object_name, done + 1), '/');
         EXIT WHEN cut = 0;
-        IF lock_bucket IS NULL THEN
-            NULL;
-        ELSIF exclusive THEN
-            PERFORM pg_advisory_xact_lock(
-                shoal.directory_lock(lock_bucket, left(object_name, done + cut), lock_vnode));
-        ELSE
+        depth := depth + 1;
+        IF lock_bucket IS NOT NULL AND depth <= 8 THEN
             PERFORM pg_advisory_xact_lock_shared(
                 shoal.directory_lock(lock_bucket, left(object_name, done + cut), lock_vnode));
         END IF;
@@ -545,13 +543,18 @@ CREATE INDEX manta_bucket_object_directory_idx ON {schema}.manta_bucket_object
 -- A name new to the vnode: its rows, each common prefix's lock taken shared first (no new
 -- name waits for another), so that a delete that held one exclusively has committed, and a
 -- row it removed is added again.
+--
+-- Fired BEFORE the row only by logical replication's apply on a vnode's new shard (below),
+-- which is then the vnode's one writer: no locks, and no queued event per row of a copy that
+-- may hold millions (a lock per prefix held to the copy's end could fill the lock table).
 CREATE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
     SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
-    FROM shoal.directory_levels(NEW.name, NEW.bucket_id, {vnode}) AS level
+    FROM shoal.directory_levels(
+        NEW.name, CASE WHEN TG_WHEN = 'AFTER' THEN NEW.bucket_id END, {vnode}) AS level
     ON CONFLICT DO NOTHING;
-    RETURN NULL;
+    RETURN NEW;
 END $$;
 
 -- Names gone from the vnode: the locks of their common prefixes, exclusively, in one order
@@ -561,14 +564,22 @@ END $$;
 -- name any more go, each checked once however many of its names went. A new name under one
 -- of them either committed before (it is seen) or waits for this transaction and adds its
 -- row again. Generic plans: the arrays' sizes would otherwise have every call planned.
-CREATE FUNCTION {schema}.directory_forget(owners uuid[], bucket_ids uuid[], names text[])
+-- Without `take_locks` (replication's apply, the vnode's one writer) no lock is taken.
+CREATE FUNCTION {schema}.directory_forget(
+    owners uuid[], bucket_ids uuid[], names text[], take_locks boolean)
 RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
+    IF take_locks AND current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The check below must see what committed before the locks were had.
+        RAISE EXCEPTION 'object rows are deleted in READ COMMITTED transactions only';
+    END IF;
     PERFORM pg_advisory_xact_lock(shoal.directory_lock(prefix.bucket_id, prefix.path, {vnode}))
     FROM (SELECT DISTINCT gone.bucket_id, level.parent || level.segment AS path
           FROM unnest(bucket_ids, names) AS gone(bucket_id, name),
                shoal.directory_levels(gone.name) AS level
-          WHERE level.segment <> '') AS prefix
+          WHERE level.segment <> '' AND take_locks
+            -- The first 8 levels, as new names lock them (shoal.directory_levels).
+            AND length(level.parent) - length(replace(level.parent, '/', '')) < 8) AS prefix
     ORDER BY prefix.path, prefix.bucket_id;
     DELETE FROM shoal.bucket_directory AS entry
     USING (SELECT gone.owner, gone.bucket_id, level.parent, level.segment,
@@ -646,7 +657,8 @@ END $$;
 -- without a '/', and names whose directory keeps another, need nothing.
 CREATE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM {schema}.directory_forget(array_agg(owner), array_agg(bucket_id), array_agg(name))
+    PERFORM {schema}.directory_forget(
+        array_agg(owner), array_agg(bucket_id), array_agg(name), true)
     FROM gone
     WHERE strpos(name, '/') > 0 AND NOT {schema}.directory_kept(owner, bucket_id, name)
     HAVING count(*) > 0;
@@ -658,11 +670,13 @@ END $$;
 CREATE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {schema}.directory_forget(
-        ARRAY[OLD.owner], ARRAY[OLD.bucket_id], ARRAY[OLD.name::text]);
+        ARRAY[OLD.owner], ARRAY[OLD.bucket_id], ARRAY[OLD.name::text], false);
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER directory_add_name AFTER INSERT ON {schema}.manta_bucket_object
+    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
+CREATE TRIGGER directory_add_applied_name BEFORE INSERT ON {schema}.manta_bucket_object
     FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
 CREATE TRIGGER directory_remove_names AFTER DELETE ON {schema}.manta_bucket_object
     REFERENCING OLD TABLE AS gone
@@ -670,7 +684,7 @@ CREATE TRIGGER directory_remove_names AFTER DELETE ON {schema}.manta_bucket_obje
 CREATE TRIGGER directory_remove_name AFTER DELETE ON {schema}.manta_bucket_object
     FOR EACH ROW WHEN (strpos(OLD.name, '/') > 0)
     EXECUTE FUNCTION {schema}.directory_remove_name();
-ALTER TABLE {schema}.manta_bucket_object ENABLE ALWAYS TRIGGER directory_add_name;
+ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_add_applied_name;
 ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_remove_name;
 
 -- The vnode's names so far (the triggers hold back writes until this commits).

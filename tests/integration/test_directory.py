@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -507,3 +508,57 @@ def test_delete_objects_of_many_deep_names_at_once_removes_their_rows(
     assert run(walk(store, owner, bucket, "")) == [("deep/", True)]
     assert run(walk(store, owner, bucket, "deep/")) == [("deep/kept", False)]
     assert_exact(store, run, owner, bucket)
+
+
+def test_replication_apply_keeps_the_rows_without_taking_locks(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """As logical replication's apply writes a moving vnode's rows on its new shard
+    (session_replication_role = replica), the directory follows them and no advisory lock is
+    taken: the vnode's one writer, whose initial copy of millions of rows would otherwise hold
+    a lock per common prefix until it ends."""
+    bucket = unique("apply")
+    run(store.buckets.create(owner, bucket))
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    name = "r/s/t"
+    vnode = store.ring.vnode_for_object(owner, bucket_id, name)
+
+    async def applied(statement: str, params: dict[str, Any]) -> int:
+        async with store.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute(render(statement, vnode), params)
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid()"
+            )
+            return int((await cur.fetchone())[0])  # type: ignore[index]
+
+    assert run(applied(queries.PUT_OBJECT, write_params(owner, bucket_id, name, write(name)))) == 0
+    assert directory_rows(store, run, owner, bucket) == {
+        ("", "r/", vnode),
+        ("r/", "s/", vnode),
+        ("r/s/", "", vnode),
+    }
+    gone = {"owner": owner, "bucket_id": bucket_id, "name": name, "if_match": None}
+    assert run(applied(queries.DELETE_OBJECT_ID, gone)) == 0
+    assert directory_rows(store, run, owner, bucket) == set()
+
+
+def test_a_delete_that_empties_a_directory_refuses_repeatable_read(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """Its check must see names committed before its locks were had, which a snapshot taken
+    at the transaction's start would not: it refuses rather than remove a row too many."""
+    bucket = fill_bucket(store, run, owner, ["only/one"])
+    bucket_id = run(store.buckets.get(owner, bucket)).id
+    vnode = store.ring.vnode_for_object(owner, bucket_id, "only/one")
+    params = {"owner": owner, "bucket_id": bucket_id, "name": "only/one", "if_match": None}
+
+    async def delete_in_repeatable_read() -> None:
+        async with store.shards.of_vnode(vnode).pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            await conn.execute(render(queries.DELETE_OBJECT_ID, vnode), params)
+
+    with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED"):
+        run(delete_in_repeatable_read())
+    assert run(walk(store, owner, bucket, "")) == [("only/", True)]
