@@ -652,16 +652,35 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- Per statement, not per row: a statement deleting many names under one common prefix checks
--- the prefix once (per row, each check would step over the rows deleted before it). Names
--- without a '/', and names whose directory keeps another, need nothing.
+-- Per statement, not per row: a statement deleting many names of one directory looks for a
+-- name it keeps once, from the last one deleted, and checks each common prefix once (per
+-- row, each look would step over the rows deleted before it). Names without a '/', and names
+-- whose directory keeps another, need nothing.
 CREATE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    directory record;
+    gone_here int;
+    owners uuid[] := '{{}}';
+    bucket_ids uuid[] := '{{}}';
+    names text[] := '{{}}';
 BEGIN
-    PERFORM {schema}.directory_forget(
-        array_agg(owner), array_agg(bucket_id), array_agg(name), true)
-    FROM gone
-    WHERE strpos(name, '/') > 0 AND NOT {schema}.directory_kept(owner, bucket_id, name)
-    HAVING count(*) > 0;
+    FOR directory IN
+        SELECT owner, bucket_id, max(name COLLATE "C") AS last_gone,
+               array_agg(name) AS names_gone
+        FROM gone WHERE strpos(name, '/') > 0
+        GROUP BY owner, bucket_id, left(name, length(name) + 1 - strpos(reverse(name), '/'))
+    LOOP
+        IF NOT {schema}.directory_kept(directory.owner, directory.bucket_id, directory.last_gone)
+        THEN
+            gone_here := cardinality(directory.names_gone);
+            owners := owners || array_fill(directory.owner, ARRAY[gone_here]);
+            bucket_ids := bucket_ids || array_fill(directory.bucket_id, ARRAY[gone_here]);
+            names := names || directory.names_gone;
+        END IF;
+    END LOOP;
+    IF cardinality(names) > 0 THEN
+        PERFORM {schema}.directory_forget(owners, bucket_ids, names, true);
+    END IF;
     RETURN NULL;
 END $$;
 
