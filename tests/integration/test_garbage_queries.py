@@ -114,10 +114,10 @@ def test_deleted_bucket_contents_are_listed_and_removed(store: MetadataStore, ru
     owner = run(store.accounts.create(unique("gcb"))).id
     bucket = unique("gcb")
     found = run(store.buckets.create(owner, bucket))
-    for i in range(5):
+    for name in [f"k{i}" for i in range(5)] + ["dir/sub/x", "dir/y"]:
         run(
             store.objects.put(
-                owner, bucket, f"k{i}", ObjectWrite(content_length=1, content_md5=bytes(16))
+                owner, bucket, name, ObjectWrite(content_length=1, content_md5=bytes(16))
             )
         )
     upload = run(store.uploads.create(owner, bucket, "mpu"))
@@ -135,13 +135,34 @@ def test_deleted_bucket_contents_are_listed_and_removed(store: MetadataStore, ru
     run(store.buckets.delete(owner, bucket, force=True))
 
     contents = run(store.garbage.bucket_contents(owner, found.id))
-    assert sorted(r.name for r in contents) == ["k0", "k1", "k2", "k3", "k4", "mpu"]
+    assert sorted(r.name for r in contents) == [
+        "dir/sub/x",
+        "dir/y",
+        "k0",
+        "k1",
+        "k2",
+        "k3",
+        "k4",
+        "mpu",
+    ]
     part_record = next(r for r in contents if r.name == "mpu")
     assert part_record.properties["upload_id"] == str(upload.id)
 
     run(store.garbage.remove_bucket_contents(owner, found.id, contents))
     assert run(store.garbage.bucket_contents(owner, found.id)) == []
     assert not run(store.buckets.has_content(owner, found.id))
+
+    async def directory_rows() -> int:
+        count = 0
+        for shard in store.shards.placed():
+            async with shard.pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM shoal.bucket_directory WHERE bucket_id = %s", [found.id]
+                )
+                count += int((await cur.fetchone())[0])  # type: ignore[index]
+        return count
+
+    assert run(directory_rows()) == 0  # its '/' directory went with its names and uploads
 
     async def drop_record() -> list[uuid.UUID]:
         async with store.garbage.claim_deleted_buckets(0, timedelta(0)) as claim:
