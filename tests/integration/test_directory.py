@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -190,6 +190,23 @@ async def blocked_for_a_while(task: asyncio.Task[Any]) -> bool:
     return not task.done()
 
 
+async def waits_for_open_write(
+    store: MetadataStore,
+    vnode: int,
+    statement: str,
+    params: dict[str, Any],
+    then: Callable[[], Awaitable[Any]],
+) -> bool:
+    """Whether `then` waits for a transaction on `vnode` that ran `statement` and is still
+    open; it goes on once that transaction commits."""
+    async with store.shards.of_vnode(vnode).pool.transaction() as conn:
+        await conn.execute(render(statement, vnode), params)
+        task = asyncio.create_task(then())
+        waited = await blocked_for_a_while(task)
+    await task
+    return waited
+
+
 def test_a_new_name_in_flight_keeps_its_prefix_when_the_last_other_name_goes(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
@@ -201,16 +218,11 @@ def test_a_new_name_in_flight_keeps_its_prefix_when_the_last_other_name_goes(
     run(store.objects.put(owner, bucket, old, write(old)))
     bucket_id = run(store.buckets.get(owner, bucket)).id
 
-    async def scenario() -> bool:
-        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
-            params = write_params(owner, bucket_id, new, write(new))
-            await conn.execute(render(queries.PUT_OBJECT, vnode), params)
-            deleting = asyncio.create_task(store.objects.delete(owner, bucket, old))
-            waited = await blocked_for_a_while(deleting)
-        await deleting
-        return waited
-
-    assert run(scenario()), "the delete did not wait for the new name's transaction"
+    put = write_params(owner, bucket_id, new, write(new))
+    waited = waits_for_open_write(
+        store, vnode, queries.PUT_OBJECT, put, lambda: store.objects.delete(owner, bucket, old)
+    )
+    assert run(waited), "the delete did not wait for the new name's transaction"
     assert run(walk(store, owner, bucket, "")) == [("p/", True)]
     assert run(walk(store, owner, bucket, "p/")) == [(new, False)]
     assert_exact(store, run, owner, bucket)
@@ -227,16 +239,15 @@ def test_a_new_name_waits_for_the_delete_that_removes_its_prefix_and_adds_it_aga
     run(store.objects.put(owner, bucket, old, write(old)))
     bucket_id = run(store.buckets.get(owner, bucket)).id
 
-    async def scenario() -> bool:
-        async with store.shards.of_vnode(vnode).pool.transaction() as conn:
-            params = {"owner": owner, "bucket_id": bucket_id, "name": old, "if_match": None}
-            await conn.execute(render(queries.DELETE_OBJECT_ID, vnode), params)
-            putting = asyncio.create_task(store.objects.put(owner, bucket, new, write(new)))
-            waited = await blocked_for_a_while(putting)
-        await putting
-        return waited
-
-    assert run(scenario()), "the new name did not wait for the delete's transaction"
+    gone = {"owner": owner, "bucket_id": bucket_id, "name": old, "if_match": None}
+    waited = waits_for_open_write(
+        store,
+        vnode,
+        queries.DELETE_OBJECT_ID,
+        gone,
+        lambda: store.objects.put(owner, bucket, new, write(new)),
+    )
+    assert run(waited), "the new name did not wait for the delete's transaction"
     assert run(walk(store, owner, bucket, "")) == [("q/", True)]
     assert run(walk(store, owner, bucket, "q/")) == [("q/r/", True)]
     assert run(walk(store, owner, bucket, "q/r/")) == [(new, False)]
