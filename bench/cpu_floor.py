@@ -1,5 +1,5 @@
-"""The CPU floor of a large PUT on this machine: what each MiB costs however well a server is
-written, measured here, and the rate those costs allow on this machine's cores.
+"""The CPU floor of a large PUT and GET on this machine: what each MiB costs however well a
+server is written, measured here, and the rate those costs allow on this machine's cores.
 
     .venv/bin/python bench/cpu_floor.py                  # 64 MiB, 2 replicas
     .venv/bin/python bench/cpu_floor.py --mib 256 --replicas 1
@@ -16,6 +16,14 @@ data path moves the body over loopback more than the load generator's send: the 
 receives it and sends it to each replica, each node receives it; those transfers are measured
 too (sender and receiver) and given as a second, lower ceiling. The disk's own bound is the
 write + fsync's wall-clock rate over the replicas.
+
+A GET of a body in the page cache costs, per MiB:
+  client receive  the load generator's side: receiving the body over loopback into one
+                  reused buffer and comparing it with the pattern (peer_bench's read-back)
+  sendfile        the server's least: the file sent to the socket from the page cache
+Their sum is the GET ceiling of any server. Shoal's data path adds a hop (the node sends the
+block to the gateway, which receives it and sends it on) and the gateway's check of the block
+checksum: the second GET ceiling.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ class Floor:
     node_write: float  # one replica's
     transfer: float  # one loopback hop, sender and receiver
     disk_mib_s: float  # wall-clock rate of one write + fsync
+    client_receive: float  # a GET's load generator: receive and compare
+    sendfile: float  # a GET's least server work: page cache to socket
 
     @property
     def per_mib(self) -> float:
@@ -81,7 +91,38 @@ class Floor:
         """MiB/s of objects the disk allows when every byte is written `replicas` times."""
         return self.disk_mib_s / self.replicas
 
+    @property
+    def get_per_mib(self) -> float:
+        """CPU ms per MiB every server's GET pays: the client's receive, a sendfile."""
+        return self.client_receive + self.sendfile
+
+    @property
+    def get_per_mib_with_hop(self) -> float:
+        """Shoal's GET adds the node-to-gateway hop and the gateway's checksum check."""
+        return self.get_per_mib + self.transfer + self.block_checksum
+
+    @property
+    def get_ceiling(self) -> float:
+        return self.cores * 1000 / self.get_per_mib
+
+    @property
+    def get_ceiling_with_hop(self) -> float:
+        return self.cores * 1000 / self.get_per_mib_with_hop
+
     def describe(self) -> str:
+        return self.describe_put() + "\n" + self.describe_get()
+
+    def describe_get(self) -> str:
+        return (
+            f"CPU floor of a {self.mib} MiB GET from the page cache, ms/MiB: client receive "
+            f"{self.client_receive:.2f} + sendfile {self.sendfile:.2f} = "
+            f"{self.get_per_mib:.2f}: ceiling {self.get_ceiling:,.0f} MiB/s on {self.cores} "
+            f"cores. With the gateway's hop and checksum ({self.transfer:.2f} + "
+            f"{self.block_checksum:.3f}) {self.get_per_mib_with_hop:.2f}: "
+            f"{self.get_ceiling_with_hop:,.0f} MiB/s."
+        )
+
+    def describe_put(self) -> str:
         return (
             f"CPU floor of a {self.mib} MiB PUT with {self.replicas} replica(s), ms/MiB: "
             f"MD5 {self.md5:.2f} + block checksums {1 + self.replicas} x "
@@ -136,9 +177,13 @@ def node_write(directory: Path, body: bytes) -> tuple[float, float]:
     return cpu, wall
 
 
-def loopback_transfer(parts: Sequence[bytes]) -> tuple[float, float]:
+def loopback_transfer(
+    parts: Sequence[bytes], compare: Callable[[int, bytes], None] | None = None
+) -> tuple[float, float]:
     """(sender CPU ms, receiver CPU ms) of sending `parts` over a loopback TCP connection,
-    the receiver reading into one reused buffer."""
+    the receiver reading into one reused buffer; or, given `compare`, receiving each piece
+    as a new bytes object (as an asyncio client does) and passing it and its offset to
+    `compare`."""
     total = sum(len(p) for p in parts)
     received_cpu: list[float] = []
     with socket.create_server(("127.0.0.1", 0)) as server:
@@ -150,7 +195,12 @@ def loopback_transfer(parts: Sequence[bytes]) -> tuple[float, float]:
                 buffer = memoryview(bytearray(RECEIVE_PIECE))
                 started, got = time.thread_time(), 0
                 while got < total:
-                    count = connection.recv_into(buffer)
+                    if compare is None:
+                        count = connection.recv_into(buffer)
+                    else:
+                        piece = connection.recv(RECEIVE_PIECE)
+                        compare(got, piece)
+                        count = len(piece)
                     if not count:
                         break
                     got += count
@@ -165,6 +215,40 @@ def loopback_transfer(parts: Sequence[bytes]) -> tuple[float, float]:
             sent_cpu = (time.thread_time() - started) * 1000
             receiver.join()
     return sent_cpu, received_cpu[0]
+
+
+def sendfile_cpu(directory: Path, body: bytes) -> float:
+    """CPU ms of sending `body` from a file in the page cache to a loopback socket by sendfile
+    (the sender's side; a thread receives and drops it)."""
+    path = directory / f"sendfile-{os.getpid()}.bin"
+    path.write_bytes(body)
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            receiver = threading.Thread(target=drain, args=(server, len(body)))
+            receiver.start()
+            with (
+                socket.create_connection(server.getsockname()) as sender,
+                path.open("rb") as file,
+            ):
+                started, offset = time.thread_time(), 0
+                while offset < len(body):
+                    offset += os.sendfile(sender.fileno(), file.fileno(), offset, len(body))
+                cpu = (time.thread_time() - started) * 1000
+            receiver.join()
+    finally:
+        path.unlink()
+    return cpu
+
+
+def drain(server: socket.socket, total: int) -> None:
+    connection, _ = server.accept()
+    with connection:
+        buffer, got = bytearray(RECEIVE_PIECE), 0
+        while got < total:
+            count = connection.recv_into(buffer)
+            if not count:
+                return
+            got += count
 
 
 MEASURED = tuple(f.name for f in fields(Floor) if f.name not in ("mib", "replicas", "cores"))
@@ -183,6 +267,13 @@ def measure(directory: Path, mib: int = 64, replicas: int = 2, part_mib: int = 8
     transfers = [loopback_transfer(parts) for _ in range(REPEATS)]
     send = min(s for s, _ in transfers)
     hop = min(s + r for s, r in transfers)
+
+    def compare(offset: int, piece: bytes) -> None:
+        if not pattern.matches(1, offset, piece):
+            raise RuntimeError(f"the bytes received at {offset} are not those sent")
+
+    client_receive = min(loopback_transfer(parts, compare)[1] for _ in range(REPEATS))
+    sendfile = min(sendfile_cpu(directory, body) for _ in range(REPEATS))
     os.sync()  # what others left dirty is not charged to our fsync
     writes = [node_write(directory, body) for _ in range(REPEATS)]
     walls = sorted(wall for _, wall in writes)
@@ -197,6 +288,8 @@ def measure(directory: Path, mib: int = 64, replicas: int = 2, part_mib: int = 8
         node_write=min(cpu for cpu, _ in writes) / mib,
         transfer=hop / mib,
         disk_mib_s=mib / walls[len(walls) // 2],
+        client_receive=client_receive / mib,
+        sendfile=sendfile / mib,
     )
 
 

@@ -7,6 +7,7 @@ PostgreSQL, measured apart; optionally a py-spy profile of the gateway during th
     .venv/bin/python bench/cpu_split.py list --concurrency 1 --shards 4
     .venv/bin/python bench/cpu_split.py part --profile part-profile   # ~1 min each
     .venv/bin/python bench/cpu_split.py part --concurrency 1 --block-kib 1024
+    .venv/bin/python bench/cpu_split.py big-get --concurrency 4
 
 Workloads (the bucket is filled first through the S3 API):
   put, get, head  4 KiB objects (GET and HEAD of random ones of --objects keys)
@@ -14,6 +15,8 @@ Workloads (the bucket is filled first through the S3 API):
                   the --objects keys run out, if it has not ended before)
   list            ListObjectsV2 pages of 1000 keys from a random start-after, over --objects keys
   part            UploadPart of 8 MiB into one multipart upload (MiB are the units)
+  big-get         GET of 64 MiB objects (4, uploaded in 8 MiB parts first), each byte
+                  compared with what was written, as peer_bench.py's `big` does (MiB)
 
 The peer comparison (peer_bench.py) says how Shoal compares; this says which process to look
 at, with the figures that the choices in docs/decisions.md were measured by. With --profile, the
@@ -33,9 +36,13 @@ from pathlib import Path
 from peer_bench import PY_SPY, ProfiledProcesses, Profiler, ensure_tool, profile_report
 from s3_bench import (
     S3,
+    Pattern,
     Phase,
+    S3Failure,
     Server,
     ServerProcesses,
+    multipart_upload,
+    read_back,
     run_phase,
     started_shoal,
     xml_value,
@@ -44,13 +51,18 @@ from s3_bench import (
 SMALL_BYTES = 4096
 DELETE_KEYS = 40000
 WARM_UP_OPS = 200
-PART_BYTES = 8 * 1024 * 1024
+MiB = 1024 * 1024
+PART_BYTES = 8 * MiB
+BIG_OBJECTS = 4
+BIG_MIB = 64
 BUCKET = "cpu-split"
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=["put", "get", "head", "delete", "list", "part"])
+    parser.add_argument(
+        "workload", choices=["put", "get", "head", "delete", "list", "part", "big-get"]
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the measured phase")
     parser.add_argument(
@@ -96,6 +108,11 @@ async def operation(
         keys = args.objects or 20000
         await fill(s3, processes, keys, 0)
         return lambda n: list_page(s3, f"key/{rng.randrange(max(1, keys - 1000)):08d}")
+    if args.workload == "big-get":
+        pattern = Pattern()
+        for tag in range(BIG_OBJECTS):
+            await upload_big(s3, pattern, tag)
+        return lambda n: get_big(s3, pattern, n % BIG_OBJECTS)
     reply, _ = await s3.call("POST", BUCKET, "big", query={"uploads": ""})
     upload_id = xml_value(reply, "UploadId")
     part = os.urandom(PART_BYTES)
@@ -130,8 +147,29 @@ async def upload_part(s3: S3, upload_id: str, number: int, part: bytes) -> float
     return len(part) / (1024 * 1024)
 
 
+async def upload_big(s3: S3, pattern: Pattern, tag: int) -> None:
+    part_mib = PART_BYTES // MiB
+
+    def part(first: int) -> Callable[[], tuple[bytes, int]]:
+        return lambda: (pattern.part(tag, first, part_mib), PART_BYTES)
+
+    parts = [part(first) for first in range(0, BIG_MIB, part_mib)]
+    await multipart_upload(s3, BUCKET, f"big/{tag}", parts, in_flight=1)
+
+
+async def get_big(s3: S3, pattern: Pattern, tag: int) -> float:
+    got = await read_back(s3, BUCKET, f"big/{tag}", pattern, tag)
+    if got != BIG_MIB * MiB:
+        raise S3Failure(f"GET returned {got} bytes, expected {BIG_MIB * MiB}")
+    return BIG_MIB
+
+
 def report(args: argparse.Namespace, phase: Phase) -> str:
-    unit = "MiB" if args.workload == "part" else ("page" if args.workload == "list" else "op")
+    unit = (
+        "MiB"
+        if args.workload in ("part", "big-get")
+        else ("page" if args.workload == "list" else "op")
+    )
     cpu, amount = phase.cpu, phase.units or 1
     per_unit = {
         "load generator": cpu.client,

@@ -39,7 +39,8 @@ botocore SigV4 with UNSIGNED-PAYLOAD), each phase bounded by a count and a time:
          compared byte for byte (MiB/s); beside them, a 64 MiB write + fsync of a file in this
          process, on the same filesystem, for "% of raw disk", and the CPU floor of a 64 MiB
          PUT with Shoal's replicas (cpu_floor.py: MD5, block checksums, the load generator,
-         the replica writes), for "% of the CPU ceiling".
+         the replica writes) and of a GET (the load generator's receive, a sendfile), for
+         "% of the CPU ceiling".
 The list and tree buckets are filled once per server before the rounds (0-byte PUTs at
 concurrency 64; the fill rates are reported too) and walked once to check their counts; the
 SeaweedFS default target shares them with the fsync one (listing does not write), so listing is
@@ -831,26 +832,31 @@ def raw_table(results: Results, targets: Sequence[Target], raw: Sequence[float])
 
 
 def floor_table(results: Results, targets: Sequence[Target], floor: cpu_floor.Floor) -> str:
-    """Each PUT rate beside the ceiling the CPU floor allows, and the server CPU per MiB beside
-    the floor's server part (hashes and replica writes: all but the load generator)."""
-    server_floor = floor.per_mib - floor.load_generator
+    """Each large PUT and GET rate beside the ceiling the CPU floor allows, and the server CPU
+    per MiB beside the floor's server part (all but the load generator)."""
+    ceilings = {"PUT": floor.ceiling, "GET": floor.get_ceiling}
     rows = []
     for (name, conc), by_target in results.items():
-        if not name.startswith("PUT") or "MiB" not in name:
+        ceiling = ceilings.get(name.split()[0])
+        if ceiling is None or "MiB" not in name:
             continue
-        row: list[object] = [name, conc, fmt(floor.ceiling)]
+        row: list[object] = [name, conc, fmt(ceiling)]
         for target in targets:
             phases = by_target.get(target.name) or []
             value = figure(phases, name) if phases else 0.0
             moved = sum(p.units for p in phases) / MiB
             server_ms = sum(p.cpu.server for p in phases) * 1000 / moved if moved else 0.0
-            row += [fmt(value), f"{value / floor.ceiling:.0%}", f"{server_ms:.2f}"]
+            row += [fmt(value), f"{value / ceiling:.0%}", f"{server_ms:.2f}"]
         rows.append(row)
     headers = ["workload", "conc", "CPU ceiling MiB/s"]
     for target in targets:
         headers += [f"{target.name} MiB/s", "% of ceiling", "server CPU ms/MiB"]
-    server_part = f"the floor's server part (all but the load generator): {server_floor:.2f}"
-    return f"{markdown_table(headers, rows)}\n\n{server_part} ms/MiB"
+    server_part = (
+        "the floor's server part (all but the load generator), ms/MiB: PUT "
+        f"{floor.per_mib - floor.load_generator:.2f}; GET {floor.sendfile:.2f}, "
+        f"{floor.get_per_mib_with_hop - floor.client_receive:.2f} with Shoal's hop"
+    )
+    return f"{markdown_table(headers, rows)}\n\n{server_part}"
 
 
 def detail_table(results: Results, target: Target, rounds: int) -> str:
@@ -1075,8 +1081,9 @@ async def measure(
     if floors:
         floor = cpu_floor.typical(floors)
         sections.append(
-            f"64 MiB PUTs against the CPU floor (cpu_floor.py, median of {len(floors)}, one a "
-            f"round): {floor.describe()}\n\n" + floor_table(results, targets, floor)
+            f"64 MiB PUTs and GETs against the CPU floor (cpu_floor.py, median of "
+            f"{len(floors)}, one a round): {floor.describe()}\n\n"
+            + floor_table(results, targets, floor)
         )
     if fills:
         sections.append("Fills (once, before the rounds)\n\n" + fill_table(fills))

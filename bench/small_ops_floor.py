@@ -1,24 +1,27 @@
-"""The floor under a 4 KiB HEAD and DELETE on this machine: what the parts every Shoal request
-goes through cost per operation, each measured alone, and the highest rate their sum allows.
+"""The floor under a 4 KiB GET, HEAD and DELETE on this machine: what the parts every Shoal
+request goes through cost per operation, each measured alone, and the highest rate their sum allows.
 
     .venv/bin/python bench/small_ops_floor.py                              # ~1.5 min
-    .venv/bin/python bench/small_ops_floor.py --seaweedfs HEAD=4124,DELETE=3490
+    .venv/bin/python bench/small_ops_floor.py --seaweedfs GET=4610,HEAD=4124,DELETE=3490
     .venv/bin/python bench/small_ops_floor.py --concurrency 64 --seconds 8
     .venv/bin/python bench/small_ops_floor.py --weed       # SeaweedFS in the same run, ~3 min
 
 The parts, CPU microseconds per operation:
   load generator  peer_bench.py's client (s3_bench.S3: aiohttp, botocore SigV4 with
-                  UNSIGNED-PAYLOAD; this process) sending HEADs and DELETEs to a server
-                  that answers at once: shoal/s3/http.py in a child process, with a handler
-                  that returns a HEAD's headers or a 204 without looking at the request.
+                  UNSIGNED-PAYLOAD; this process) sending GETs, HEADs and DELETEs to a
+                  server that answers at once: shoal/s3/http.py in a child process, with a
+                  handler that returns a 4 KiB body, a HEAD's headers or a 204 without
+                  looking at the request.
   HTTP server     that child's CPU: httptools' parse, the Request, the answer written
                   (the gateway's own HTTP layer with nothing behind it).
   SigV4           sigv4.parse + sigv4.verify of one request botocore signed (the signing
                   key cached, as the gateway keeps it), in a loop.
-  metadata call   Objects.get(with_data=False) (a HEAD's statement) and Objects.remove (a
-                  DELETE's) through the metadata API, from --concurrency tasks, on a scratch
-                  embedded PostgreSQL as `shoal serve` runs it (one shard, 64 vnodes): the
-                  caller's CPU (batching, libpq, the row) and PostgreSQL's (every backend).
+  metadata call   Objects.get (a GET's statement: the row with its 4 KiB, as the gateway
+                  keeps small objects), Objects.get(with_data=False) (a HEAD's) and
+                  Objects.remove (a DELETE's) through the metadata API, from --concurrency
+                  tasks, on a scratch embedded PostgreSQL as `shoal serve` runs it (one
+                  shard, 64 vnodes): the caller's CPU (batching, libpq, the row) and
+                  PostgreSQL's (every backend).
 
 What no server code of Shoal's can skip is the load generator's part (SeaweedFS is driven by
 the same one) and PostgreSQL's part of the statement; the HTTP server and SigV4 parts are
@@ -91,10 +94,11 @@ from shoal.metadata.embedded import EmbeddedPostgres
 from shoal.ports import free_port
 from shoal.s3 import http, sigv4
 
-OPS = ("HEAD", "DELETE")
+OPS = ("GET", "HEAD", "DELETE")
 SMALL_BYTES = 4096
+SMALL_BODY = os.urandom(SMALL_BYTES)  # what the bare server answers a GET
 VNODES = 64  # `shoal serve`'s default
-HEAD_KEYS = 2000
+READ_KEYS = 2000  # read by GET and HEAD
 WEED_DELETE_KEYS = 5000  # PUT first, with fsync: a DELETE phase may end when they run out
 SIGV4_CALLS = 20_000
 ACCESS_KEY = "FLOORBENCHKEY"
@@ -163,6 +167,8 @@ async def timed(
 
 
 async def answer_at_once(request: http.Request) -> http.Response:
+    if request.method == "GET":
+        return http.Response(headers=HEAD_HEADERS, body=SMALL_BODY)
     if request.method == "HEAD":
         response = http.StreamResponse(headers=HEAD_HEADERS)
         response.content_length = SMALL_BYTES
@@ -217,7 +223,7 @@ async def client_and_http(concurrency: int, seconds: float) -> dict[str, Split]:
 
 
 async def seaweedfs_ops(concurrency: int, seconds: float) -> dict[str, Split]:
-    """HEAD and DELETE of 4 KiB objects in a bucket of SeaweedFS's with fsync (peer_bench.py's
+    """GET, HEAD and DELETE of 4 KiB objects in a bucket of SeaweedFS's with fsync (peer_bench.py's
     headline configuration): the load generator's CPU and the weed process tree's."""
     with started_seaweedfs(ensure_tool(*SEAWEEDFS)) as weed:
         pid = weed.server.gateway_pid
@@ -232,17 +238,19 @@ async def seaweedfs_ops(concurrency: int, seconds: float) -> dict[str, Split]:
 
         async with S3(weed.server, concurrency) as s3:
 
-            async def put(n: int, prefix: str = "head") -> None:
+            async def put(n: int, prefix: str = "read") -> None:
                 await s3.call("PUT", bucket, f"{prefix}/{n:07d}", data=body)
 
-            await timed(put, concurrency, 600, weed_cpu, HEAD_KEYS)
+            await timed(put, concurrency, 600, weed_cpu, READ_KEYS)
             rng = random.Random(1)
+            splits = {}
+            for op in ("GET", "HEAD"):
 
-            async def head(n: int) -> None:
-                await s3.call("HEAD", bucket, f"head/{rng.randrange(HEAD_KEYS):07d}")
+                async def read(n: int, op: str = op) -> None:
+                    await s3.call(op, bucket, f"read/{rng.randrange(READ_KEYS):07d}")
 
-            await timed(head, concurrency, 0.5, weed_cpu)
-            splits = {"HEAD": await timed(head, concurrency, seconds, weed_cpu)}
+                await timed(read, concurrency, 0.5, weed_cpu)
+                splits[op] = await timed(read, concurrency, seconds, weed_cpu)
 
             async def put_doomed(n: int) -> None:
                 await put(n, "delete")
@@ -306,8 +314,8 @@ async def metadata_calls(
     try:
         owner = (await store.accounts.create(f"floor-{uuid7().hex[:8]}")).id
         await store.buckets.create(owner, BUCKET)
-        heads = [f"head/{n:06d}" for n in range(HEAD_KEYS)]
-        await fill(store, owner, heads, 64)
+        reads = [f"read/{n:06d}" for n in range(READ_KEYS)]
+        await fill(store, owner, reads, 64)
         rng = random.Random(1)
 
         def postgres() -> float:
@@ -315,11 +323,15 @@ async def metadata_calls(
             live = sum(tree_cpu_seconds(child) for child in children_of(postmaster))
             return cpu_seconds(postmaster, reaped_children=True) + live
 
-        async def head(n: int) -> None:
-            await store.objects.get(owner, BUCKET, rng.choice(heads), with_data=False)
+        splits = {}
+        for op in ("GET", "HEAD"):
 
-        await timed(head, concurrency, 0.5, lambda: 0.0)
-        splits = {"HEAD": await timed(head, concurrency, seconds, postgres)}
+            async def read(n: int, with_data: bool = op == "GET") -> None:
+                name = rng.choice(reads)
+                await store.objects.get(owner, BUCKET, name, with_data=with_data)
+
+            await timed(read, concurrency, 0.5, lambda: 0.0)
+            splits[op] = await timed(read, concurrency, seconds, postgres)
         doomed = [f"delete/{n:07d}" for n in range(int(splits["HEAD"].rate * seconds))]
         await fill(store, owner, doomed, 64)
 
@@ -520,7 +532,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each phase")
     parser.add_argument(
-        "--seaweedfs", metavar="HEAD=R,DELETE=R", help="SeaweedFS's op/s from a peer_bench run"
+        "--seaweedfs",
+        metavar="GET=R,HEAD=R,DELETE=R",
+        help="SeaweedFS's op/s from a peer_bench run",
     )
     parser.add_argument(
         "--weed", action="store_true", help="drive SeaweedFS too, in the same run (fsync buckets)"
