@@ -14,8 +14,9 @@ The costs, CPU milliseconds per MiB of object (thread CPU time, best of a few ru
 Their sum over the cores is the ceiling peer_bench prints beside the 64 MiB PUT rates. The
 data path moves the body over loopback more than the load generator's send: the gateway
 receives it and sends it to each replica, each node receives it; those transfers are measured
-too (sender and receiver) and given as a second, lower ceiling. The disk's own bound is the
-write + fsync's wall-clock rate over the replicas.
+too (sender and receiver) and given as a second, lower ceiling, with the one other cost of
+Shoal's design: a node creates a file for each block (4 MiB by default) it stores. The
+disk's own bound is the write + fsync's wall-clock rate over the replicas.
 
 A GET of a body in the page cache costs, per MiB:
   client receive  the load generator's side: receiving the body over loopback into one
@@ -45,6 +46,8 @@ from s3_bench import Pattern
 WRITE_PIECE = 256 * 1024  # as a storage node writes a block (shoal/storage/blockfile.py)
 RECEIVE_PIECE = 256 * 1024
 REPEATS = 3
+BLOCK_MIB = 4  # a storage node's block size by default
+CREATES = 200
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Floor:
     node_write: float  # one replica's
     transfer: float  # one loopback hop, sender and receiver
     disk_mib_s: float  # wall-clock rate of one write + fsync
+    file_create: float  # a block file's creation, per MiB of 4 MiB blocks
     client_receive: float  # a GET's load generator: receive and compare
     sendfile: float  # a GET's least server work: page cache to socket
 
@@ -83,8 +87,13 @@ class Floor:
         return self.cores * 1000 / self.per_mib
 
     @property
+    def shoal_path(self) -> float:
+        """What Shoal's data path adds per MiB: the transfers, a block file on each replica."""
+        return self.transfers + self.file_create * self.replicas
+
+    @property
     def ceiling_with_transfers(self) -> float:
-        return self.cores * 1000 / (self.per_mib + self.transfers)
+        return self.cores * 1000 / (self.per_mib + self.shoal_path)
 
     @property
     def disk_ceiling(self) -> float:
@@ -130,7 +139,8 @@ class Floor:
             f"writes {self.replicas} x {self.node_write:.2f} = {self.per_mib:.2f}: ceiling "
             f"{self.ceiling:,.0f} MiB/s on {self.cores} cores. With the loopback transfers "
             f"the data path makes (gateway receive, {self.replicas} x send + node receive; "
-            f"{self.transfer:.2f} a hop) {self.per_mib + self.transfers:.2f}: "
+            f"{self.transfer:.2f} a hop) and a file created per {BLOCK_MIB} MiB block on each "
+            f"replica ({self.file_create:.2f} a MiB) {self.per_mib + self.shoal_path:.2f}: "
             f"{self.ceiling_with_transfers:,.0f} MiB/s. Disk: write + fsync at "
             f"{self.disk_mib_s:,.0f} MiB/s over {self.replicas} replica(s) = "
             f"{self.disk_ceiling:,.0f} MiB/s."
@@ -251,6 +261,21 @@ def drain(server: socket.socket, total: int) -> None:
             got += count
 
 
+def file_create_ms(directory: Path) -> float:
+    """CPU ms of creating one empty file, as a node creates one per block (the average of
+    CREATES; on ext4 it grows with the files deleted in the minutes before)."""
+    folder = directory / f"creates-{os.getpid()}"
+    folder.mkdir()
+    started = time.thread_time()
+    for n in range(CREATES):
+        os.close(os.open(folder / str(n), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    cpu = (time.thread_time() - started) * 1000 / CREATES
+    for n in range(CREATES):
+        (folder / str(n)).unlink()
+    folder.rmdir()
+    return cpu
+
+
 MEASURED = tuple(f.name for f in fields(Floor) if f.name not in ("mib", "replicas", "cores"))
 
 
@@ -274,6 +299,7 @@ def measure(directory: Path, mib: int = 64, replicas: int = 2, part_mib: int = 8
 
     client_receive = min(loopback_transfer(parts, compare)[1] for _ in range(REPEATS))
     sendfile = min(sendfile_cpu(directory, body) for _ in range(REPEATS))
+    file_create = min(file_create_ms(directory) for _ in range(REPEATS))
     os.sync()  # what others left dirty is not charged to our fsync
     writes = [node_write(directory, body) for _ in range(REPEATS)]
     walls = sorted(wall for _, wall in writes)
@@ -288,6 +314,7 @@ def measure(directory: Path, mib: int = 64, replicas: int = 2, part_mib: int = 8
         node_write=min(cpu for cpu, _ in writes) / mib,
         transfer=hop / mib,
         disk_mib_s=mib / walls[len(walls) // 2],
+        file_create=file_create / BLOCK_MIB,
         client_receive=client_receive / mib,
         sendfile=sendfile / mib,
     )
