@@ -281,7 +281,7 @@ class Objects(Component):
             for shard in self.shards.placed()
         ]
         if len(reads) == 1:  # no task to make: a '/' page is a few hundred microseconds
-            return (await reads[0])[:wanted]
+            return await reads[0]
         answers = await asyncio.gather(*reads)
         return merge_sorted(answers, key_of=_entry_key, limit=wanted)
 
@@ -295,7 +295,7 @@ class Objects(Component):
         wanted: int,
     ) -> builtins.list[ObjectSummary | CommonPrefix]:
         """One shard's first `wanted` entries: its common prefixes from its directory rows,
-        and the keys of the directory on the vnodes that hold some."""
+        and the keys of the directory, when any of its vnodes holds some."""
         lower, upper = bounds
         params = {
             "owner": owner,
@@ -317,7 +317,7 @@ class Objects(Component):
         prefixes: builtins.list[ObjectSummary | CommonPrefix] = [
             CommonPrefix(prefix=prefix + segment) for segment in found["segments"]
         ]
-        if not found["leaf_vnodes"]:
+        if not found["has_keys"]:
             return prefixes
         # Every vnode of the shard, not only those: one statement a shard to prepare, where
         # each set of vnodes would be a statement of its own on every connection.

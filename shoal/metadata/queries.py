@@ -491,13 +491,14 @@ LIMIT %(limit)s
 
 # A '/' listing of a prefix that ends in '/' (or of none), from the directory: the common
 # prefixes are its rows under the prefix, the keys listed as themselves are those whose
-# directory is the prefix (the leaf index), read only on the vnodes the directory says hold
-# some. So a page reads what it returns, whatever the keys under each common prefix.
+# directory is the prefix (the leaf index), read only when the directory says a vnode of the
+# shard holds some. So a page reads what it returns, whatever the keys under each common
+# prefix.
 #
 # One statement a shard: how many of the vnodes the caller's ring gives the shard it still
 # holds (their schemas: a vnode that moved away is renamed at its fence, and the caller must
 # follow the ring, as a statement naming the schema would), the first %(limit)s segments from
-# %(segment_lower)s, and the vnodes that hold keys in the directory.
+# %(segment_lower)s, and whether any of its vnodes holds keys in the directory.
 LIST_DIRECTORY = """
 SELECT (SELECT count(to_regnamespace('manta_bucket_' || vnode))
         FROM unnest(%(vnodes)s::int[]) AS vnode) AS held,
@@ -507,9 +508,9 @@ SELECT (SELECT count(to_regnamespace('manta_bucket_' || vnode))
                AND vnode = ANY(%(vnodes)s::int[])
              ORDER BY segment
              LIMIT %(limit)s) AS segments,
-       ARRAY(SELECT vnode FROM shoal.bucket_directory
-             WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
-               AND segment = '' AND vnode = ANY(%(vnodes)s::int[])) AS leaf_vnodes
+       EXISTS (SELECT FROM shoal.bucket_directory
+               WHERE owner = %(owner)s AND bucket_id = %(bucket_id)s AND parent = %(prefix)s
+                 AND segment = '' AND vnode = ANY(%(vnodes)s::int[])) AS has_keys
 """
 
 # One vnode's keys whose directory is %(prefix)s, in order, from the leaf index; the arms of
