@@ -19,8 +19,9 @@ Shoal's design: a node creates a file for each block (4 MiB by default) it store
 disk's own bound is the write + fsync's wall-clock rate over the replicas.
 
 A GET of a body in the page cache costs, per MiB:
-  client receive  the load generator's side: receiving the body over loopback into one
-                  reused buffer and comparing it with the pattern (peer_bench's read-back)
+  client receive  the load generator's side: receiving the body over loopback, each piece a
+                  new bytes object as an asyncio client gets it, and comparing it with the
+                  pattern (peer_bench's read-back)
   sendfile        the server's least: the file sent to the socket from the page cache
 Their sum is the GET ceiling of any server. Shoal's data path adds a hop (the node sends the
 block to the gateway, which receives it and sends it on) and the gateway's check of the block

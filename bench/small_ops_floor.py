@@ -1,10 +1,11 @@
 """The floor under a 4 KiB GET, HEAD and DELETE on this machine: what the parts every Shoal
-request goes through cost per operation, each measured alone, and the highest rate their sum allows.
+request goes through cost per operation, each measured alone, and the highest rate their sum
+allows.
 
-    .venv/bin/python bench/small_ops_floor.py                              # ~1.5 min
+    .venv/bin/python bench/small_ops_floor.py                              # ~1 min
     .venv/bin/python bench/small_ops_floor.py --seaweedfs GET=4610,HEAD=4124,DELETE=3490
     .venv/bin/python bench/small_ops_floor.py --concurrency 64 --seconds 8
-    .venv/bin/python bench/small_ops_floor.py --weed       # SeaweedFS in the same run, ~3 min
+    .venv/bin/python bench/small_ops_floor.py --weed       # SeaweedFS in the same run, ~2 min
 
 The parts, CPU microseconds per operation:
   load generator  peer_bench.py's client (s3_bench.S3: aiohttp, botocore SigV4 with

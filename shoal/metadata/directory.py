@@ -7,17 +7,18 @@ only, and under a prefix that does not end in '/' a common prefix may start in t
 a segment ("ab" over "abc/d" rolls up into "abc/", whose row says "abc/").
 
 What it reads, per shard (queries.LIST_DIRECTORY): the directory's rows under the prefix in
-order, one kept per segment, which are the page's common prefixes; and, on the vnodes whose
-rows say they hold keys in that directory, those keys from the leaf index, merged. So a page
-of P common prefixes costs the directory rows of the P segments (one per vnode that holds
-names under each), whatever the number of keys under them, and no vnode is read for keys it
-does not hold.
+order, one kept per segment, which are the page's common prefixes; and, when a row says a
+vnode of the shard holds keys in that directory, the keys of every vnode of the shard from
+the leaf index, merged (one statement a shard to prepare; a vnode with none costs one index
+probe). So a page of P common prefixes costs the directory rows of the P segments (one per
+vnode that holds names under each), whatever the number of keys under them, and a shard's
+keys are read only when it holds some.
 
 Why the rows are exact: the vnodes' triggers add a common prefix's row in the transaction
 that makes a name new and remove it in the transaction that deletes its vnode's last name
 under it, ordered by an advisory lock per (bucket, common prefix, vnode) (schema.py, vnode
 migration 5). Only the root's own row (parent and segment '') may outlive its keys, until
-the bucket goes: it only says which vnodes to read.
+the bucket goes: it only says whether there are keys to read.
 """
 
 from __future__ import annotations

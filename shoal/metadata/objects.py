@@ -319,8 +319,9 @@ class Objects(Component):
         ]
         if not found["has_keys"]:
             return prefixes
-        # Every vnode of the shard, not only those: one statement a shard to prepare, where
-        # each set of vnodes would be a statement of its own on every connection.
+        # Every vnode of the shard, not only those holding keys here: one statement a shard
+        # to prepare, where each set of vnodes would be a statement of its own on every
+        # connection.
         statement = directory.leaves_statement(tuple(shard.vnodes), upper is not None)
         leaves = await self.shard_rows(
             shard, statement, params, rows=_summaries, template=queries.LIST_LEAVES_ARM
