@@ -155,9 +155,9 @@ def test_a_vnode_moves_to_an_added_shard_and_back(
             assert len(await mover.finish(now=True)) == 1
             back = await mover.move(moved, source)
             assert back is not None and back.target == source
-            # These two poll no more: they note a ring version only when they follow one.
-            await fresh.shards.follow_ring()
-            await stale.shards.follow_ring()
+            # These poll no more: they note a ring version only when they follow one.
+            for store in (fresh, stale, stale_lister):
+                await store.shards.follow_ring()
             said = await mover.finish(now=True)
             assert len(said) == 1 and "dropped" in said[0], said
         # Each copy dropped took its directory rows with it: only the source's are left.
