@@ -38,13 +38,12 @@ from s3_bench import (
     S3,
     Pattern,
     Phase,
-    S3Failure,
     Server,
     ServerProcesses,
-    multipart_upload,
-    read_back,
+    read_back_whole,
     run_phase,
     started_shoal,
+    upload_pattern,
     xml_value,
 )
 
@@ -52,7 +51,8 @@ SMALL_BYTES = 4096
 DELETE_KEYS = 40000
 WARM_UP_OPS = 200
 MiB = 1024 * 1024
-PART_BYTES = 8 * MiB
+PART_MIB = 8
+PART_BYTES = PART_MIB * MiB
 BIG_OBJECTS = 4
 BIG_MIB = 64
 BUCKET = "cpu-split"
@@ -111,7 +111,7 @@ async def operation(
     if args.workload == "big-get":
         pattern = Pattern()
         for tag in range(BIG_OBJECTS):
-            await upload_big(s3, pattern, tag)
+            await upload_pattern(s3, BUCKET, f"big/{tag}", pattern, tag, BIG_MIB, PART_MIB)
         return lambda n: get_big(s3, pattern, n % BIG_OBJECTS)
     reply, _ = await s3.call("POST", BUCKET, "big", query={"uploads": ""})
     upload_id = xml_value(reply, "UploadId")
@@ -147,20 +147,8 @@ async def upload_part(s3: S3, upload_id: str, number: int, part: bytes) -> float
     return len(part) / (1024 * 1024)
 
 
-async def upload_big(s3: S3, pattern: Pattern, tag: int) -> None:
-    part_mib = PART_BYTES // MiB
-
-    def part(first: int) -> Callable[[], tuple[bytes, int]]:
-        return lambda: (pattern.part(tag, first, part_mib), PART_BYTES)
-
-    parts = [part(first) for first in range(0, BIG_MIB, part_mib)]
-    await multipart_upload(s3, BUCKET, f"big/{tag}", parts, in_flight=1)
-
-
 async def get_big(s3: S3, pattern: Pattern, tag: int) -> float:
-    got = await read_back(s3, BUCKET, f"big/{tag}", pattern, tag)
-    if got != BIG_MIB * MiB:
-        raise S3Failure(f"GET returned {got} bytes, expected {BIG_MIB * MiB}")
+    await read_back_whole(s3, BUCKET, f"big/{tag}", pattern, tag, BIG_MIB * MiB)
     return BIG_MIB
 
 

@@ -974,6 +974,28 @@ async def read_back(s3: S3, bucket: str, key: str, pattern: Pattern, tag: int) -
     return offset
 
 
+async def upload_pattern(
+    s3: S3, bucket: str, key: str, pattern: Pattern, tag: int, mib: int, part_mib: int
+) -> None:
+    """Object `tag` of the pattern, `mib` MiB, uploaded by multipart in parts of `part_mib`."""
+
+    def part(first: int) -> Callable[[], tuple[bytes, int]]:
+        return lambda: (pattern.part(tag, first, part_mib), part_mib * MiB)
+
+    parts = [part(first) for first in range(0, mib, part_mib)]
+    await multipart_upload(s3, bucket, key, parts, in_flight=1)
+
+
+async def read_back_whole(
+    s3: S3, bucket: str, key: str, pattern: Pattern, tag: int, size: int
+) -> int:
+    """read_back, and the object must be all of its `size` bytes."""
+    got = await read_back(s3, bucket, key, pattern, tag)
+    if got != size:
+        raise S3Failure(f"GET returned {got} bytes, expected {size}")
+    return got
+
+
 # -- workload: big objects ------------------------------------------------------------------
 
 
@@ -1000,27 +1022,19 @@ async def big_round(
     pattern: Pattern,
 ) -> list[Phase]:
     """Upload `objects` objects by multipart, `concurrency` at a time, then read them back."""
-    size = settings.big_object_mib * MiB
-    part_mib = settings.big_part_mib
+    mib, part_mib = settings.big_object_mib, settings.big_part_mib
     uploaded: list[int] = []
-
-    def part(tag: int, first: int) -> Callable[[], tuple[bytes, int]]:
-        return lambda: (pattern.part(tag, first, part_mib), part_mib * MiB)
 
     async def put(n: int) -> float:
         tag = concurrency * 1000 + n
-        parts = [part(tag, m) for m in range(0, settings.big_object_mib, part_mib)]
-        await multipart_upload(s3, bucket, f"big/{tag}", parts, in_flight=1)
+        await upload_pattern(s3, bucket, f"big/{tag}", pattern, tag, mib, part_mib)
         uploaded.append(tag)
-        return size
+        return mib * MiB
 
     async def get(n: int) -> float:
-        got = await read_back(s3, bucket, f"big/{uploaded[n]}", pattern, uploaded[n])
-        if got != size:
-            raise S3Failure(f"GET returned {got} bytes, expected {size}")
-        return got
+        tag = uploaded[n]
+        return await read_back_whole(s3, bucket, f"big/{tag}", pattern, tag, mib * MiB)
 
-    mib = settings.big_object_mib
     bound = (objects, settings.big_seconds, processes)
     phases = [await run_phase(f"PUT {mib} MiB (multipart)", concurrency, put, *bound)]
     bound = (len(uploaded), settings.big_seconds, processes)
