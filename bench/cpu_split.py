@@ -15,6 +15,8 @@ Workloads (the bucket is filled first through the S3 API):
                   the --objects keys run out, if it has not ended before)
   list            ListObjectsV2 pages of 1000 keys from a random start-after, over --objects keys
   part            UploadPart of 8 MiB into one multipart upload (MiB are the units)
+  big-put         PUT of 64 MiB objects by multipart, 8 MiB parts one after another, as
+                  peer_bench.py's `big` does (MiB)
   big-get         GET of 64 MiB objects (4, uploaded in 8 MiB parts first), each byte
                   compared with what was written, as peer_bench.py's `big` does (MiB)
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -50,6 +53,7 @@ from s3_bench import (
 SMALL_BYTES = 4096
 DELETE_KEYS = 40000
 WARM_UP_OPS = 200
+BIG_PUT_WARM_UP = 4  # objects: 200 of 64 MiB would fill gigabytes before the phase
 MiB = 1024 * 1024
 PART_MIB = 8
 PART_BYTES = PART_MIB * MiB
@@ -61,7 +65,8 @@ BUCKET = "cpu-split"
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "workload", choices=["put", "get", "head", "delete", "list", "part", "big-get"]
+        "workload",
+        choices=["put", "get", "head", "delete", "list", "part", "big-put", "big-get"],
     )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the measured phase")
@@ -71,6 +76,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gateway-workers", type=int, help="Shoal's [s3] workers")
     parser.add_argument("--shards", type=int, help="Shoal's [metadata] embedded_shards")
     parser.add_argument("--block-kib", type=int, help="Shoal's [storage] block_size, in KiB")
+    parser.add_argument(
+        "--direct-writes",
+        action="store_true",
+        help="[storage] direct_writes = true: nodes write blocks by O_DIRECT",
+    )
     parser.add_argument("--profile", metavar="DIR", type=Path, help="py-spy the gateway")
     return parser.parse_args()
 
@@ -108,6 +118,9 @@ async def operation(
         keys = args.objects or 20000
         await fill(s3, processes, keys, 0)
         return lambda n: list_page(s3, f"key/{rng.randrange(max(1, keys - 1000)):08d}")
+    if args.workload == "big-put":
+        pattern, tags = Pattern(), itertools.count()  # a new key each time, warm-up included
+        return lambda n: put_big(s3, pattern, next(tags))
     if args.workload == "big-get":
         pattern = Pattern()
         for tag in range(BIG_OBJECTS):
@@ -147,6 +160,11 @@ async def upload_part(s3: S3, upload_id: str, number: int, part: bytes) -> float
     return len(part) / (1024 * 1024)
 
 
+async def put_big(s3: S3, pattern: Pattern, tag: int) -> float:
+    await upload_pattern(s3, BUCKET, f"big/put-{tag}", pattern, tag, BIG_MIB, PART_MIB)
+    return BIG_MIB
+
+
 async def get_big(s3: S3, pattern: Pattern, tag: int) -> float:
     await read_back_whole(s3, BUCKET, f"big/{tag}", pattern, tag, BIG_MIB * MiB)
     return BIG_MIB
@@ -155,7 +173,7 @@ async def get_big(s3: S3, pattern: Pattern, tag: int) -> float:
 def report(args: argparse.Namespace, phase: Phase) -> str:
     unit = (
         "MiB"
-        if args.workload in ("part", "big-get")
+        if args.workload in ("part", "big-put", "big-get")
         else ("page" if args.workload == "list" else "op")
     )
     cpu, amount = phase.cpu, phase.units or 1
@@ -180,7 +198,8 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
     async with S3(server, max(32, args.concurrency)) as s3:
         await s3.call("PUT", BUCKET)
         run = await operation(args, s3, processes)
-        await run_phase("warm-up", args.concurrency, run, WARM_UP_OPS, 5, processes)
+        warm_up = BIG_PUT_WARM_UP if args.workload == "big-put" else WARM_UP_OPS
+        await run_phase("warm-up", args.concurrency, run, warm_up, 5, processes)
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
             pids = {"gateway": server.gateway_pid}
@@ -197,12 +216,12 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
 
 def main() -> None:
     args = parse_args()
-    blocks = f"\n[storage]\nblock_size = {args.block_kib * 1024}\n" if args.block_kib else ""
     with started_shoal(
         "shoal-cpu-split-",
         gateway_workers=args.gateway_workers,
         shards=args.shards,
-        settings=blocks,
+        block_size=args.block_kib * 1024 if args.block_kib else None,
+        direct_writes=True if args.direct_writes else None,
     ) as server:
         asyncio.run(measure(args, server))
 

@@ -5,6 +5,7 @@
     .venv/bin/python bench/peer_bench.py --profile profiles      # + a profiled Shoal pass
     .venv/bin/python bench/peer_bench.py --shoal-replicas 1      # one copy, as SeaweedFS
     .venv/bin/python bench/peer_bench.py --shoal-shards 4        # 4 metadata databases
+    .venv/bin/python bench/peer_bench.py --direct-writes         # nodes write by O_DIRECT
     # on a shared machine, one benchmark at a time: flock LOCKFILE .venv/bin/python bench/...
 
 Servers (both started here, in new sessions, in temp dirs, stopped and removed at the end, also
@@ -213,6 +214,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="Shoal's [metadata] embedded_shards (default 1): databases of its PostgreSQL "
         "server that hold the vnodes, one statement each per listing, in parallel",
+    )
+    parser.add_argument(
+        "--direct-writes",
+        action="store_true",
+        help="Shoal's [storage] direct_writes = true: its nodes write blocks by O_DIRECT, "
+        "past the page cache (the default writes through it)",
     )
     # For developing the benchmark itself: tiny runs.
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
@@ -1132,15 +1139,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.gateway_workers,
             args.shoal_replicas,
             shards=args.shoal_shards,
+            direct_writes=True if args.direct_writes else None,
         ) as shoal,
     ):
         header = machine_lines(weed)
         workers = "default" if args.gateway_workers is None else args.gateway_workers
         replicas = "default (2)" if args.shoal_replicas is None else args.shoal_replicas
         shards = "default (1)" if args.shoal_shards is None else args.shoal_shards
+        writes = "true" if args.direct_writes else "default (false)"
         header.append(
             f"Shoal: {shoal.endpoint}, gateway pid {shoal.gateway_pid}, [s3] workers "
-            f"{workers}, [storage] replicas {replicas}, [metadata] embedded_shards {shards}"
+            f"{workers}, [storage] replicas {replicas}, direct_writes {writes}, [metadata] "
+            f"embedded_shards {shards}"
         )
         header.append(f"SeaweedFS: {weed.server.endpoint}, pid {weed.server.gateway_pid}")
         mode = "quick" if settings.quick else "full"

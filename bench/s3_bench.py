@@ -193,23 +193,30 @@ def started_shoal(
     start_timeout: float = START_TIMEOUT_SECONDS,
     shards: int | None = None,
     settings: str = "",
+    block_size: int | None = None,
+    direct_writes: bool | None = None,
 ) -> Iterator[Server]:
     """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
 
-    gateway_workers: `[s3] workers`, replicas: `[storage] replicas`, shards: `[metadata]
-    embedded_shards`, in a configuration file (else Shoal's defaults), with `settings` (more
-    TOML tables) after them; wrapper: a command that runs it (valgrind, say)."""
+    gateway_workers: `[s3] workers`; replicas, block_size, direct_writes: `[storage]`'s;
+    shards: `[metadata] embedded_shards`, in a configuration file (else Shoal's defaults),
+    with `settings` (more TOML tables) after them; wrapper: a command that runs it
+    (valgrind, say)."""
     scratch = Path(tempfile.mkdtemp(prefix=temp_prefix))
+    storage = {"replicas": replicas, "block_size": block_size, "direct_writes": direct_writes}
+    storage_lines = "".join(
+        f"{key} = {str(value).lower()}\n" for key, value in storage.items() if value is not None
+    )
     try:
         port = free_port()
         where = ["--data-dir", str(scratch / "data")]
-        if gateway_workers is not None or replicas is not None or shards is not None or settings:
+        if gateway_workers is not None or storage_lines or shards is not None or settings:
             config = scratch / "shoal.toml"
             text = 'data_dir = "data"\n'
             if gateway_workers is not None:
                 text += f"\n[s3]\nworkers = {gateway_workers}\n"
-            if replicas is not None:
-                text += f"\n[storage]\nreplicas = {replicas}\n"
+            if storage_lines:
+                text += f"\n[storage]\n{storage_lines}"
             if shards is not None:
                 text += f"\n[metadata]\nembedded_shards = {shards}\n"
             config.write_text(text + settings)

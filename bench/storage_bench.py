@@ -4,7 +4,8 @@
     .venv/bin/python bench/storage_bench.py --quick    # a smoke run, well under a minute
     options: --dir DIR (scratch folder, default a new one under /tmp), --no-drop-caches,
              --dsn DSN (an existing PostgreSQL for the node registry instead of the embedded),
-             --block-kib 1024 (only that block size; repeatable), --rounds N
+             --block-kib 1024 (only that block size; repeatable), --rounds N,
+             --direct-writes (the node writes by O_DIRECT: [storage] direct_writes)
 
 Why: a storage node is an HTTP service in Python between the network and the disk. Its cost is
 worth knowing against the best the same disk allows; the target is node >= 70% of the raw
@@ -157,7 +158,9 @@ def self_cpu_seconds() -> float:
     return times.user + times.system
 
 
-def write_node_config(root: Path, shard: ShardConfig, node_workers: int = 1) -> Path:
+def write_node_config(
+    root: Path, shard: ShardConfig, node_workers: int = 1, direct_writes: bool = False
+) -> Path:
     """A TOML configuration naming the one metadata shard, as tests/fixtures/storage.py does."""
     config_file = root / "shoal.toml"
     config_file.write_text(
@@ -166,6 +169,7 @@ def write_node_config(root: Path, shard: ShardConfig, node_workers: int = 1) -> 
         f"name = {json.dumps(shard.name)}\ndsn = {json.dumps(shard.dsn)}\n"
         "[storage]\nheartbeat_interval_seconds = 1\n"
         + (f"node_workers = {node_workers}\n" if node_workers != 1 else "")
+        + ("direct_writes = true\n" if direct_writes else "")
     )
     return config_file
 
@@ -219,10 +223,11 @@ def node_cluster(
     names: Sequence[str],
     datacenter: str = "dc0",
     node_workers: int = 1,
+    direct_writes: bool = False,
 ) -> Iterator[NodeCluster]:
     """`shoal storage-node` processes on 127.0.0.1 registering in `shard`; stopped at exit."""
     asyncio.run(migrate([shard], MetadataConfig(vnodes=2, partitions_ahead=1)))
-    config_file = write_node_config(root, shard, node_workers)
+    config_file = write_node_config(root, shard, node_workers, direct_writes)
     cluster = NodeCluster(config_file, load_or_create_secret(root / "cluster.secret"))
     try:
         for name in names:
@@ -690,6 +695,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--node-workers", type=int, default=1, help="[storage] node_workers of the node (1)"
     )
+    parser.add_argument(
+        "--direct-writes",
+        action="store_true",
+        help="[storage] direct_writes = true: the node writes blocks by O_DIRECT",
+    )
     parser.add_argument("--dsn", help="superuser DSN of an existing PostgreSQL (default: embedded)")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -705,7 +715,13 @@ def main() -> None:
         scratch_dir(args.dir, "shoal-storage-bench-") as root,
         postgres_server(args.dsn) as admin,
         scratch_shard(admin) as shard,
-        node_cluster(shard, root, ["n0"], node_workers=args.node_workers) as cluster,
+        node_cluster(
+            shard,
+            root,
+            ["n0"],
+            node_workers=args.node_workers,
+            direct_writes=args.direct_writes,
+        ) as cluster,
     ):
         summary = machine_summary(shard.dsn)
         print("\n".join(summary))

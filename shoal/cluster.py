@@ -244,7 +244,7 @@ async def run_storage_node(
 async def _serve_node(
     config: Config, shards: Sequence[ShardConfig], node: NodeSettings, stop: asyncio.Event
 ) -> None:
-    store = BlockStore(node.root)
+    store = BlockStore(node.root, direct_writes=config.storage.direct_writes)
     identity = NodeIdentity(name=node.name, datacenter=node.datacenter)
     secret = load_or_create_secret(config.secret_file)
     # The bytes of the blocks are counted only for a capped node (a scan of every file).
@@ -258,7 +258,9 @@ async def _serve_node(
         "replays": ReplayCache(node.root / "replay.lock" if extra else None),
         "tls": _server_tls(config),
     }
-    workers = node_workers(extra, node.root, secret, identity, count, sock, **access)
+    workers = node_workers(
+        extra, node.root, store.direct_writes, secret, identity, count, sock, **access
+    )
     server = NodeServer(sock, store, secret, identity, count, **access)
     server.serve_in_thread()
     try:

@@ -132,6 +132,10 @@ class StorageConfig:
     # Each storage node uses at most this much of its disk (None: all of it); `shoal
     # storage-node --capacity-bytes` says it for one node (docs/storage.md, "Capacity").
     capacity_bytes: int | None = None
+    # Nodes write block files by O_DIRECT (where the file system takes it), past the page
+    # cache: less CPU and memory per byte written, a first read from the disk; for stores
+    # written more than read soon after (docs/storage.md, "Direct writes").
+    direct_writes: bool = False
 
 
 def usable_cores() -> int:
@@ -533,6 +537,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             "tls_key",
             "tls_ca",
             "capacity_bytes",
+            "direct_writes",
         },
         "[storage]",
     )
@@ -563,6 +568,7 @@ def _parse_storage(raw: Any, base: Path) -> StorageConfig:
             if "capacity_bytes" in raw
             else None
         ),
+        direct_writes=_boolean(raw, "direct_writes", False, "[storage]"),
         **tls,
     )
 

@@ -6,6 +6,13 @@ checksums without reading their data. A block is streamed to `tmp/`, verified ag
 checksum its writer sent, fsynced, and linked into place; `link` fails if the name exists, so
 a block is never overwritten.
 
+Block files are written through the page cache, which then holds them for the reads that
+follow soon after a write. With `direct_writes` (`[storage] direct_writes`), they are
+written by O_DIRECT, where the file system takes it: the bytes go from the receive buffer to
+the disk without a copy into the page cache, which the node's CPU and memory are spared; a
+first read then comes from the disk (docs/storage.md, "Direct writes"). Reads go through the
+page cache either way.
+
 The checksum is XXH3-128: it guards against disks and wires that change bytes, not against an
 adversary (requests to nodes are authenticated; block names do not come from content). It
 hashes a MiB in a small fraction of what SHA-256, the checksum before, took even with the CPU's
@@ -17,6 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
+import mmap
 import os
 import re
 import shutil
@@ -37,6 +47,8 @@ from shoal.storage.metrics import metrics
 
 T = TypeVar("T")
 
+log = logging.getLogger("shoal.storage")
+
 HEADER = struct.Struct(">8sQ16s")  # magic, data size, XXH3-128 of the data
 # The HTTP header that carries a block's checksum (`checksum_of`, 32 hex digits) between a
 # node and its clients: sent with a PUT, answered with a GET or HEAD.
@@ -47,6 +59,13 @@ MAGIC = b"SHOALBK2"  # BK1, an earlier format, checksummed blocks with SHA-256
 # and write pieces"; bench/storage_bench.py), and it bounds a request's memory whatever the
 # block size.
 WRITE_PIECE_BYTES = 256 * 1024
+# By O_DIRECT each piece is a write the disk does before the next piece is received: larger
+# pieces, fewer waits (bench/storage_bench.py --direct-writes).
+DIRECT_PIECE_BYTES = 1024 * 1024
+# O_DIRECT wants the file offset, the length and the memory of each write aligned: 4096
+# covers the logical block sizes of common disks (512 and 4096).
+DIRECT_ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 # Refuse new blocks that would leave less than this free: a full disk must not corrupt what
 # it holds.
 RESERVED_FREE_BYTES = 64 * 1024 * 1024
@@ -139,14 +158,17 @@ class BlockStore:
     """
 
     def __init__(
-        self, root: Path, worker: int = 0, reserved_free_bytes: int = RESERVED_FREE_BYTES
+        self,
+        root: Path,
+        worker: int = 0,
+        reserved_free_bytes: int = RESERVED_FREE_BYTES,
+        direct_writes: bool = False,
     ) -> None:
         self.root = root.absolute()
         self.reserved_free_bytes = reserved_free_bytes
         self.blocks = self.root / "blocks"
         self._blocks_text = os.fspath(self.blocks)
         self.tmp = self.root / "tmp" / f"w{worker}"
-        self._buffers = _Buffers()
         self._spares: list[_TempBlock] = []
         self._spares_lock = threading.Lock()
         self.blocks.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
@@ -159,6 +181,11 @@ class BlockStore:
         shutil.rmtree(self.tmp.parent if worker == 0 else self.tmp, ignore_errors=True)
         self.tmp.parent.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
         self.tmp.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
+        if direct_writes and not _takes_direct_writes(self.tmp):
+            log.warning("%s refuses O_DIRECT: blocks are written through the page cache", root)
+            direct_writes = False
+        self.direct_writes = direct_writes  # as it is done: the node's workers do the same
+        self._buffers = _Buffers(DIRECT_PIECE_BYTES if direct_writes else WRITE_PIECE_BYTES)
 
     def path_of(self, name: str) -> Path:
         check_block_name(name)
@@ -172,33 +199,36 @@ class BlockStore:
         """Store the `size` bytes that `body` yields; True if new, False if an identical
         block was already there.
 
-        The bytes arrive in pieces of up to WRITE_PIECE_BYTES into one buffer, hashed and
-        written to a temporary file as they come; after
-        the checksum matched, the file is fsynced and linked into place and its folder
-        fsynced: only then is the block acknowledged.
+        The bytes arrive in pieces (WRITE_PIECE_BYTES; DIRECT_PIECE_BYTES by O_DIRECT) into
+        one buffer (the first behind the header), hashed and written to a temporary file as
+        they come; after the checksum matched, the file is fsynced and linked into place and
+        its folder fsynced: only then is the block acknowledged.
         """
         final = self.path_of(name)
         if size > MAX_BLOCK_BYTES:
             raise BlockError(f"block of {size} bytes is over the {MAX_BLOCK_BYTES} limit")
         self._check_space(size)
         temp = self._take_spare() or self._new_temp()
-        buffer = self._buffers.take(min(size, WRITE_PIECE_BYTES))
+        buffer = self._buffers.take()
         try:
-            temp.write(HEADER.pack(MAGIC, size, bytes.fromhex(checksum)))
+            header = HEADER.pack(MAGIC, size, bytes.fromhex(checksum))
+            buffer[: len(header)] = header
+            held, remaining = len(header), size  # held: bytes in the buffer, not yet written
             digest = xxhash.xxh3_128()
-            remaining = size
             while remaining:
-                piece = buffer[: _read_exactly(body, buffer[: min(remaining, len(buffer))])]
-                if not piece:
-                    raise ChecksumMismatch(
-                        f"block {name} has {size - remaining} bytes, expected {size}"
-                    )
-                digest.update(piece)
-                temp.write(piece)
-                remaining -= len(piece)
+                wanted = min(remaining, len(buffer) - held)
+                got = _read_exactly(body, buffer[held : held + wanted])
+                if got < wanted:
+                    received = size - remaining + got
+                    raise ChecksumMismatch(f"block {name} has {received} bytes, expected {size}")
+                digest.update(buffer[held : held + got])
+                held, remaining = held + got, remaining - got
+                if remaining:
+                    held = temp.write(buffer, held)
             if digest.hexdigest() != checksum:
                 raise ChecksumMismatch(f"block {name} does not match its checksum")
-            temp.finish()
+            temp.write_last(buffer, held)
+            temp.finish(len(header) + size)
             return self._link_into_place(temp, final, checksum)
         finally:
             temp.discard()
@@ -217,7 +247,7 @@ class BlockStore:
             if len(self._spares) >= SPARE_FILES:
                 return
         try:
-            spare = _TempBlock(self.tmp / uuid.uuid4().hex)
+            spare = _TempBlock(self.tmp / uuid.uuid4().hex, self.direct_writes)
         except OSError:
             return  # the disk takes no new file now (read-only, full): the next write says so
         with self._spares_lock:
@@ -311,7 +341,7 @@ class BlockStore:
 
     def _new_temp(self) -> _TempBlock:
         try:
-            return _TempBlock(self.tmp / uuid.uuid4().hex)
+            return _TempBlock(self.tmp / uuid.uuid4().hex, self.direct_writes)
         except OSError as exc:
             raise DiskNotWritable(f"the disk does not take writes: {exc.strerror or exc}") from None
 
@@ -421,18 +451,37 @@ class BlockReader:
 
 
 class _TempBlock:
-    """A block's file in tmp/ while it is written."""
+    """A block's file in tmp/ while it is written; with `direct`, by O_DIRECT, in writes
+    whose offsets and lengths are multiples of DIRECT_ALIGN, from page-aligned buffers."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, direct: bool) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+        self.direct = direct
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if direct else 0)
+        self.fd = os.open(path, flags, PRIVATE_FILE)
 
-    def write(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
+    def write(self, buffer: memoryview, held: int) -> int:
+        """Write what it can of the first `held` bytes of `buffer`, move what is left (less
+        than DIRECT_ALIGN, when direct) to its start; returns how many bytes are left."""
+        writable = held - held % DIRECT_ALIGN if self.direct else held
+        self._write_all(buffer[:writable])
+        left = held - writable
+        buffer[:left] = buffer[writable:held]
+        return left
 
-    def finish(self) -> None:
+    def write_last(self, buffer: memoryview, held: int) -> None:
+        """Write the last `held` bytes: when direct, zeros fill them up to DIRECT_ALIGN, and
+        `finish` cuts the file back to its length."""
+        if self.direct and held % DIRECT_ALIGN:
+            padded = held + DIRECT_ALIGN - held % DIRECT_ALIGN
+            buffer[held:padded] = bytes(padded - held)
+            held = padded
+        self._write_all(buffer[:held])
+
+    def finish(self, length: int) -> None:
+        """The file is `length` bytes long (the header and the data), on the disk."""
+        if self.direct:
+            os.ftruncate(self.fd, length)
         _fsync(self.fd)
 
     def discard(self) -> None:
@@ -440,31 +489,61 @@ class _TempBlock:
         os.close(self.fd)
         self.path.unlink(missing_ok=True)
 
+    def _write_all(self, view: memoryview) -> None:
+        while view:
+            view = view[os.write(self.fd, view) :]
+
 
 class _Buffers:
-    """Receive buffers of WRITE_PIECE_BYTES, kept for the next writes: a fresh buffer costs
-    its page faults again (a sixth of a node's CPU per block when measured), a reused one
-    does not. At most KEPT_BUFFERS are kept (2 MiB), whatever the number of connections."""
+    """Receive buffers of one piece, kept for the next writes: a fresh buffer costs its page
+    faults again (a sixth of a node's CPU per block when measured), a reused one does not. At
+    most KEPT_BUFFERS are kept, whatever the number of connections. Each is an anonymous
+    mmap: page-aligned, as O_DIRECT writes need."""
 
     KEPT_BUFFERS = 8
 
-    def __init__(self) -> None:
-        self._free: list[bytearray] = []
+    def __init__(self, piece_bytes: int) -> None:
+        self.piece_bytes = piece_bytes
+        self._free: list[mmap.mmap] = []
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> memoryview:
-        """A buffer's first `size` bytes (at most WRITE_PIECE_BYTES)."""
+    def take(self) -> memoryview:
         with self._lock:
             buffer = self._free.pop() if self._free else None
-        return memoryview(buffer or bytearray(WRITE_PIECE_BYTES))[:size]
+        return memoryview(buffer or mmap.mmap(-1, self.piece_bytes))
 
     def give_back(self, view: memoryview) -> None:
         buffer = view.obj
-        assert isinstance(buffer, bytearray)
+        assert isinstance(buffer, mmap.mmap)
         view.release()
         with self._lock:
             if len(self._free) < self.KEPT_BUFFERS:
                 self._free.append(buffer)
+                return
+        buffer.close()
+
+
+def _takes_direct_writes(folder: Path) -> bool:
+    """Whether the file system under `folder` takes O_DIRECT writes (tmpfs, some network and
+    FUSE file systems refuse them), tried with a file of one aligned write."""
+    if not _O_DIRECT:
+        return False  # not Linux
+    path = folder / f"direct-{uuid.uuid4().hex}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_DIRECT, PRIVATE_FILE)
+    except OSError:
+        return False  # refused, or a disk that takes no file now: page-cache writes then
+    try:
+        with mmap.mmap(-1, DIRECT_ALIGN) as aligned:
+            os.write(fd, aligned)
+        return True
+    except OSError as exc:
+        # EINVAL: the file system refuses direct writes. Anything else (a full disk) is not
+        # about them: the writes to come will say it.
+        return exc.errno != errno.EINVAL
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
 
 
 def _read_exactly(body: Readable, buffer: memoryview) -> int:

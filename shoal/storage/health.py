@@ -59,7 +59,12 @@ class DiskHealth:
             log.warning("the disk under %s takes new blocks again", self.store.root)
 
     async def _probe(self) -> tuple[bool, dict[str, Any]]:
-        folder = {"blocks_folder": str(self.store.root)}
+        # direct_writes: whether blocks are written by O_DIRECT, as configured and as the
+        # file system allows.
+        folder: dict[str, Any] = {
+            "blocks_folder": str(self.store.root),
+            "direct_writes": self.store.direct_writes,
+        }
         try:
             async with asyncio.timeout(PROBE_SECONDS):
                 await in_thread(self._write_probe)

@@ -26,6 +26,7 @@ from shoal.workers import WorkerProcesses, stop_on_signals
 def node_workers(
     count: int,
     root: Path,
+    direct_writes: bool,
     secret: bytes,
     identity: NodeIdentity,
     blocks: BlockCount,
@@ -36,16 +37,26 @@ def node_workers(
     tls: ServerFiles | None = None,
 ) -> WorkerProcesses:
     """`count` extra processes serving the node's socket (the node process serves too),
-    sharing the node process's `replays`."""
+    sharing the node process's `replays`, writing blocks as it does (`direct_writes`)."""
     access = (tuple(addresses), replays, tls)
     return WorkerProcesses(
-        "storage", count, _serve_until_stopped, root, secret, identity, blocks, sock, access
+        "storage",
+        count,
+        _serve_until_stopped,
+        root,
+        direct_writes,
+        secret,
+        identity,
+        blocks,
+        sock,
+        access,
     )
 
 
 async def _serve_until_stopped(
     worker: int,
     root: Path,
+    direct_writes: bool,
     secret: bytes,
     identity: NodeIdentity,
     blocks: BlockCount,
@@ -55,7 +66,7 @@ async def _serve_until_stopped(
     stop = stop_on_signals()
     blocks.slot = worker
     addresses, replays, tls = access
-    store = BlockStore(root, worker=worker)
+    store = BlockStore(root, worker=worker, direct_writes=direct_writes)
     server = NodeServer(
         sock, store, secret, identity, blocks, addresses=addresses, replays=replays, tls=tls
     )

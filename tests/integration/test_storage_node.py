@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from yarl import URL
 from shoal.cluster import MIN_FREE_BYTES, RegistryDirectory
 from shoal.ids import uuid7
 from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
-from shoal.storage.blockfile import SPARE_FILES, checksum_of
+from shoal.storage.blockfile import HEADER, SPARE_FILES, checksum_of
+from shoal.storage.datapath import BlockRun
 from tests.fixtures.storage import MakeStorage, StorageCluster, head_block, node_token
 
 
@@ -349,3 +351,41 @@ def test_a_client_can_be_used_from_one_event_loop_after_another(cluster: Storage
             await client.close()
 
     assert asyncio.run(status_then_close()) == asyncio.run(status_then_close())
+
+
+def test_nodes_with_direct_writes_store_and_serve_objects_whole(
+    make_storage: MakeStorage, run: Any
+) -> None:
+    """[storage] direct_writes: blocks written by O_DIRECT, by the node process and its
+    workers alike, read back whole and in ranges; /ready says the setting is in effect."""
+    cluster = make_storage(nodes=2, node_workers=2, direct_writes=True)
+    for node in cluster.nodes:
+        status, report = node.readiness()
+        assert status == 200
+        if not report["direct_writes"]:
+            pytest.skip(f"the file system under {node.root} refuses O_DIRECT")
+    path = cluster.data_path(replicas=2)
+    lengths: dict[str, int] = {}  # block name -> its data's length
+    for size in (5000, 4 * 1024 * 1024 + 1, 9 * 1024 * 1024 + 12345):
+        data = os.urandom(size)
+        version = uuid7()
+
+        async def chunks(body: bytes = data) -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 300_000):
+                yield body[start : start + 300_000]
+
+        result = run(path.write(version, chunks()))
+        block = BlockRun(version, result.size, result.block_size, result.sharks)
+
+        async def read(run_: BlockRun, start: int = 0, end: int | None = None) -> bytes:
+            return b"".join([piece async for piece in path.read([run_], start, end)])
+
+        assert run(read(block)) == data
+        assert run(read(block, size // 3, size - 7)) == data[size // 3 : size - 7]
+        for index, name in enumerate(block.block_names()):
+            lengths[name] = min(block.block_size, size - index * block.block_size)
+    for node in cluster.nodes:  # each block's last write was padded, then cut back
+        files = node.block_files()
+        assert sorted(f.name for f in files) == sorted(lengths)
+        for file in files:
+            assert file.stat().st_size == HEADER.size + lengths[file.name]

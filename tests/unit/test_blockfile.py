@@ -1,9 +1,10 @@
 """The block store on disk: names, verification, never overwriting, ranges, inventory order,
-one tmp/ folder per process."""
+one tmp/ folder per process, direct (O_DIRECT) writes."""
 
 import io
 import os
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 
 from shoal.ids import uuid7
 from shoal.storage.blockfile import (
+    DIRECT_ALIGN,
+    DIRECT_PIECE_BYTES,
+    HEADER,
     SPARE_FILES,
     WRITE_PIECE_BYTES,
     BlockCorrupt,
@@ -245,3 +249,69 @@ def test_fan_out_folders_exist_from_the_start_and_come_back_if_removed(tmp_path:
     store.path_of(name).parent.rmdir()
     assert write(store, name, b"data") is True
     assert read(store, name, 0, 4) == b"data"
+
+
+def direct_store(path: Path) -> BlockStore:
+    """A store that writes by O_DIRECT; the test is skipped where the file system refuses."""
+    store = BlockStore(path, direct_writes=True)
+    if not store.direct_writes:
+        pytest.skip(f"the file system under {path} refuses O_DIRECT")
+    return store
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        0,
+        1,
+        DIRECT_ALIGN - HEADER.size,  # header and data fill one aligned write exactly
+        DIRECT_ALIGN - HEADER.size + 1,
+        DIRECT_PIECE_BYTES - HEADER.size,
+        DIRECT_PIECE_BYTES,
+        2 * DIRECT_PIECE_BYTES + 12345,
+    ],
+)
+def test_direct_writes_store_blocks_of_any_length(tmp_path: Path, size: int) -> None:
+    store = direct_store(tmp_path)
+    data = os.urandom(size)
+    name = block_name(uuid7(), 0)
+    assert store.write(name, Trickle(data, 100_000), size, checksum_of(data)) is True
+    # The last write was padded up to DIRECT_ALIGN; the file is cut back to its length.
+    assert store.path_of(name).stat().st_size == HEADER.size + size
+    assert store.info(name).size == size
+    assert read(store, name, 0, size) == data
+    start, end = size // 3, size - size // 5
+    assert read(store, name, start, end) == data[start:end]
+    assert list(store.tmp.iterdir()) == []
+
+
+def test_direct_writes_refuse_a_block_that_does_not_match(tmp_path: Path) -> None:
+    store = direct_store(tmp_path)
+    store.make_spare()  # made ahead for O_DIRECT too
+    name = block_name(uuid7(), 0)
+    data = os.urandom(DIRECT_PIECE_BYTES + 5000)
+    sha = checksum_of(data)
+    changed = data[:-1] + bytes([data[-1] ^ 1])
+    with pytest.raises(ChecksumMismatch):
+        store.write(name, Trickle(changed, 65536), len(changed), sha)
+    with pytest.raises(ChecksumMismatch, match="bytes, expected"):  # the body ended early
+        store.write(name, Trickle(data[:-10], 65536), len(data), sha)
+    with pytest.raises(BlockNotFound):
+        store.info(name)
+    assert list(store.tmp.iterdir()) == []
+    assert store.write(name, Trickle(data, 65536), len(data), sha) is True
+    assert store.write(name, Trickle(data, 65536), len(data), sha) is False  # the same again
+    assert read(store, name, 0, len(data)) == data
+
+
+def test_a_file_system_that_refuses_o_direct_is_written_through_the_page_cache() -> None:
+    """tmpfs refuses O_DIRECT on kernels before 6.6; on later ones this has nothing to show."""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
+        store = BlockStore(Path(folder), direct_writes=True)
+        if store.direct_writes:
+            pytest.skip("this kernel's tmpfs takes O_DIRECT")
+        name = block_name(uuid7(), 0)
+        assert write(store, name, b"data") is True
+        assert read(store, name, 0, 4) == b"data"

@@ -60,6 +60,14 @@ def test_node_tls_settings_are_paths_and_a_certificate_comes_with_its_key(
         parse_config({"storage": {"tls_ca": 3}}, tmp_path)
 
 
+def test_nodes_write_through_the_page_cache_unless_direct_writes_is_set(tmp_path: Path) -> None:
+    assert parse_config({}, tmp_path).storage.direct_writes is False
+    given = {"storage": {"direct_writes": True}}
+    assert parse_config(given, tmp_path).storage.direct_writes is True
+    with pytest.raises(ConfigError, match="direct_writes must be true or false"):
+        parse_config({"storage": {"direct_writes": "yes"}}, tmp_path)
+
+
 def test_the_admin_listener_defaults_to_loopback_9001_and_a_token_in_the_data_dir(
     tmp_path: Path,
 ) -> None:
