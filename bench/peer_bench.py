@@ -152,7 +152,7 @@ class PeerSettings:
     keys_per_prefix: int
     tree_pages: int
     dense_keys: int  # keys under each of the dense bucket's DENSE_PREFIXES common prefixes
-    raw_writes: int  # raw-disk writes per round
+    raw_writes: int  # raw-disk writes before each target's big objects
     workloads: tuple[str, ...]
     shoal_replicas: int  # the copies Shoal keeps, which its CPU floor counts
 
@@ -1000,7 +1000,12 @@ async def run_rounds(
     targets: Sequence[Target], settings: PeerSettings, list_keys: int, scratch: Path
 ) -> tuple[Results, list[float], list[cpu_floor.Floor]]:
     """Every workload against each target in turn, round after round; with big objects, the
-    raw disk writes and the CPU floor of each round."""
+    raw disk writes and the CPU floor before each target's turn.
+
+    Before each target's turn, not once a round: the floor's files are written and deleted,
+    and page-cache writes cost less right after pages were freed (on a VM whose free memory
+    goes back to its host, a fresh page costs a fault there; docs/decisions.md, "Block files
+    through the page cache by default"). Each target then starts from the same frees."""
     results: Results = {}
     raw: list[float] = []
     floors: list[cpu_floor.Floor] = []
@@ -1008,20 +1013,12 @@ async def run_rounds(
     for r in range(settings.rounds):
         print(f"round {r + 1} of {settings.rounds}", flush=True)
         for workload in settings.workloads:
-            if workload == "big":
-                s3 = settings.s3
-                raw += [
-                    raw_disk_write(scratch, s3.big_object_mib, s3.big_part_mib, pattern)
-                    for _ in range(settings.raw_writes)
-                ]
-                floors.append(
-                    cpu_floor.measure(
-                        scratch, s3.big_object_mib, settings.shoal_replicas, s3.big_part_mib
-                    )
-                )
             for target in targets:
                 if workload in ("list", "tree", "dense") and not target.lists:
                     continue
+                if workload == "big":
+                    raw += measure_disk(settings, scratch, pattern)
+                    floors.append(measure_floor(settings, scratch))
                 bucket = target.round_buckets[r]
                 for phase in await run_workload(workload, target, settings, bucket, list_keys):
                     key = (phase.name, phase.concurrency)
@@ -1030,6 +1027,20 @@ async def run_rounds(
                     if errors:
                         print(f"{target.name} {key}: {len(phase.errors)} errors: {errors[:3]}")
     return results, raw, floors
+
+
+def measure_disk(settings: PeerSettings, scratch: Path, pattern: Pattern) -> list[float]:
+    """MiB/s of `raw_writes` raw 64 MiB writes + fsync."""
+    s3 = settings.s3
+    return [
+        raw_disk_write(scratch, s3.big_object_mib, s3.big_part_mib, pattern)
+        for _ in range(settings.raw_writes)
+    ]
+
+
+def measure_floor(settings: PeerSettings, scratch: Path) -> cpu_floor.Floor:
+    s3 = settings.s3
+    return cpu_floor.measure(scratch, s3.big_object_mib, settings.shoal_replicas, s3.big_part_mib)
 
 
 async def profiled_pass(
@@ -1089,7 +1100,7 @@ async def measure(
         floor = cpu_floor.typical(floors)
         sections.append(
             f"64 MiB PUTs and GETs against the CPU floor (cpu_floor.py, median of "
-            f"{len(floors)}, one a round): {floor.describe()}\n\n"
+            f"{len(floors)}, one before each server's turn): {floor.describe()}\n\n"
             + floor_table(results, targets, floor)
         )
     if fills:
