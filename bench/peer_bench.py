@@ -27,7 +27,7 @@ and replication 001 (a copy on each volume server), against which the large obje
 judged as Shoal keeps two copies (only the `big` workload runs there; a check prints on how
 many volume servers an object's chunks are); and `peer-default-*` with the default (no fsync),
 reported beside them. When strace is installed, a few PUTs to each are traced to show the
-fsync calls of the weed server process (SeaweedFS's filer metadata, in LevelDB, is not
+fsync calls of the weed processes (SeaweedFS's filer metadata, in LevelDB, is not
 fsynced in either case; Shoal's is).
 
 Workloads (the load generator is s3_bench's: this one process, one asyncio loop, aiohttp,
@@ -548,8 +548,9 @@ class WeedProcesses(ServerProcesses):
 
 
 async def fsync_check(weed: Weed, buckets: Sequence[str], puts: int = 20) -> str:
-    """fsync calls made by weed during `puts` 4 KiB PUTs to each bucket, counted by strace;
-    evidence that the location option took effect (and that the default does not fsync)."""
+    """fsync calls made by weed (both volume servers) during `puts` 4 KiB PUTs to each
+    bucket, counted by strace; evidence that the location option took effect (and that the
+    default does not fsync)."""
     strace = shutil.which("strace")
     if strace is None or weed.server.gateway_pid is None:
         return "fsync check: strace not installed, not checked"
@@ -558,8 +559,9 @@ async def fsync_check(weed: Weed, buckets: Sequence[str], puts: int = 20) -> str
         for bucket in buckets:
             with tempfile.NamedTemporaryFile(prefix="peer-strace-", suffix=".txt") as out:
                 command = [strace, "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", out.name]
+                command += ["-p", str(weed.server.gateway_pid), "-p", str(weed.second_volume_pid)]
                 tracer = subprocess.Popen(
-                    [*command, "-p", str(weed.server.gateway_pid)],
+                    command,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -574,7 +576,7 @@ async def fsync_check(weed: Weed, buckets: Sequence[str], puts: int = 20) -> str
                 int(m[1]) for m in re.finditer(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)", text, re.M)
             )
             counts.append(f"{bucket}: {calls} fsync/fdatasync calls for {puts} PUTs")
-    return "fsync check (strace -f on weed): " + "; ".join(counts)
+    return "fsync check (strace -f on both weed processes): " + "; ".join(counts)
 
 
 # -- targets and workloads ------------------------------------------------------------------
