@@ -89,7 +89,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import cpu_floor
@@ -357,25 +357,11 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
             open(scratch / "weed.log", "w") as log,
             open(scratch / "volume2.log", "w") as second_log,
         ):
-            process = subprocess.Popen(
-                command,
-                cwd=scratch,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = start_weed(command, scratch, log)
             second = None
             try:
                 wait_for_port(s3, process, scratch / "weed.log")
-                second = subprocess.Popen(
-                    second_command,
-                    cwd=scratch,
-                    stdin=subprocess.DEVNULL,
-                    stdout=second_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                second = start_weed(second_command, scratch, second_log)
                 wait_for_volume_servers(f"127.0.0.1:{master}", 2, second, scratch / "volume2.log")
                 configure_buckets(binary, master_address, f"127.0.0.1:{filer}")
                 yield Weed(
@@ -396,6 +382,18 @@ def started_seaweedfs(binary: Path) -> Iterator[Weed]:
             for path in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
                 path.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def start_weed(command: list[str], folder: Path, log: IO[str]) -> subprocess.Popen[bytes]:
+    """A weed process in a session of its own (a Ctrl-C in the terminal reaches only us)."""
+    return subprocess.Popen(
+        command,
+        cwd=folder,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_for_volume_servers(
