@@ -9,7 +9,7 @@ a block is never overwritten.
 Block files are written through the page cache, which then holds them for the reads that
 follow soon after a write. With `direct_writes` (`[storage] direct_writes`), they are
 written by O_DIRECT, where the file system takes it: the bytes go from the receive buffer to
-the disk without a copy into the page cache, which the node's CPU and memory are spared; a
+the disk with no copy into the page cache, sparing the node that copy's CPU and memory; a
 first read then comes from the disk (docs/storage.md, "Direct writes"). Reads go through the
 page cache either way.
 
@@ -184,7 +184,7 @@ class BlockStore:
         if direct_writes and not _takes_direct_writes(self.tmp):
             log.warning("%s refuses O_DIRECT: blocks are written through the page cache", root)
             direct_writes = False
-        self.direct_writes = direct_writes  # as it is done: the node's workers do the same
+        self.direct_writes = direct_writes  # as done here; the node's workers follow it
         self._buffers = _Buffers(DIRECT_PIECE_BYTES if direct_writes else WRITE_PIECE_BYTES)
 
     def path_of(self, name: str) -> Path:
