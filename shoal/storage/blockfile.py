@@ -223,8 +223,9 @@ class BlockStore:
                     raise ChecksumMismatch(f"block {name} has {received} bytes, expected {size}")
                 digest.update(buffer[held : held + got])
                 held, remaining = held + got, remaining - got
-                if remaining:
-                    held = temp.write(buffer, held)
+                if remaining:  # the buffer is full: a whole piece, a multiple of DIRECT_ALIGN
+                    temp.write(buffer[:held])
+                    held = 0
             if digest.hexdigest() != checksum:
                 raise ChecksumMismatch(f"block {name} does not match its checksum")
             temp.write_last(buffer, held)
@@ -460,14 +461,10 @@ class _TempBlock:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if direct else 0)
         self.fd = os.open(path, flags, PRIVATE_FILE)
 
-    def write(self, buffer: memoryview, held: int) -> int:
-        """Write what it can of the first `held` bytes of `buffer`, move what is left (less
-        than DIRECT_ALIGN, when direct) to its start; returns how many bytes are left."""
-        writable = held - held % DIRECT_ALIGN if self.direct else held
-        self._write_all(buffer[:writable])
-        left = held - writable
-        buffer[:left] = buffer[writable:held]
-        return left
+    def write(self, piece: memoryview) -> None:
+        """Write a piece (when direct, its length a multiple of DIRECT_ALIGN)."""
+        while piece:
+            piece = piece[os.write(self.fd, piece) :]
 
     def write_last(self, buffer: memoryview, held: int) -> None:
         """Write the last `held` bytes: when direct, zeros fill them up to DIRECT_ALIGN, and
@@ -476,7 +473,7 @@ class _TempBlock:
             padded = held + DIRECT_ALIGN - held % DIRECT_ALIGN
             buffer[held:padded] = bytes(padded - held)
             held = padded
-        self._write_all(buffer[:held])
+        self.write(buffer[:held])
 
     def finish(self, length: int) -> None:
         """The file is `length` bytes long (the header and the data), on the disk."""
@@ -488,10 +485,6 @@ class _TempBlock:
         """Close and remove: after a link the block lives on under its final name."""
         os.close(self.fd)
         self.path.unlink(missing_ok=True)
-
-    def _write_all(self, view: memoryview) -> None:
-        while view:
-            view = view[os.write(self.fd, view) :]
 
 
 class _Buffers:
