@@ -1,0 +1,91 @@
+"""A connection's socket watched by the event loop for as long as a batcher holds the
+connection: one registration for all its waits, instead of one per wait.
+
+Why: psycopg's own wait registers the socket with the event loop, sleeps until the server's
+answer arrives, and removes the socket again. Under uvloop that is eight system calls a wait
+(a check of the descriptor, a switch to non-blocking mode, the registration, its removal),
+and a statement sent alone waits once: with the pool's checkout, about a third of a lone
+point read's CPU in the gateway (docs/decisions.md, "A batcher keeps its connection";
+`bench/cpu_split.py head --concurrency 1`).
+
+What psycopg's wait does that this one does not: a timeout (no batch has one), and, when its
+task is cancelled, a cancel request to the server and a drain of the answer. A batcher closes
+a connection whose batch was interrupted instead, so nothing is left to drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.abc import PQGen
+from psycopg.waiting import Ready, Wait
+
+RV = TypeVar("RV")
+
+
+class SocketWatch:
+    """The readiness of one connection's socket, from `__init__` until `stop`.
+
+    The socket readable while nobody waits means the server spoke unasked: it is ending the
+    backend (a shutdown, pg_terminate_backend) or the connection broke. The registration is
+    level-triggered, so it would wake the event loop on every turn from then on: the watch
+    stops at once and calls `unasked`, and the holder lets the connection go.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], unasked: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fileno = conn.pgconn.socket
+        self._unasked = unasked
+        self._woken: asyncio.Future[None] | None = None
+        self._wanted = 0
+        self._ready = 0
+        self._loop.add_reader(self._fileno, self._on_ready, Ready.R)
+        self.watching = True
+
+    def stop(self) -> None:
+        """No more watching; before the connection goes back to its pool or is closed."""
+        if self.watching:
+            self.watching = False
+            self._loop.remove_reader(self._fileno)
+
+    async def wait(self, gen: PQGen[RV]) -> RV:
+        """Run `gen`, a psycopg generator working on this connection, to its end: what
+        psycopg's AsyncConnection.wait does, on the watched socket."""
+        try:
+            state = next(gen)
+            while True:
+                state = gen.send(await self._ready_for(state))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except OSError as exc:  # what psycopg's wait makes of it too
+            raise psycopg.OperationalError("connection socket closed") from exc
+
+    async def _ready_for(self, wanted: Wait) -> int:
+        if not self.watching:  # it spoke unasked, or its holder let it go
+            raise psycopg.OperationalError("the connection's socket is no longer watched")
+        self._wanted, self._ready = wanted, 0
+        self._woken = self._loop.create_future()
+        writing = bool(wanted & Wait.W)
+        if writing:  # only while a large batch fills the socket's buffer
+            self._loop.add_writer(self._fileno, self._on_ready, Ready.W)
+        try:
+            await self._woken
+        finally:
+            self._woken = None
+            if writing:
+                self._loop.remove_writer(self._fileno)
+        return self._ready
+
+    def _on_ready(self, ready: Ready) -> None:
+        woken = self._woken
+        if woken is None:
+            if ready == Ready.R:
+                self.stop()
+                self._unasked()
+            return
+        self._ready |= ready
+        if self._ready & self._wanted and not woken.done():
+            woken.set_result(None)
