@@ -13,17 +13,13 @@ at once, as before.
 A batcher keeps the connection of its last batch, with its socket watched by the event loop
 (socket_watch.py), instead of handing it back to the pool: the next batch skips the pool's
 checkout and return and psycopg's registration of the socket for each wait. A statement
-that finds no batch out and none waiting is sent by its caller on that connection at once,
-without a sender task. At one client that is a third of a point read's CPU in the gateway
-(docs/decisions.md, "A batcher keeps its connection"). The kept connection goes back to the
-pool when the pool is drained or its shard marked down, when the server speaks on it unasked
-(it is ending the backend), every KEEP_SECONDS, and at close; a pool of fewer than
-KEEP_FROM_POOL_SIZE connections keeps none, leaving them to transactions and listings.
-
-A batch runs in libpq's pipeline mode: the statements (each prepared on the connection, as
-prepared.py does) are written together, then one Sync. Between Syncs PostgreSQL runs them as
-one implicit transaction, each with its own snapshot (READ COMMITTED), and commits them
-together at the Sync.
+that finds no batch out and none waiting, after a batch of one, is sent by its caller on that
+connection at once, without a sender task. At one client that is about a sixth of the
+gateway's CPU per HEAD (docs/decisions.md, "A batcher keeps its connection"). The kept
+connection goes back to the pool when the pool is drained or its shard marked down, when
+the server speaks on it unasked (it is ending the backend), every KEEP_SECONDS, and at close;
+a pool of fewer than KEEP_FROM_POOL_SIZE connections keeps none, leaving them to
+transactions and listings.
 
 ReadBatcher: point reads. Each read sees every write acknowledged before it was sent, as a
 read of its own would. An error in one read aborts the reads after it in the same batch;
@@ -132,6 +128,11 @@ class _Batcher:
         self._sending = 0
         self._closed = False
         self._kept: _Held | None = None
+        # Whether the last batch held one statement. Only then does a statement that finds
+        # no batch out go at once from its caller: under load, the statements of one turn
+        # of the event loop (one for each request that arrived) wait for the sender task's
+        # turn and go together, where the first of them alone would make two batches.
+        self._last_alone = False
         self._letting_go: set[asyncio.Task[None]] = set()
         self.keeps = pool.max_size >= KEEP_FROM_POOL_SIZE
         self.batches_sent = 0  # pipelines written, for tests and the curious
@@ -143,7 +144,7 @@ class _Batcher:
         if self._closed:
             raise _store_closed()
         queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
-        if self._kept is not None and not self._sending and not self._waiting:
+        if self._last_alone and self._kept is not None and not self._sending and not self._waiting:
             held = self._take_kept()
             if held is not None:
                 return await self._send_alone(held, queued)
@@ -370,6 +371,7 @@ class _Batcher:
             statement.queued.synced = True
         pgconn.pipeline_sync()
         self.batches_sent += 1
+        self._last_alone = len(sent) == 1
         results = await held.watch.wait(_pipeline_results(pgconn, len(sent)))
         pgconn.exit_pipeline_mode()
         self._answer(conn, sent, results)
