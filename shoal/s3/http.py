@@ -454,9 +454,9 @@ class _Connection(asyncio.Protocol):
         for raw_name, raw_value in self._header_pairs:
             name = raw_name.decode("latin-1").lower()
             value = raw_value.decode("utf-8", "surrogateescape").strip()
-            headers[name] = (
-                f"{dict.__getitem__(headers, name)},{value}" if name in headers else value
-            )
+            # The names are lowercase already: dict's own lookup, not Headers' any-case one.
+            earlier = dict.get(headers, name)
+            headers[name] = value if earlier is None else f"{earlier},{value}"
         method = self._parser.get_method().decode("ascii")
         request = Request(
             self,
