@@ -250,6 +250,8 @@ class _Batcher:
             raise
 
     def _take_kept(self) -> _Held | None:
+        """The kept connection, taken; None if there is none, or if it may serve no more
+        (it then goes back to the pool)."""
         held, self._kept = self._kept, None
         if held is None or self._may_serve(held):
             return held
@@ -321,7 +323,8 @@ class _Batcher:
         return classified(closed, self.pool.shard, may_have_committed=self.writes and queued.synced)
 
     def _carry_on(self) -> None:
-        """After a failed batch: the statements still waiting get a sender of their own."""
+        """After a failed batch or a statement sent alone: the statements still waiting
+        get a sender of their own, if there is room for one."""
         if self._waiting and self._sending < self.batches_at_once and not self._closed:
             self._start_sender()
 
