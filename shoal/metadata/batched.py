@@ -14,7 +14,7 @@ A batcher keeps the connection of its last batch, with its socket watched by the
 (socket_watch.py), instead of handing it back to the pool: the next batch skips the pool's
 checkout and return and psycopg's registration of the socket for each wait. A statement
 that finds no batch out and none waiting, after a batch of one, is sent by its caller on that
-connection at once, without a sender task. At one client that is about a sixth of the
+connection at once, without a sender task. At one client that is about an eighth of the
 gateway's CPU per HEAD (docs/decisions.md, "A batcher keeps its connection"). The kept
 connection goes back to the pool when the pool is drained or its shard marked down, when
 the server speaks on it unasked (it is ending the backend), every KEEP_SECONDS, and at close;
