@@ -4,9 +4,10 @@ connection: one registration for all its waits, instead of one per wait.
 Why: psycopg's own wait registers the socket with the event loop, sleeps until the server's
 answer arrives, and removes the socket again. Under uvloop that is eight system calls a wait
 (a check of the descriptor, a switch to non-blocking mode, the registration, its removal),
-and a statement sent alone waits once: with the pool's checkout, about a third of a lone
-point read's CPU in the gateway (docs/decisions.md, "A batcher keeps its connection";
-`bench/cpu_split.py head --concurrency 1`).
+and a statement sent alone waits once. With the pool's checkout and the sender task, that
+was about a third of a lone point read's CPU, and an eighth of a HEAD's in the gateway
+(docs/decisions.md, "A batcher keeps its connection"; `bench/cpu_split.py head
+--concurrency 1`).
 
 What psycopg's wait does that this one does not: a timeout (no batch has one), and, when its
 task is cancelled, a cancel request to the server and a drain of the answer. A batcher closes
