@@ -409,8 +409,7 @@ def wait_for_volume_servers(
 
 def volume_servers(master: str) -> int:
     try:
-        with urllib.request.urlopen(f"http://{master}/dir/status", timeout=5) as response:
-            topology = json.loads(response.read())["Topology"]
+        topology = json_of(f"http://{master}/dir/status", timeout=5)["Topology"]
     except (OSError, ValueError, KeyError):
         return 0
     return sum(
@@ -443,7 +442,8 @@ def configure_buckets(binary: Path, master: str, filer: str) -> None:
     """Set BUCKET_OPTIONS in the filer's configuration and check they took: the filer may not
     have registered with the master yet, so retry until they read back."""
     script = "".join(
-        f"fs.configure -locationPrefix=/buckets/{prefix} -fsync"
+        f"fs.configure -locationPrefix=/buckets/{prefix}"
+        + (" -fsync" if options.get("fsync") else "")
         + (f" -replication={options['replication']}" if "replication" in options else "")
         + " -apply\n"
         for prefix, options in BUCKET_OPTIONS.items()
@@ -470,10 +470,8 @@ def configure_buckets(binary: Path, master: str, filer: str) -> None:
 
 def buckets_configured(filer: str) -> bool:
     """Whether the filer's /etc/seaweedfs/filer.conf holds every BUCKET_OPTIONS rule."""
-    url = f"http://{filer}/etc/seaweedfs/filer.conf"
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            conf = json.loads(response.read())
+        conf = json_of(f"http://{filer}/etc/seaweedfs/filer.conf", timeout=5)
     except (OSError, ValueError):
         return False
     rules = {loc.get("locationPrefix"): loc for loc in conf.get("locations", [])}
@@ -497,8 +495,8 @@ async def copies_check(weed: Weed, bucket: str) -> str:
     return f"copies check: {bucket}: an object's chunks on {counts} volume servers"
 
 
-def json_of(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def json_of(url: str, timeout: float = 10) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from shoal.ids import uuid7
 from shoal.storage import BlockMissing, block_name
 from shoal.storage.blockfile import checksum_of
+from tests.fault.load import wait_until
 from tests.fixtures.storage import MakeStorage, NodeProcess, node_token
 
 MiB = 1024 * 1024
@@ -24,13 +24,6 @@ MiB = 1024 * 1024
 def bytes_in_tmp(node: NodeProcess) -> int:
     """What the node's temporary files hold: blocks being written, and empty spares."""
     return sum(f.stat().st_size for f in (node.root / "tmp").rglob("*") if f.is_file())
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_a_node_killed_mid_direct_write_keeps_only_whole_blocks(
@@ -55,7 +48,7 @@ def test_a_node_killed_mid_direct_write_keeps_only_whole_blocks(
     )
     with socket.create_connection(("127.0.0.1", node.port)) as connection:
         connection.sendall(head.encode() + data[: 2 * MiB])
-        wait_for(lambda: bytes_in_tmp(node) >= MiB)  # a piece of it is on the disk
+        wait_until(lambda: bytes_in_tmp(node) >= MiB, 20, 0.05)  # a piece is on the disk
         node.kill()
 
     cluster.restart(node, run)
