@@ -10,10 +10,16 @@ gateway alike (docs/decisions.md, "Batched point reads" and "Group commit of obj
 for all the statements that arrived during the previous batch, and a lone statement goes out
 at once, as before.
 
-A batch runs in libpq's pipeline mode: the statements (each prepared on the connection, as
-prepared.py does) are written together, then one Sync. Between Syncs PostgreSQL runs them as
-one implicit transaction, each with its own snapshot (READ COMMITTED), and commits them
-together at the Sync.
+A batcher keeps the connection of its last batch, with its socket watched by the event loop
+(socket_watch.py), instead of handing it back to the pool: the next batch skips the pool's
+checkout and return and psycopg's registration of the socket for each wait. A statement
+that finds no batch out and none waiting, after a batch of one, is sent by its caller on that
+connection at once, without a sender task. At one client that is about an eighth of the
+gateway's CPU per HEAD (docs/decisions.md, "A batcher keeps its connection"). The kept
+connection goes back to the pool when the pool is drained or its shard marked down, when
+the server speaks on it unasked (it is ending the backend), every KEEP_SECONDS, and at close;
+a pool of fewer than KEEP_FROM_POOL_SIZE connections keeps none, leaving them to
+transactions and listings.
 
 ReadBatcher: point reads. Each read sees every write acknowledged before it was sent, as a
 read of its own would. An error in one read aborts the reads after it in the same batch;
@@ -31,20 +37,22 @@ rows of those before it locked, where alone it would hold up only itself.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors, generators
-from psycopg.pq import ExecStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 
 from shoal.metadata import metrics, prepared
 from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.outage import classified, connection_failed
+from shoal.metadata.socket_watch import SocketWatch
 
 if TYPE_CHECKING:
     from shoal.metadata.shards import ShardPool
@@ -55,6 +63,12 @@ if TYPE_CHECKING:
 BATCHES_AT_ONCE = 2
 # Statements in one batch: a batch's statements wait for its last, so keep it short.
 PER_BATCH = 32
+# A batcher keeps a connection between batches only from a pool at least this large: a
+# shard's two batchers (reads, writes) then hold at most half of it while idle.
+KEEP_FROM_POOL_SIZE = 4
+# How long a batcher keeps one connection before handing it back to the pool, so that the
+# pool's own upkeep (max_lifetime, its statistics) reaches it too.
+KEEP_SECONDS = 60.0
 
 # Where a write goes in its batch: its vnode, then its row's key in that vnode (owner, bucket
 # id, name: the primary key of manta_bucket_object, so two writes of one row sort together).
@@ -78,6 +92,22 @@ class _Queued:
             self.answer.set_exception(exc)
 
 
+class _Held:
+    """A connection a batcher holds (for a batch, or kept between batches), its socket
+    watched for as long as it does."""
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        pool: ShardPool,
+        unasked: Callable[[_Held], None],
+    ) -> None:
+        self.conn = conn
+        self.since = time.monotonic()
+        self.drains = pool.drains  # the pool's drains so far: a later one retires it
+        self.watch = SocketWatch(conn, lambda: unasked(self))
+
+
 class _Batcher:
     """The batches of one shard's pool: what reads and writes share."""
 
@@ -97,6 +127,14 @@ class _Batcher:
         self._senders: set[asyncio.Task[None]] = set()
         self._sending = 0
         self._closed = False
+        self._kept: _Held | None = None
+        # Whether the last batch held one statement. Only then does a statement that finds
+        # no batch out go at once from its caller: under load, the statements of one turn
+        # of the event loop (one for each request that arrived) wait for the sender task's
+        # turn and go together, where the first of them alone would make two batches.
+        self._last_alone = False
+        self._letting_go: set[asyncio.Task[None]] = set()
+        self.keeps = pool.max_size >= KEEP_FROM_POOL_SIZE
         self.batches_sent = 0  # pipelines written, for tests and the curious
 
     async def _enqueue(
@@ -106,6 +144,10 @@ class _Batcher:
         if self._closed:
             raise _store_closed()
         queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
+        if self._last_alone and self._kept is not None and not self._sending and not self._waiting:
+            held = self._take_kept()
+            if held is not None:
+                return await self._send_alone(held, queued)
         self._waiting.append(queued)
         if self._sending < self.batches_at_once:
             self._start_sender()
@@ -119,6 +161,16 @@ class _Batcher:
         await asyncio.gather(*self._senders, return_exceptions=True)
         for queued in self._take_all():
             queued.fail(_store_closed())
+        held, self._kept = self._kept, None
+        if held is not None:
+            held.watch.stop()
+            await self.pool.putconn(held.conn)
+        await asyncio.gather(*self._letting_go, return_exceptions=True)
+
+    @property
+    def kept_connection(self) -> psycopg.AsyncConnection[Any] | None:
+        """The connection kept between batches, if any: for tests and the curious."""
+        return self._kept.conn if self._kept is not None else None
 
     def _start_sender(self) -> None:
         # A task, not the caller: a caller that gives up (its client went away) must not
@@ -129,11 +181,12 @@ class _Batcher:
         sender.add_done_callback(self._senders.discard)
 
     async def _send_waiting(self) -> None:
-        """Send batches on one borrowed connection until no statement waits. `_sending`
-        counts the senders that will still look at the queue: a sender leaves that count in
-        the same step in which it saw the queue empty, so none is left waiting unseen."""
+        """Send batches on one connection (the kept one, or one from the pool) until no
+        statement waits. `_sending` counts the senders that will still look at the queue: a
+        sender leaves that count in the same step in which it saw the queue empty, so none
+        is left waiting unseen."""
         try:
-            conn = await self.pool.getconn()
+            held = await self._hold()
         except BaseException as exc:
             self._sending -= 1
             if not isinstance(exc, Exception):
@@ -145,20 +198,115 @@ class _Batcher:
         try:
             while self._waiting:
                 batch = self._next_batch()
-                await self._send(conn, batch)
-            self._sending -= 1
+                await self._send(held, batch)
         except BaseException as exc:
             self._sending -= 1
-            # The connection's state is unknown (a pipeline may be half read): it goes.
-            await conn.close()
-            if not isinstance(exc, Exception):
-                for queued in batch:
-                    queued.fail(self._closed_under(queued))
-                raise
-            self._fail(batch, exc)
-            self._carry_on()
-        finally:
+            try:
+                await self._close(held)
+                if not isinstance(exc, Exception):
+                    for queued in batch:
+                        queued.fail(self._closed_under(queued))
+                    raise
+                self._fail(batch, exc)
+                self._carry_on()
+            finally:
+                await self.pool.putconn(held.conn)
+        else:
+            self._sending -= 1
+            await self._release(held)
+
+    async def _send_alone(self, held: _Held, queued: _Queued) -> list[prepared.Row]:
+        """Send a statement that found no batch out and none waiting, from its caller, on
+        the kept connection. A caller cancelled meanwhile leaves the connection in the
+        middle of its pipeline: it is closed."""
+        self._sending += 1
+        try:
+            await self._send(held, [queued])
+        except BaseException as exc:
+            self._sending -= 1
+            try:
+                await self._close(held)
+                if not isinstance(exc, Exception):
+                    raise
+                self._fail([queued], exc)
+            finally:
+                await self.pool.putconn(held.conn)
+        else:
+            self._sending -= 1
+            await self._release(held)
+        self._carry_on()  # statements that came meanwhile, or this one again (`_answer`)
+        return await queued.answer
+
+    async def _hold(self) -> _Held:
+        """The kept connection if it may still serve, else one from the pool."""
+        held = self._take_kept()
+        if held is not None:
+            return held
+        conn = await self.pool.getconn()
+        try:
+            return _Held(conn, self.pool, self._unasked)
+        except BaseException:
             await self.pool.putconn(conn)
+            raise
+
+    def _take_kept(self) -> _Held | None:
+        """The kept connection, taken; None if there is none, or if it may serve no more
+        (it then goes back to the pool)."""
+        held, self._kept = self._kept, None
+        if held is None or self._may_serve(held):
+            return held
+        self._let_go(held)
+        return None
+
+    def _may_serve(self, held: _Held) -> bool:
+        """Whether a held connection may serve another batch: not once its pool was
+        drained or its shard marked down since it was taken, nor after KEEP_SECONDS."""
+        return (
+            held.watch.watching
+            and held.drains == self.pool.drains
+            and self.pool.down_since is None
+            and time.monotonic() - held.since < KEEP_SECONDS
+        )
+
+    async def _release(self, held: _Held) -> None:
+        """After a batch: keep the connection for the next, or hand it back to the pool."""
+        if (
+            self.keeps
+            and self._kept is None
+            and not self._closed
+            and held.conn.pgconn.transaction_status == TransactionStatus.IDLE
+            and self._may_serve(held)
+        ):
+            self._kept = held
+            return
+        held.watch.stop()
+        await self.pool.putconn(held.conn)
+
+    async def _close(self, held: _Held) -> None:
+        """Close a held connection whose state is unknown (a pipeline may be half read)."""
+        held.watch.stop()
+        await held.conn.close()
+
+    def _unasked(self, held: _Held) -> None:
+        """The server spoke on a held connection while no batch waited on it: it is ending
+        the backend, or the connection broke. The kept one goes at once; a sender holding
+        one between two waits finds its watch stopped at the next, and closes it."""
+        if self._kept is held:
+            self._kept = None
+            self._let_go(held, broken=True)
+
+    def _let_go(self, held: _Held, *, broken: bool = False) -> None:
+        """Hand a kept connection back to the pool (closed first if `broken`), in a task."""
+        held.watch.stop()
+
+        async def give_back() -> None:
+            if broken:
+                await held.conn.close()
+            await self.pool.putconn(held.conn)
+
+        task = asyncio.get_running_loop().create_task(give_back())
+        self._letting_go.add(task)
+        task.add_done_callback(self._letting_go.discard)
 
     def _fail(self, batch: list[_Queued], exc: Exception) -> None:
         """Fail each statement of `batch` with `exc`, or with what a failed connection means
@@ -175,7 +323,8 @@ class _Batcher:
         return classified(closed, self.pool.shard, may_have_committed=self.writes and queued.synced)
 
     def _carry_on(self) -> None:
-        """After a failed batch: the statements still waiting get a sender of their own."""
+        """After a failed batch or a statement sent alone: the statements still waiting
+        get a sender of their own, if there is room for one."""
         if self._waiting and self._sending < self.batches_at_once and not self._closed:
             self._start_sender()
 
@@ -197,13 +346,16 @@ class _Batcher:
         waiting, self._waiting = list(self._waiting), deque()
         return waiting
 
-    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Queued]) -> None:
+    async def _send(self, held: _Held, batch: list[_Queued]) -> None:
         """One pipeline with the batch's statements, then their answers (`_answer`)."""
+        conn = held.conn
         sent = []
         for queued in batch:
             try:
                 parameters = prepared.dumped(conn, queued.values)
-                name = await prepared.prepared_name(conn, queued.statement, parameters)
+                name = await prepared.prepared_name(
+                    conn, queued.statement, parameters, held.watch.wait
+                )
             except Exception as exc:
                 if conn.closed or connection_failed(exc):  # lost, for the whole batch
                     raise
@@ -222,7 +374,8 @@ class _Batcher:
             statement.queued.synced = True
         pgconn.pipeline_sync()
         self.batches_sent += 1
-        results = await conn.wait(_pipeline_results(pgconn, len(sent)))
+        self._last_alone = len(sent) == 1
+        results = await held.watch.wait(_pipeline_results(pgconn, len(sent)))
         pgconn.exit_pipeline_mode()
         self._answer(conn, sent, results)
 

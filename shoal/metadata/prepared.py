@@ -15,7 +15,7 @@ A connection is used by one coroutine at a time (it is borrowed from the pool), 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,10 @@ class _Prepared:
 _STATE = "_shoal_prepared"
 _AUTO = (PyFormat.AUTO,)
 
+
+# What runs a psycopg generator on a connection to its end: AsyncConnection.wait, or a
+# SocketWatch's wait.
+Waiter = Callable[[abc.PQGen[Any]], Awaitable[Any]]
 
 # Given a result's column names, what makes one row from its values.
 RowMaker = Callable[[tuple[str, ...]], Callable[[Sequence[Any]], Any]]
@@ -139,17 +143,21 @@ def send_prepared(conn: psycopg.AsyncConnection[Any], name: bytes, parameters: P
 
 
 async def prepared_name(
-    conn: psycopg.AsyncConnection[Any], statement: bytes, parameters: Parameters
+    conn: psycopg.AsyncConnection[Any],
+    statement: bytes,
+    parameters: Parameters,
+    wait: Waiter | None = None,
 ) -> bytes:
-    """The statement's name on this connection, preparing it on first use. Keyed by the
-    parameters' types too: a NULL in one call and a value in the next differ."""
+    """The statement's name on this connection, preparing it on first use (waiting with
+    `wait`, the connection's own wait by default). Keyed by the parameters' types too: a
+    NULL in one call and a value in the next differ."""
     prepared = _state(conn)
     key = (statement, parameters.types)
     name = prepared.names.get(key)
     if name is None:
         name = prepared.new_name()
         conn.pgconn.send_prepare(name, statement, param_types=parameters.types)
-        await _result(conn)
+        await _result(conn, wait)
         prepared.names[key] = name
     return name
 
@@ -162,11 +170,12 @@ def _state(conn: psycopg.AsyncConnection[Any]) -> _Prepared:
     return prepared
 
 
-async def _result(conn: psycopg.AsyncConnection[Any]) -> Any:
+async def _result(conn: psycopg.AsyncConnection[Any], wait: Waiter | None = None) -> Any:
     """The result of the command just sent; an error result raised as psycopg raises it."""
-    # The connection's own wait: it sleeps on the socket, and a cancelled task cancels the
-    # statement in the server and drains its answer, so the connection stays usable.
-    results = await conn.wait(generators.execute(conn.pgconn))
+    # The connection's own wait by default: it sleeps on the socket, and a cancelled task
+    # cancels the statement in the server and drains its answer, so the connection stays
+    # usable. A batcher's connection is watched by the batcher (socket_watch.py).
+    results = await (wait or conn.wait)(generators.execute(conn.pgconn))
     return checked(conn, results[-1])
 
 

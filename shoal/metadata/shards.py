@@ -344,6 +344,8 @@ class ShardPool(LastInFirstOutPool):
         self.down_since: float | None = None
         self._prober: asyncio.Task[None] | None = None
         self._replacing: asyncio.Task[None] | None = None
+        # Drains so far: a batcher lets go of a connection it took before the last one.
+        self.drains = 0
 
     async def getconn(self, timeout: float | None = None) -> Connection:
         self.check_reachable()
@@ -430,6 +432,12 @@ class ShardPool(LastInFirstOutPool):
         for client in waiting:
             await client.fail(MetadataUnavailable(f"shard {self.shard} is unreachable"))
         await self.drain()
+
+    async def drain(self) -> None:
+        """psycopg_pool's drain: the idle connections are replaced, and those in use as they
+        come back; batchers hand back the ones they keep (batched.py)."""
+        self.drains += 1
+        await super().drain()
 
     async def _connect(self, timeout: float | None = None) -> Any:
         try:

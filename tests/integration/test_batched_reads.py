@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shoal.metadata import MetadataUnavailable, prepared
+from shoal.metadata import MetadataUnavailable, batched, prepared
 from shoal.metadata.batched import ReadBatcher
 from tests.fixtures.backends import until_a_backend_waits
 from tests.fixtures.postgres import MakeStore
@@ -104,6 +104,8 @@ def test_a_caller_that_gives_up_leaves_the_others_their_answers(
 
 def test_reads_go_on_after_deallocate_all(make_store: MakeStore, run: Any) -> None:
     reads = batcher_of(make_store, batches_at_once=1)
+    # A kept connection serves its batcher alone: the DEALLOCATE must reach a pooled one.
+    reads.keeps = False
 
     async def around_deallocate() -> list[Any]:
         before = await reads.fetch(ADD, [1])
@@ -256,3 +258,155 @@ def test_a_closed_connection_is_freed_with_what_it_prepared(admin_dsn: str, run:
     gone = run(used_then_closed())
     gc.collect()
     assert gone() is None
+
+
+PID = b"SELECT pg_backend_pid() AS pid"
+
+
+async def backend_of(reads: ReadBatcher) -> int:
+    pid: int = (await reads.fetch(PID, []))[0]["pid"]
+    return pid
+
+
+def test_reads_one_after_another_go_on_the_kept_connection(make_store: MakeStore, run: Any) -> None:
+    """After the first batch, the batcher keeps its connection: a read alone is sent at once
+    on it, without a trip through the pool."""
+    reads = batcher_of(make_store)
+
+    async def one_by_one() -> tuple[set[int], int, int]:
+        first = await backend_of(reads)
+        checkouts = reads.pool.get_stats().get("requests_num", 0)
+        sent = reads.batches_sent
+        backends = {first} | {await backend_of(reads) for _ in range(50)}
+        answers = [await reads.fetch(ADD, [n]) for n in range(50)]
+        assert answers == [[{"answer": n + 1}] for n in range(50)]
+        more = reads.pool.get_stats().get("requests_num", 0) - checkouts
+        return backends, more, reads.batches_sent - sent
+
+    backends, checkouts, batches = run(one_by_one())
+    assert len(backends) == 1 and reads.kept_connection is not None
+    assert checkouts == 0  # no read took a connection from the pool
+    assert batches == 100  # and each still went in a pipeline of its own
+    run(reads.close())
+
+
+def test_a_small_pool_keeps_no_connection(make_store: MakeStore, run: Any) -> None:
+    pool = make_store(shards=1, vnodes=2, pool_max_size=2).shards.placed()[0].pool
+    reads = ReadBatcher(pool)
+    assert run(reads.fetch(ADD, [1])) == [{"answer": 2}]
+    assert not reads.keeps and reads.kept_connection is None
+    assert pool.get_stats()["pool_available"] == pool.get_stats()["pool_size"]
+    run(reads.close())
+
+
+def test_a_kept_connection_whose_backend_ends_is_let_go_before_the_next_read(
+    make_store: MakeStore, run: Any
+) -> None:
+    """The server ending an idle kept connection's backend (a restart, an administrator) makes
+    its socket readable while nobody waits: the batcher lets it go then, so the next read goes
+    on a new connection and succeeds instead of failing on the dead one."""
+    reads = batcher_of(make_store)
+
+    async def terminated() -> tuple[int, int]:
+        pid = await backend_of(reads)
+        async with await watcher_of(reads) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        deadline = asyncio.get_running_loop().time() + 5
+        while reads.kept_connection is not None:  # the loop turns: the watch sees the end
+            assert asyncio.get_running_loop().time() < deadline, "the dead connection is kept"
+            await asyncio.sleep(0.01)
+        return pid, await backend_of(reads)
+
+    before, after = run(terminated())
+    assert before != after
+    run(reads.close())
+
+
+def test_a_drained_pool_retires_the_kept_connection(make_store: MakeStore, run: Any) -> None:
+    """A drain (the pool's answer to a connection that broke in use) replaces every
+    connection, the kept one too."""
+    reads = batcher_of(make_store)
+
+    async def around_a_drain() -> tuple[int, int]:
+        before = await backend_of(reads)
+        await reads.pool.drain()
+        return before, await backend_of(reads)
+
+    before, after = run(around_a_drain())
+    assert before != after
+    run(reads.close())
+
+
+def test_a_caller_that_gives_up_a_lone_read_leaves_the_batcher_working(
+    make_store: MakeStore, run: Any
+) -> None:
+    """A read sent alone by its caller, cancelled in the middle of its pipeline: its
+    connection is closed (nothing is left half read on it), and reads go on."""
+    reads = batcher_of(make_store)
+
+    async def given_up() -> tuple[int, list[Any]]:
+        pid = await backend_of(reads)
+        async with await watcher_of(reads) as admin:
+            lone = asyncio.create_task(reads.fetch(SLEEP, [5]))
+            await until_a_backend_waits(admin, "PgSleep", pid=pid)
+            lone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await lone
+        return pid, await asyncio.gather(backend_of(reads), reads.fetch(ADD, [1]))
+
+    pid, (new_pid, answer) = run(given_up())
+    assert new_pid != pid and answer == [{"answer": 2}]
+    run(reads.close())
+
+
+def test_closing_hands_the_kept_connection_back(make_store: MakeStore, run: Any) -> None:
+    reads = batcher_of(make_store)
+    run(reads.fetch(ADD, [1]))
+    assert reads.kept_connection is not None
+    run(reads.close())
+    assert reads.kept_connection is None
+    stats = reads.pool.get_stats()
+    assert stats["pool_available"] == stats["pool_size"]
+
+
+def test_a_kept_connection_goes_back_to_the_pool_after_keep_seconds(
+    make_store: MakeStore, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So that the pool's own upkeep (max_lifetime) reaches it: after KEEP_SECONDS the next
+    batch takes a connection from the pool again (its last in, first out: often the same)."""
+    reads = batcher_of(make_store)
+    run(reads.fetch(ADD, [1]))
+    checkouts = reads.pool.get_stats().get("requests_num", 0)
+    monkeypatch.setattr(batched, "KEEP_SECONDS", 0.0)
+    assert run(reads.fetch(ADD, [2])) == [{"answer": 3}]
+    assert reads.pool.get_stats().get("requests_num", 0) == checkouts + 1
+    run(reads.close())
+
+
+def test_a_read_whose_socket_registration_the_loop_dropped_still_ends(
+    make_store: MakeStore, run: Any
+) -> None:
+    """uvloop reports a socket in error once and then drops its registration (a server that
+    ended the backend with a batch unread in its buffer). The watch does not wait on the loop
+    alone: a wait nothing woke looks at the socket after CHECK_SECONDS and registers it again.
+    Here the registration goes behind the watch's back while a read sleeps in the server."""
+    reads = batcher_of(make_store)
+
+    async def dropped() -> tuple[list[Any], float]:
+        pid = await backend_of(reads)
+        kept = reads.kept_connection
+        assert kept is not None
+        loop = asyncio.get_running_loop()
+        async with await watcher_of(reads) as admin:
+            lone = asyncio.create_task(reads.fetch(SLEEP, [0.3]))
+            await until_a_backend_waits(admin, "PgSleep", pid=pid)
+            loop.remove_reader(kept.pgconn.socket)  # what uvloop does after the one report
+            started = loop.time()
+            rows = await asyncio.wait_for(lone, 5)
+        return rows, loop.time() - started
+
+    rows, seconds = run(dropped())
+    assert rows == [{"slept": False}]  # pg_sleep's void is not NULL: the read's own answer
+    assert seconds < 0.3 + 1.0  # the sleep, and at most a few checks after it
+    assert run(reads.fetch(ADD, [1])) == [{"answer": 2}]  # registered again, it goes on
+    run(reads.close())

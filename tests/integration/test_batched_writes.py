@@ -134,6 +134,34 @@ def test_a_failing_write_fails_alone_and_the_rest_commit(store: MetadataStore, r
     run(writes.close())
 
 
+def test_writes_one_after_another_commit_alone_on_the_kept_connection(
+    store: MetadataStore, run: Any
+) -> None:
+    """Writes sent alone by their callers on the kept connection: each commits in its own
+    transaction before it is answered, a failing one fails alone, and the connection serves
+    the next write after it."""
+    writes = writer_of(store)
+    values = [("lone-a", 1), ("lone-b", -1), ("lone-c", 2)]
+
+    async def one_by_one() -> list[Any]:
+        answers: list[Any] = []
+        for key, n in values:
+            try:
+                answers.append(await writes.write(WRITE, [key, n], order(key)))
+            except psycopg.errors.CheckViolation as exc:
+                answers.append(exc)
+            assert writes.kept_connection is not None
+        return answers
+
+    a, b, c = run(one_by_one())
+    assert isinstance(b, psycopg.errors.CheckViolation)
+    assert (a, c) == ([{"key": "lone-a", "n": 1}], [{"key": "lone-c", "n": 2}])
+    written = rows_written(store, run, [key for key, _ in values])
+    assert [(key, n) for key, n, _ in written] == [("lone-a", 1), ("lone-c", 2)]
+    assert written[0][2] != written[1][2]  # two transactions
+    run(writes.close())
+
+
 def test_concurrent_puts_of_one_key_replace_each_other_once(
     make_store: MakeStore, run: Any
 ) -> None:

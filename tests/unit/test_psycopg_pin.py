@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import psycopg_pool
 import pytest
-from psycopg import generators
+from psycopg import abc, generators, waiting
 from psycopg.adapt import Transformer
 from psycopg_pool import AsyncConnectionPool, pool_async
 from psycopg_pool.base import AttemptWithBackoff
@@ -41,6 +41,10 @@ RELIANCE: dict[str, dict[str, list[str]]] = {
             "psycopg.generators.fetch_many",
             "psycopg.AsyncConnection.wait",
             "PGconn.enter_pipeline_mode, pipeline_sync, exit_pipeline_mode",
+        ],
+        "shoal/metadata/socket_watch.py (SocketWatch.wait)": [
+            "psycopg.waiting.Wait and Ready (what a generator waits for, what it is sent)",
+            "psycopg.abc.PQGen: generators driven by next() and send(), result in StopIteration",
         ],
     },
     "psycopg-pool": {
@@ -102,6 +106,8 @@ def test_psycopg_private_names_exist() -> None:
     missing += _missing(Transformer, ["from_context", "dump_sequence", "set_pgresult"])
     missing += _missing(Transformer, ["load_rows", "types", "formats"])
     missing += _missing(psycopg.AsyncConnection, ["wait"])
+    missing += _missing(waiting, ["Wait", "Ready"])
+    missing += _missing(abc, ["PQGen"])
     missing += _missing(psycopg.errors, ["error_from_result"])
     missing += _missing(psycopg.pq.PGconn, ["send_prepare", "send_query_prepared"])
     missing += _missing(
