@@ -83,11 +83,10 @@ async def _restarts_under_load(
                 await asyncio.to_thread(server.stop)
                 await asyncio.sleep(random.uniform(0.05, 1.0))
                 await asyncio.to_thread(server.start)
-            await _until_every_call_succeeds(store, owner)
+            after = await _outcomes_once_back(store, owner)
         finally:
             done.set()
             await asyncio.gather(*callers)
-        after = await asyncio.gather(*(_outcome(_call(store, owner, n, 0)) for n in range(CALLERS)))
         return slowest[0], failures, after
     finally:
         await store.close()
@@ -113,15 +112,16 @@ async def _call(store: MetadataStore, owner: Any, number: int, call: int) -> Non
         await store.objects.delete(owner, "restarts", key)
 
 
-async def _until_every_call_succeeds(store: MetadataStore, owner: Any) -> None:
-    """After the last start: the shard is found again within seconds."""
+async def _outcomes_once_back(store: MetadataStore, owner: Any) -> list[str]:
+    """One call of each caller after the last start, again until all succeed (the shard is
+    found again within seconds) or 20 s have passed: the last round's outcomes."""
     deadline = time.monotonic() + 20
     while True:
         outcomes = await asyncio.gather(
             *(_outcome(_call(store, owner, n, 0)) for n in range(CALLERS))
         )
         if outcomes == ["ok"] * CALLERS or time.monotonic() > deadline:
-            return
+            return outcomes
         await asyncio.sleep(0.2)
 
 
