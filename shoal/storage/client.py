@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import ssl
 import time
@@ -34,6 +35,12 @@ KEEP_IDLE_SECONDS = 15
 MAX_HEAD_BYTES = 64 * 1024
 # The largest body read whole: a block (blockfile.MAX_BLOCK_BYTES) or a page of inventory.
 MAX_BODY_BYTES = MAX_BLOCK_BYTES + 1024 * 1024
+
+# CPython's constructor of a bytearray from a pointer and a length: with no pointer, it
+# leaves the new bytearray's bytes as its memory held them.
+_bytearray_from = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_bytearray_from.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+_bytearray_from.restype = ctypes.py_object
 
 
 class NodeError(Exception):
@@ -256,7 +263,7 @@ class _Connection(asyncio.BufferedProtocol):
         """The next `size` bytes, received into the bytearray returned."""
         if size > MAX_BODY_BYTES:  # allocated up front: a confused node must not get that far
             raise ValueError(f"a response body of {size} bytes is over {MAX_BODY_BYTES}")
-        body = bytearray(size)
+        body = _unfilled_bytearray(size)
         view = memoryview(body)
         taken = min(size, self._end - self._start)
         view[:taken] = memoryview(self._buffer)[self._start : self._start + taken]
@@ -534,6 +541,16 @@ class _Call:
 
     def _where(self) -> str:
         return f"{self.method} {self.target.split('?')[0]}"
+
+
+def _unfilled_bytearray(size: int) -> bytearray:
+    """A bytearray of `size` bytes, not zeroed first: only for a buffer that is filled to its
+    end before it is read, as `read_exactly` fills a block (it returns one only whole). The
+    zeroing that `bytearray(size)` does was 8-12% of a gateway's CPU while it served
+    large GETs (docs/decisions.md, "Block buffers not zeroed"; bench/cpu_split.py big-get)."""
+    body = _bytearray_from(None, size)
+    assert isinstance(body, bytearray)
+    return body
 
 
 def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:

@@ -13,6 +13,7 @@ import pytest
 from shoal.storage import BlockClient, NodeUnavailable
 from shoal.storage.blockfile import checksum_of
 from shoal.storage.client import MAX_BODY_BYTES, MAX_HEAD_BYTES
+from shoal.storage.datapath import reuse_block_memory
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 SECRET = b"s" * 32
@@ -69,6 +70,25 @@ def test_a_body_sent_in_small_pieces_arrives_whole(run: Any) -> None:
             await asyncio.sleep(0)
 
     assert run(get_from(trickle)) == body
+
+
+def test_a_block_arrives_byte_for_byte_in_memory_that_held_another(run: Any) -> None:
+    # The client receives into a buffer it does not zero first. With freed blocks kept by
+    # malloc (as a gateway keeps them), the buffer is most likely the memory of the block
+    # freed just before: every byte must still come from the node.
+    size = 4 * 1024 * 1024
+    reuse_block_memory(size)
+    earlier = bytearray(b"\xa5") * size
+    del earlier
+    body = bytes(range(256)) * (size // 256)
+
+    async def in_pieces(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reply = block_reply(body)
+        for start in range(0, len(reply), 300_000):
+            writer.write(reply[start : start + 300_000])
+            await writer.drain()
+
+    assert run(get_from(in_pieces)) == body
 
 
 def test_a_body_cut_short_is_an_unavailable_node(run: Any) -> None:
