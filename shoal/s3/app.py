@@ -249,7 +249,9 @@ async def refuse_foreign_bucket(call: Call, bucket: str) -> None:
 def _target(gateway: Gateway, request: http.Request) -> tuple[str, list[tuple[str, str]], Address]:
     """The request's raw path, its query's parameters and the bucket and key it names."""
     raw_path, _, raw_query = request.raw_path.partition("?")
-    query_pairs = parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape")
+    query_pairs = (
+        parse_qsl(raw_query, keep_blank_values=True, errors="surrogateescape") if raw_query else []
+    )
     return raw_path, query_pairs, address(request.host, raw_path, gateway.config.domains)
 
 

@@ -17,6 +17,7 @@ from shoal.s3.errors import (
     InvalidRange,
     PreconditionFailed,
 )
+from shoal.s3.http import Headers
 
 # Standard headers S3 stores with an object and returns on GET and HEAD.
 STORED_HEADERS = (
@@ -216,4 +217,6 @@ def range_number(digits: str) -> int:
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    if isinstance(headers, Headers):
+        return dict(headers)  # a request's: lowercase already; a plain dict's lookups are C
     return {name.lower(): value for name, value in headers.items()}

@@ -60,6 +60,10 @@ class Endpoint(enum.Enum):
     ListBucketInventoryConfigurations = enum.auto()
     DeleteBucketInventoryConfiguration = enum.auto()
 
+    # Members are singletons: hashed by identity, in C. Every request looks its endpoint up
+    # in a few dicts and sets, and Enum's own __hash__ is Python code.
+    __hash__ = object.__hash__
+
 
 # Sub-resources S3 has and Shoal does not (yet): answered NotImplemented, never misrouted.
 UNSUPPORTED = frozenset(

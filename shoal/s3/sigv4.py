@@ -87,6 +87,8 @@ _PRESIGN_PARAMS = (
     "X-Amz-SignedHeaders",
     "X-Amz-Expires",
 )
+# Any of these in the query makes a request presigned (and then all six must be there).
+_PRESIGNED_MARKS = frozenset(_PRESIGN_PARAMS[:3])
 
 
 class SigV4Error(Exception):
@@ -131,10 +133,12 @@ class PayloadMode(StrEnum):
     STREAMING_SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
     STREAMING_UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 
+    # The properties compare members by identity: an Enum's `name` and hash are Python
+    # code, and every signed request asks both questions.
     @property
     def chunked(self) -> bool:
         """Whether the body is aws-chunked framed."""
-        return self.name.startswith("STREAMING")
+        return self is not PayloadMode.SHA256 and self is not PayloadMode.UNSIGNED
 
     @property
     def signed_chunks(self) -> bool:
@@ -144,7 +148,10 @@ class PayloadMode(StrEnum):
     @property
     def has_trailers(self) -> bool:
         """Whether trailing headers may follow the last chunk."""
-        return self.name.endswith("TRAILER")
+        return (
+            self is PayloadMode.STREAMING_SIGNED_TRAILER
+            or self is PayloadMode.STREAMING_UNSIGNED_TRAILER
+        )
 
 
 _LITERAL_MODES = {mode.value: mode for mode in PayloadMode if mode is not PayloadMode.SHA256}
@@ -195,8 +202,8 @@ def parse(request: SignedRequest, now: datetime) -> Credentials:
     now = in_utc(now)
     refuse_session_tokens(request)
     authorization = request.headers.get("authorization")
-    names = {name for name, _ in request.query}
-    presigned = any(name in names for name in _PRESIGN_PARAMS[:3])
+    names = {name for name, _ in request.query} if request.query else set()
+    presigned = not names.isdisjoint(_PRESIGNED_MARKS)
     if authorization is not None and presigned:
         raise two_mechanisms()
     if authorization is not None:
@@ -419,7 +426,9 @@ def in_utc(now: datetime) -> datetime:
 def refuse_session_tokens(request: SignedRequest) -> None:
     """InvalidArgument for temporary credentials, in a header or the query (in any case:
     a token this store cannot check must not pass as an ordinary parameter)."""
-    in_query = any(name.lower() == "x-amz-security-token" for name, _ in request.query)
+    in_query = bool(request.query) and any(
+        name.lower() == "x-amz-security-token" for name, _ in request.query
+    )
     if in_query or "x-amz-security-token" in request.headers:
         raise SigV4Error(
             "InvalidArgument",
@@ -696,7 +705,7 @@ def utf8(value: str) -> bytes:
 
 
 def _hmac(key: bytes, message: str) -> bytes:
-    return hmac.new(key, utf8(message), hashlib.sha256).digest()
+    return hmac.digest(key, utf8(message), "sha256")  # one call into OpenSSL, no HMAC object
 
 
 def _sha256_hex(value: str) -> str:
