@@ -546,7 +546,7 @@ class _Call:
 def _unfilled_bytearray(size: int) -> bytearray:
     """A bytearray of `size` bytes, not zeroed first: only for a buffer that is filled to its
     end before it is read, as `read_exactly` fills a block (it returns one only whole). The
-    zeroing that `bytearray(size)` does was 8-12% of a gateway's CPU while it served
+    zeroing that `bytearray(size)` does was 8% of a gateway's CPU (perf) while it served
     large GETs (docs/decisions.md, "Block buffers not zeroed"; bench/cpu_split.py big-get)."""
     body = _bytearray_from(None, size)
     assert isinstance(body, bytearray)
