@@ -1,5 +1,6 @@
 """The node client against a server on loopback that answers wrongly on purpose: bodies cut
-short, bodies too large to allocate, heads that never end, replies split in tiny pieces."""
+short, bodies too large to allocate, heads that never end, replies split in tiny pieces,
+bytes changed on the way."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from shoal.storage import BlockClient, NodeUnavailable
 from shoal.storage.blockfile import checksum_of
-from shoal.storage.client import MAX_BODY_BYTES, MAX_HEAD_BYTES
+from shoal.storage.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BlockCorrupted
 from shoal.storage.datapath import reuse_block_memory
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -50,13 +51,14 @@ async def get_from(answer: Answer) -> bytes:
         await client.close()
 
 
-def block_reply(body: bytes, declared: int | None = None) -> bytes:
+def block_reply(body: bytes, declared: int | None = None, sent: bytes | None = None) -> bytes:
+    """A node's answer with `body`'s checksum; `sent` goes on the wire instead of `body`."""
     length = len(body) if declared is None else declared
     head = (
         f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n"
         f"X-Shoal-Checksum: {checksum_of(body)}\r\n\r\n"
     )
-    return head.encode() + body
+    return head.encode() + (body if sent is None else sent)
 
 
 def test_a_body_sent_in_small_pieces_arrives_whole(run: Any) -> None:
@@ -89,6 +91,24 @@ def test_a_block_arrives_byte_for_byte_in_memory_that_held_another(run: Any) -> 
             await writer.drain()
 
     assert run(get_from(in_pieces)) == body
+
+
+@pytest.mark.parametrize("changed", [10, 200_000, 4 * 1024 * 1024 - 1])
+def test_a_byte_changed_on_the_way_is_a_corrupted_block(run: Any, changed: int) -> None:
+    # The first bytes of a block come in with the response head (into the connection's own
+    # buffer), the rest straight into the block: a change in either must fail the block.
+    body = bytes(range(256)) * (4 * 1024 * 1024 // 256)
+    sent = bytearray(body)
+    sent[changed] ^= 0x01
+
+    async def in_pieces(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reply = block_reply(body, sent=bytes(sent))
+        for start in range(0, len(reply), 300_000):
+            writer.write(reply[start : start + 300_000])
+            await writer.drain()
+
+    with pytest.raises(BlockCorrupted, match="does not match its checksum"):
+        run(get_from(in_pieces))
 
 
 def test_a_body_cut_short_is_an_unavailable_node(run: Any) -> None:
