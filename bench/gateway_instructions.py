@@ -6,8 +6,9 @@ that does not move with the machine's load, for judging a change to the request 
     .venv/bin/python bench/gateway_instructions.py list --requests 50
 
 Rates on this 2-core VM move by 10-20% from one run to the next (bench/RESULTS.md), more
-than most single changes to the gateway gain; instruction counts repeat to within a fraction
-of a percent. `shoal serve` runs with one gateway process (`[s3] workers = 1`) under
+than most single changes to the gateway gain; on a quiet, steady VM instruction counts repeat
+to within a fraction of a percent (not on every VM: bench/RESULTS.md says where they did not).
+`shoal serve` runs with one gateway process (`[s3] workers = 1`) under
 callgrind; its storage nodes and PostgreSQL run natively (valgrind does not follow them).
 The counters are zeroed after the fill and a warm-up and dumped after `--requests`
 operations, so the figure is the gateway process's instructions per operation (its GC

@@ -381,6 +381,44 @@ def test_a_request_head_that_dribbles_in_is_cut_off() -> None:
     assert seconds < 5
 
 
+def test_a_busy_connection_stays_open_and_an_idle_one_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each request moves the connection's idle and head deadlines: requests that come for
+    longer than both deadlines are all answered on one connection, which is closed once it
+    stays idle past the idle deadline (here 0.4 s; KEEPALIVE_SECONDS, 75 s)."""
+    monkeypatch.setattr(http, "KEEPALIVE_SECONDS", 0.4)
+
+    async def answer(request: http.Request) -> http.Response:
+        return http.Response(body=b"ok")
+
+    async def busy_then_idle(port: int) -> tuple[list[bytes], bytes, float]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answers = []
+        for n in range(15):  # 1.5 s of requests, 0.1 s apart
+            if n:
+                await asyncio.sleep(0.1)
+            writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answers.append(await reader.readuntil(b"\r\n\r\nok"))
+        idle_since = time.monotonic()
+        rest = await reader.read()  # until the server closes the connection
+        writer.close()
+        return answers, rest, time.monotonic() - idle_since
+
+    async def main() -> tuple[list[bytes], bytes, float]:
+        sock = socket.create_server(("127.0.0.1", 0))
+        server = await http.serve(answer, sock, head_seconds=0.3)
+        try:
+            return await asyncio.wait_for(busy_then_idle(sock.getsockname()[1]), 30)
+        finally:
+            await server.close(grace=1)
+
+    answers, rest, idle_seconds = uvloop.run(main())
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers), answers
+    assert rest == b""
+    assert 0.3 < idle_seconds < 3
+
+
 # -- the fuzzer ----------------------------------------------------------------------------
 
 SAFE_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
