@@ -10,7 +10,8 @@ import hashlib
 import socket
 import time
 import zlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from urllib.parse import quote
 from xml.etree import ElementTree
 
@@ -347,12 +348,30 @@ def test_a_request_with_too_many_header_lines_is_refused(served: Served) -> None
     assert response.status == 431
 
 
-def test_a_request_head_that_dribbles_in_is_cut_off() -> None:
-    """A head must arrive whole within the head deadline (here 0.5 s; [s3]
-    request_head_seconds, default 20 s), however steadily its lines come."""
+T = TypeVar("T")
+
+
+def against_bare_server(client: Callable[[int], Awaitable[T]], head_seconds: float) -> T:
+    """What `client` makes of shoal/s3/http.py alone on a loopback port (its argument),
+    answering every request "ok", with this head deadline."""
 
     async def answer(request: http.Request) -> http.Response:
         return http.Response(body=b"ok")
+
+    async def main() -> T:
+        sock = socket.create_server(("127.0.0.1", 0))
+        server = await http.serve(answer, sock, head_seconds=head_seconds)
+        try:
+            return await asyncio.wait_for(client(sock.getsockname()[1]), 30)
+        finally:
+            await server.close(grace=1)
+
+    return uvloop.run(main())
+
+
+def test_a_request_head_that_dribbles_in_is_cut_off() -> None:
+    """A head must arrive whole within the head deadline (here 0.5 s; [s3]
+    request_head_seconds, default 20 s), however steadily its lines come."""
 
     async def dribble(port: int) -> tuple[bytes, float]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -368,15 +387,7 @@ def test_a_request_head_that_dribbles_in_is_cut_off() -> None:
         writer.close()
         return answered, time.monotonic() - started
 
-    async def main() -> tuple[bytes, float]:
-        sock = socket.create_server(("127.0.0.1", 0))
-        server = await http.serve(answer, sock, head_seconds=0.5)
-        try:
-            return await asyncio.wait_for(dribble(sock.getsockname()[1]), 30)
-        finally:
-            await server.close(grace=1)
-
-    answered, seconds = uvloop.run(main())
+    answered, seconds = against_bare_server(dribble, head_seconds=0.5)
     assert answered.startswith(b"HTTP/1.1 400 ") and b"<Code>RequestTimeout</Code>" in answered
     assert seconds < 5
 
@@ -388,9 +399,6 @@ def test_a_busy_connection_stays_open_and_an_idle_one_is_closed(
     longer than both deadlines are all answered on one connection, which is closed once it
     stays idle past the idle deadline (here 0.4 s; KEEPALIVE_SECONDS, 75 s)."""
     monkeypatch.setattr(http, "KEEPALIVE_SECONDS", 0.4)
-
-    async def answer(request: http.Request) -> http.Response:
-        return http.Response(body=b"ok")
 
     async def busy_then_idle(port: int) -> tuple[list[bytes], bytes, float]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -405,15 +413,7 @@ def test_a_busy_connection_stays_open_and_an_idle_one_is_closed(
         writer.close()
         return answers, rest, time.monotonic() - idle_since
 
-    async def main() -> tuple[list[bytes], bytes, float]:
-        sock = socket.create_server(("127.0.0.1", 0))
-        server = await http.serve(answer, sock, head_seconds=0.3)
-        try:
-            return await asyncio.wait_for(busy_then_idle(sock.getsockname()[1]), 30)
-        finally:
-            await server.close(grace=1)
-
-    answers, rest, idle_seconds = uvloop.run(main())
+    answers, rest, idle_seconds = against_bare_server(busy_then_idle, head_seconds=0.3)
     assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers), answers
     assert rest == b""
     assert 0.3 < idle_seconds < 3
