@@ -38,6 +38,8 @@ RV = TypeVar("RV")
 # How long a wait trusts the event loop before it asks the socket itself (psycopg's own wait
 # wakes as often).
 CHECK_SECONDS = 0.1
+# The check's timer may fire this much early: the loop's timers count whole milliseconds.
+_TIMER_SLACK_SECONDS = 0.001
 
 
 class SocketWatch:
@@ -56,6 +58,10 @@ class SocketWatch:
         self._woken: asyncio.Future[None] | None = None
         self._wanted = 0
         self._ready = 0
+        # One timer for the checks of every wait: at its turn it looks at how long the wait
+        # then in progress has lasted. A timer made and cancelled per wait cost about 4 us,
+        # and a lone read waits once (docs/decisions.md, "Small cuts per request").
+        self._waiting_since = 0.0
         self._check_timer: asyncio.TimerHandle | None = None
         self._loop.add_reader(self._fileno, self._on_ready, Ready.R)
         self.watching = True
@@ -83,27 +89,34 @@ class SocketWatch:
             raise psycopg.OperationalError("the connection's socket is no longer watched")
         self._wanted, self._ready = wanted, 0
         self._woken = self._loop.create_future()
+        self._waiting_since = self._loop.time()
         writing = bool(wanted & Wait.W)
         if writing:  # only while a large batch fills the socket's buffer
             self._loop.add_writer(self._fileno, self._on_ready, Ready.W)
-        self._check_later()
+        if self._check_timer is None:
+            self._check_later(CHECK_SECONDS)
         try:
             await self._woken
         finally:
             self._woken = None
-            if self._check_timer is not None:
-                self._check_timer.cancel()
             if writing:
                 self._loop.remove_writer(self._fileno)
         return self._ready
 
-    def _check_later(self) -> None:
-        self._check_timer = self._loop.call_later(CHECK_SECONDS, self._check)
+    def _check_later(self, seconds: float) -> None:
+        self._check_timer = self._loop.call_later(seconds, self._check)
 
     def _check(self) -> None:
-        """A wait that nothing woke for CHECK_SECONDS: is the socket ready all the same?"""
+        """The timer's turn. A wait that nothing woke for CHECK_SECONDS: is the socket ready
+        all the same? A younger wait is looked at again when it is that old; with no wait in
+        progress, the next wait sets the timer again."""
+        self._check_timer = None
         woken = self._woken
         if woken is None or woken.done():
+            return
+        younger_by = self._waiting_since + CHECK_SECONDS - self._loop.time()
+        if younger_by > _TIMER_SLACK_SECONDS:
+            self._check_later(younger_by)
             return
         try:
             ready = _ready_now(self._fileno, self._wanted)
@@ -116,7 +129,7 @@ class SocketWatch:
         if ready:
             self._on_ready(Ready(ready))
         if not woken.done():
-            self._check_later()
+            self._check_later(CHECK_SECONDS)
 
     def _on_ready(self, ready: Ready) -> None:
         woken = self._woken
