@@ -18,6 +18,10 @@ import uvloop
 
 T = TypeVar("T")
 
+# A timer may fire this much before its time: uvloop's timers count whole milliseconds. A
+# callback that checks a deadline on its timer's turn counts the deadline reached within it.
+TIMER_SLACK_SECONDS = 0.001
+
 # Net new container objects between young collections (CPython 3.11: 700). A page of
 # 1000 listed keys makes a few thousand at once.
 YOUNG_COLLECTION_THRESHOLD = 10_000

@@ -33,13 +33,13 @@ import psycopg
 from psycopg.abc import PQGen
 from psycopg.waiting import Ready, Wait
 
+from shoal.loop import TIMER_SLACK_SECONDS
+
 RV = TypeVar("RV")
 
 # How long a wait trusts the event loop before it asks the socket itself (psycopg's own wait
 # wakes as often).
 CHECK_SECONDS = 0.1
-# The check's timer may fire this much early: the loop's timers count whole milliseconds.
-_TIMER_SLACK_SECONDS = 0.001
 
 
 class SocketWatch:
@@ -115,7 +115,7 @@ class SocketWatch:
         if woken is None or woken.done():
             return
         younger_by = self._waiting_since + CHECK_SECONDS - self._loop.time()
-        if younger_by > _TIMER_SLACK_SECONDS:
+        if younger_by > TIMER_SLACK_SECONDS:
             self._check_later(younger_by)
             return
         try:

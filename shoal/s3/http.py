@@ -30,6 +30,7 @@ from urllib.parse import unquote
 import httptools
 
 from shoal import httpdate
+from shoal.loop import TIMER_SLACK_SECONDS
 from shoal.workers import LISTEN_BACKLOG
 
 # Query parameters of presigned URLs (SigV4, SigV2) that let whoever holds the URL send it.
@@ -66,9 +67,6 @@ LINGER_SECONDS = 10.0
 SHUTDOWN_GRACE_SECONDS = 10.0
 # After its last answer, a connection closed for a bad request reads and drops for this long.
 REFUSAL_LINGER_SECONDS = 2.0
-# A connection's timer (one for its idle and head deadlines) may fire this much early: the
-# loop's timers count whole milliseconds.
-_TIMER_SLACK_SECONDS = 0.001
 # A request body that brings no byte for this long fails its reader (S3's RequestTimeout).
 BODY_IDLE_SECONDS = 60.0
 # A connection stops reading while this many requests wait for their answers (pipelining):
@@ -388,7 +386,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._server.connections.add(self)
-        self._start_idle_timer()
+        self._set_idle_deadline()
 
     def data_received(self, data: bytes) -> None:
         if self._done_reading:
@@ -414,15 +412,13 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The client will send no more: answer what it asked, then close."""
         self._done_reading = True
-        self._cancel_head_timer()
+        self._clear_head_deadline()
         self._abandon_current(BodyIncomplete("the client stopped sending mid-request"))
         return self._responder is not None  # False closes the transport: nothing to answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
-        self._cancel_idle_timer()
-        self._cancel_head_timer()
         self._stop_timer()
         lost = BodyIncomplete("the client closed the connection")
         for request in (self._current, *self._waiting):
@@ -445,7 +441,7 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._head_bytes = 0
         self._header_pairs = []
-        self._start_head_timer()
+        self._set_head_deadline()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -462,8 +458,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_idle_timer()
-        self._cancel_head_timer()
+        self._clear_idle_deadline()
+        self._clear_head_deadline()
         headers = Headers()
         for raw_name, raw_value in self._header_pairs:
             name = raw_name.decode("latin-1").lower()
@@ -532,7 +528,7 @@ class _Connection(asyncio.Protocol):
             if self._done_reading:
                 self._end()
             elif not self._closed:
-                self._start_idle_timer()
+                self._set_idle_deadline()
         finally:
             self._responder = None
             while self._waiting:  # never to be answered: the connection closed before them
@@ -634,7 +630,7 @@ class _Connection(asyncio.Protocol):
         is closed."""
         log.info("refused a request: %s", reason)
         self._done_reading = True
-        self._cancel_head_timer()
+        self._clear_head_deadline()
         if self._abandon_current(BodyIncomplete(reason)):
             return  # that request is being answered; its answer is the last
         body = xml_body if xml_body is not None else reason.encode() + b"\n"
@@ -699,18 +695,18 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self._closed:
             self._transport.close()
 
-    def _start_idle_timer(self) -> None:
+    def _set_idle_deadline(self) -> None:
         self._idle_deadline = self._loop.time() + KEEPALIVE_SECONDS
         self._arm_timer(self._idle_deadline)
 
-    def _cancel_idle_timer(self) -> None:
+    def _clear_idle_deadline(self) -> None:
         self._idle_deadline = None
 
-    def _start_head_timer(self) -> None:
+    def _set_head_deadline(self) -> None:
         self._head_deadline = self._loop.time() + self._server.head_seconds
         self._arm_timer(self._head_deadline)
 
-    def _cancel_head_timer(self) -> None:
+    def _clear_head_deadline(self) -> None:
         self._head_deadline = None
 
     def _arm_timer(self, deadline: float) -> None:
@@ -727,7 +723,7 @@ class _Connection(asyncio.Protocol):
 
     def _deadline_reached(self) -> None:
         self._timer, self._timer_at = None, math.inf
-        now = self._loop.time() + _TIMER_SLACK_SECONDS
+        now = self._loop.time() + TIMER_SLACK_SECONDS
         if self._head_deadline is not None and now >= self._head_deadline:
             self._head_deadline = None
             self._head_too_slow()
@@ -740,7 +736,7 @@ class _Connection(asyncio.Protocol):
 
     def _head_too_slow(self) -> None:
         if self._reading_paused:
-            self._start_head_timer()  # the gateway is not reading: not the client's delay
+            self._set_head_deadline()  # the gateway is not reading: not the client's delay
             return
         self._refuse(400, "request head not received in time", REQUEST_TIMEOUT_BODY)
 
