@@ -30,6 +30,10 @@ from shoal.storage.blockfile import (
     parse_block_name,
 )
 
+# A fixed block id, so that the tests' names are the same at every collection (pytest-xdist's
+# workers each collect the suite and must agree).
+A_BLOCK_ID = "01a2257c-858f-7000-9487-4b8544b06e0a"
+
 
 class Trickle(io.RawIOBase):
     """A body that arrives `size` bytes at a time, as from a socket."""
@@ -76,10 +80,10 @@ def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
         "",
         ".",
         "x.0",
-        f"{uuid7()}.01",
-        f"{uuid7()}",
-        f"{uuid7()}.0/..",
-        f"{uuid7()}.-1",
+        f"{A_BLOCK_ID}.01",
+        f"{A_BLOCK_ID}",
+        f"{A_BLOCK_ID}.0/..",
+        f"{A_BLOCK_ID}.-1",
     ],
 )
 def test_only_uuid_dot_index_names_are_blocks(name: str) -> None:

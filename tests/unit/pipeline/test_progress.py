@@ -87,7 +87,10 @@ def test_without_a_total_the_line_says_how_long_so_far() -> None:
     assert lines[0] == "meter: list blocks: 1,500 blocks, 0.4 blocks/s, 1 h 02 min so far"
 
 
-def test_on_a_terminal_a_bar_names_the_phase_instead_of_lines() -> None:
+def test_on_a_terminal_a_bar_names_the_phase_instead_of_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "120")  # the bar is cut to the terminal's width
     clock = FakeClock()
     screen = Terminal()
     progress, lines = reporter(clock, screen)
@@ -102,3 +105,15 @@ def test_on_a_terminal_a_bar_names_the_phase_instead_of_lines() -> None:
     progress.finish()
     assert screen.getvalue().endswith("\r\x1b[K")  # the bar is cleared for the final line
     assert lines == ["meter: deliver reports: done, 1 reports in 10.0 s"]
+
+
+def test_the_bar_is_cut_to_the_terminal_s_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    clock = FakeClock()
+    screen = Terminal()
+    progress, _ = reporter(clock, screen)
+    progress.begin("deliver reports", total=4, unit="reports").advance(1)
+    clock.now += 10
+    progress.tick()
+    drawn = screen.getvalue().removeprefix("\r\x1b[K")
+    assert drawn == "meter: deliver reports [#####----------"  # 39 columns: the cursor stays on
