@@ -81,7 +81,7 @@ def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
         ".",
         "x.0",
         f"{A_BLOCK_ID}.01",
-        f"{A_BLOCK_ID}",
+        A_BLOCK_ID,
         f"{A_BLOCK_ID}.0/..",
         f"{A_BLOCK_ID}.-1",
     ],
