@@ -64,12 +64,12 @@ from shoal.cluster import RegistryDirectory
 from shoal.config import Config, MetadataConfig, ShardConfig, load_config
 from shoal.gc import Collector
 from shoal.ids import uuid7
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataStore, migrate
 from shoal.metadata.partitions import window_start
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.pipeline import run_job
 from shoal.storage import BlockClient, DataPath
-from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import HEADER, MAGIC, checksum_of
 
 BLOCK_SIZE = 1 << 20

@@ -74,10 +74,10 @@ from benchlib import machine_summary, markdown_table, postgres_server, scratch_s
 import shoal.loop
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.ids import uuid7
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import migrate
 from shoal.ports import free_port
 from shoal.storage import BlockClient, NodeError, block_name
-from shoal.storage.auth import load_or_create_secret
 from shoal.storage.blockfile import checksum_of
 from shoal.storage.datapath import BLOCKS_IN_FLIGHT
 

@@ -19,25 +19,19 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg.conninfo import conninfo_to_dict
 
+# The verbs that run services or jobs (serve, storage-node, gc run, pipeline, status) import
+# what they run inside themselves: every command is a Python process of its own, and the short
+# ones (db, ring, shard, account, node) would pay about half a second of CPU more to start if
+# they imported the gateway, aiohttp and awscrt too.
 import shoal.logs
 import shoal.loop
-from shoal import telemetry
-from shoal.admin.census import Census, format_pipeline_runs, format_status, pipeline_run_json
-from shoal.cluster import (
-    LocalNodes,
-    NodeSettings,
-    data_path,
-    root_key,
-    run_gateway,
-    run_storage_node,
-)
 from shoal.config import Config, ConfigError, ShardConfig, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
-from shoal.gc import Collector, connections_needed, parse_leeway
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataError, MetadataStore, migrate
 from shoal.metadata.deployment import (
     create_embedded_database,
@@ -45,7 +39,6 @@ from shoal.metadata.deployment import (
     require_instance,
     shard_configs,
 )
-from shoal.metadata.garbage import Backlog, GcRun
 from shoal.metadata.moves import (
     DEFAULT_GRACE,
     Mover,
@@ -56,8 +49,9 @@ from shoal.metadata.moves import (
 )
 from shoal.metadata.ring import Ring
 from shoal.metadata.status import cluster_status
-from shoal.storage.auth import load_or_create_secret
-from shoal.workers import stop_on_signals
+
+if TYPE_CHECKING:
+    from shoal.metadata.garbage import Backlog, GcRun
 
 # Files 0600, folders 0700 (see main).
 PRIVATE_UMASK = 0o077
@@ -467,6 +461,9 @@ def _db_dsn(config: Config, args: argparse.Namespace) -> int:
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
+    from shoal import telemetry
+    from shoal.cluster import LocalNodes, run_gateway
+
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
@@ -577,6 +574,8 @@ def _print_banner(
 
 
 def _storage_node(config: Config, args: argparse.Namespace) -> int:
+    from shoal.cluster import NodeSettings, run_storage_node
+
     settings = NodeSettings(
         root=args.dir.absolute(),
         host=args.host,
@@ -601,6 +600,8 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
 
 async def _run_until_stopped(start: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run a service until SIGINT or SIGTERM; a port already in use is one line, not a trace."""
+    from shoal.workers import stop_on_signals
+
     try:
         await start(stop_on_signals())
     except OSError as exc:
@@ -608,6 +609,9 @@ async def _run_until_stopped(start: Callable[[asyncio.Event], Awaitable[None]]) 
 
 
 def _gc_run(config: Config, args: argparse.Namespace) -> int:
+    from shoal.cluster import data_path
+    from shoal.gc import Collector, connections_needed, parse_leeway
+
     try:
         leeway = parse_leeway(args.leeway) if args.leeway else config.gc.leeway
     except ValueError as exc:
@@ -675,6 +679,7 @@ def _gc_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _pipeline(config: Config, args: argparse.Namespace) -> int:
+    from shoal.gc import parse_leeway
     from shoal.pipeline import JOBS, failure_line, run_job
 
     if args.job == "history":
@@ -716,6 +721,8 @@ def _pipeline(config: Config, args: argparse.Namespace) -> int:
 
 
 def _pipeline_history(config: Config, args: argparse.Namespace) -> int:
+    from shoal.admin.census import format_pipeline_runs, pipeline_run_json
+
     if args.limit < 1:
         raise CommandError("--limit must be 1 or more")
     runs = _with_store(config, lambda store: store.pipeline_runs.runs(args.history_job, args.limit))
@@ -725,6 +732,8 @@ def _pipeline_history(config: Config, args: argparse.Namespace) -> int:
 
 
 def _status(config: Config, args: argparse.Namespace) -> int:
+    from shoal.admin.census import Census, format_status
+
     async def read(shards: list[ShardConfig]) -> dict[str, Any]:
         return await Census(config, shards).status()
 
@@ -859,6 +868,8 @@ def _key_revoke(config: Config, args: argparse.Namespace) -> int:
 
 
 def _show_root(config: Config, args: argparse.Namespace) -> int:
+    from shoal.cluster import root_key
+
     _print_key(_with_credentials(config, root_key), args.json)
     return 0
 

@@ -30,6 +30,7 @@ from shoal.admin.rates import RequestRates, rates_routes
 from shoal.children import preexec_die_with_parent
 from shoal.config import Config, ShardConfig
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import (
     AccessKeyNotFound,
     AccountNotFound,
@@ -50,7 +51,7 @@ from shoal.storage import (
     NodeIdentity,
     NodeServer,
 )
-from shoal.storage.auth import ReplayCache, load_or_create_secret
+from shoal.storage.auth import ReplayCache
 from shoal.storage.blockfile import in_thread
 from shoal.storage.datapath import reuse_block_memory
 from shoal.storage.health import DiskHealth

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import AccessKeyNotFound, Account, MetadataStore
 from shoal.sealing import seal, unseal
-from shoal.storage.auth import load_or_create_secret
 
 ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
 # How long the gateway trusts a looked-up secret; a revoked key stops working within this.

@@ -9,11 +9,11 @@ import psycopg
 from psycopg import sql
 
 from shoal.config import Config, ShardConfig
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import queries
 from shoal.metadata.embedded import EmbeddedPostgres
 from shoal.metadata.errors import MetadataError
 from shoal.metadata.shards import unsealed_dsn
-from shoal.storage.auth import load_or_create_secret
 
 
 class NoInstance(MetadataError):

@@ -41,13 +41,13 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from shoal.config import Config, ShardConfig
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import queries
 from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.outage import classified, lost_connection, vnode_gone
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.metadata.shards import scalar
 from shoal.pipeline.progress import rows_read
-from shoal.storage.auth import load_or_create_secret
 from shoal.storage.client import ClientSettings
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ import hmac
 import multiprocessing
 import os
 import re
-import secrets
 import struct
 import threading
 import time
@@ -214,23 +213,6 @@ class ReplayCache:
             self._fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         return self._fd
-
-
-def load_or_create_secret(path: Path) -> bytes:
-    """The cluster secret kept in a 0600 file (created on first use)."""
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    value = secrets.token_hex(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())  # another process made it first
-    with os.fdopen(fd, "w") as handle:
-        handle.write(value + "\n")
-    return bytes.fromhex(value)
 
 
 def _mac(secret: bytes, request: Signed, expires: int, nonce: str) -> str:

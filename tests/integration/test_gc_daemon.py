@@ -19,10 +19,10 @@ import pytest
 
 from shoal.cluster import RegistryDirectory
 from shoal.config import MetadataConfig, ShardConfig
+from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataStore, migrate
 from shoal.ports import free_port
 from shoal.storage import BlockClient, DataPath
-from shoal.storage.auth import load_or_create_secret
 from tests.fixtures.garbage import build_garbage, check_live
 from tests.fixtures.postgres import create_databases
 from tests.fixtures.serve import read_banner
