@@ -20,7 +20,7 @@ import psutil
 
 from shoal.config import ShardConfig
 from shoal.ports import free_port
-from tests.fault.serving import NO_SCHEDULE
+from tests.fault.serving import FEW_VNODES, NO_SCHEDULE
 from tests.fixtures.serve import Served, start_serve, stop_serve
 
 
@@ -40,7 +40,7 @@ class ServeTree:
         self.config = self.folder / "shoal.toml"
         self.config.write_text(
             'data_dir = "data"\n\n'
-            "[metadata]\npool_max_size = 4\n"
+            f"{FEW_VNODES}pool_max_size = 4\n"
             f'[[metadata.shards]]\nname = "{self.shard.name}"\ndsn = "{self.shard.dsn}"\n\n'
             f"[s3]\nworkers = 2\n\n{self.more_config}"
             + (NO_SCHEDULE if "[pipeline]" not in self.more_config else "")

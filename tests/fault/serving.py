@@ -4,6 +4,7 @@ what a test reads of it afterwards: the block files on its nodes, the versions i
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,17 +28,21 @@ UNION ALL SELECT id FROM {schema}.manta_bucket_upload_part
 # A test's serve runs no pipeline job on its own: one due while the suite runs (a run
 # across 00:30 UTC, say) would start Spark in the middle of a fault test.
 NO_SCHEDULE = "\n[pipeline]\nscheduled = false\n"
+# A fresh serve makes every vnode's schema at its first start; the default's 64 cost it several
+# seconds of CPU more than this many. Tests about the vnodes set [metadata] themselves.
+FEW_VNODES = "[metadata]\nvnodes = 8\n"
 
 
 @contextlib.contextmanager
 def own_serve(folder: Path, config: str = "") -> Iterator[Served]:
     """`shoal serve` with its data directory in `folder` and `config` added to its
-    configuration file; stopped (SIGINT) at the end."""
+    configuration file (with FEW_VNODES unless `config` has a [metadata] table); stopped
+    (SIGINT) at the end."""
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / "shoal.toml"
-    config_file.write_text(
-        f'data_dir = "data"\n{config}\n{NO_SCHEDULE if "[pipeline]" not in config else ""}'
-    )
+    vnodes = "" if re.search(r"^\[metadata\]$", config, re.MULTILINE) else FEW_VNODES
+    schedule = "" if "[pipeline]" in config else NO_SCHEDULE
+    config_file.write_text(f'data_dir = "data"\n{vnodes}{config}\n{schedule}')
     process, served = start_serve(config_file, free_port(), folder / "serve.log")
     try:
         yield served
