@@ -25,8 +25,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 # The verbs that run services or jobs (serve, storage-node, gc run, pipeline, status) import
 # what they run inside themselves: every command is a Python process of its own, and the short
-# ones (db, ring, shard, account, node) would pay about half a second of CPU more to start if
-# they imported the gateway, aiohttp and awscrt too.
+# ones (db, ring, shard, account, node) should not pay to import the gateway, aiohttp and
+# awscrt, which cost about as much CPU as all the rest (tests/unit/test_cli_startup.py).
 import shoal.logs
 import shoal.loop
 from shoal.config import Config, ConfigError, ShardConfig, load_config
