@@ -465,6 +465,9 @@ async def run_gateway(
             await wait_for_nodes(
                 store, path.client, config.storage.local_nodes, config.storage.heartbeat_deadline
             )
+            # Its last check may predate the nodes: checked again, a request that follows the
+            # banner is served, not answered 503 while a check runs.
+            await readiness.refresh()
             if on_ready is not None:
                 on_ready(root, made_now)
             collector = Collector(
@@ -566,9 +569,18 @@ async def keep_windows(store: MetadataStore, ahead: int) -> float:
 
 @contextlib.asynccontextmanager
 async def _serving_gateway(
-    config: Config, store: MetadataStore, sock: socket.socket
+    config: Config,
+    store: MetadataStore,
+    sock: socket.socket,
+    ready_first: asyncio.Event | None = None,
 ) -> AsyncIterator[tuple[Credentials, DataPath, Readiness]]:
-    """The S3 API served on `sock` by this process while the context lasts."""
+    """The S3 API served on `sock` by this process while the context lasts.
+
+    With `ready_first` (a worker process's stop event), connections are taken only once
+    the process is ready (or stopping): until then the other processes on the socket take
+    them, and `serve`'s own answers 503 while it starts. A worker that starts, or restarts,
+    never answers 503 to a client that a ready gateway has served.
+    """
     from shoal.s3 import http
     from shoal.s3.app import Gateway, make_handler, make_unanswered
 
@@ -581,6 +593,8 @@ async def _serving_gateway(
         store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness
     )
     async with readiness.checking(), sampling_pools(store.shards), telemetry.flushing():
+        if ready_first is not None:
+            await readiness.serving_or_stopped(ready_first)
         server = await http.serve(
             make_handler(gateway),
             sock,
@@ -613,7 +627,7 @@ async def _serve_gateway(
     stop = stop_on_signals()
     async with (
         await _open_store(config, shards, config.metadata.pool_max_size) as store,
-        _serving_gateway(config, store, sock),
+        _serving_gateway(config, store, sock, ready_first=stop),
     ):
         await stop.wait()
 

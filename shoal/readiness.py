@@ -6,13 +6,16 @@ unset (a write then stores as many copies as there are nodes, down to one), and 
 than are registered. `ready` and `reason` say so (what a health check reports).
 
 What the S3 port does with it (`serving`, s3/app.py): it answers every request with 503
-ServiceUnavailable until the gateway has been ready once (after a start, its shards and nodes
-may not be reachable yet), and whenever too few storage nodes answer to take a write. A shard
-that stops answering later costs only the requests that need it: the check marks it down in
-its pool, which then refuses its calls at once (MetadataUnavailable, a 503) until it answers
-a connect again, while the buckets of the other shards are served as before. One shard of
-many must not take every bucket down with it; and a shard that accepts connections but does
-not answer (a hung host) is found here, within a second, where the pool alone would not.
+ServiceUnavailable until the gateway has been ready once (after a start, its shards and
+nodes may not be reachable yet), and whenever too few storage nodes answer to take a write.
+`serve` checks again just before it prints its banner (its storage nodes answer), and its
+worker processes take connections only once ready (shoal/cluster.py): a client told "ready"
+is not answered 503 by a process still starting. A shard that stops answering later costs
+only the requests that need it: the check marks it down in its pool, which then refuses its
+calls at once (MetadataUnavailable, a 503) until it answers a connect again, while the
+buckets of the other shards are served as before. One shard of many must not take every
+bucket down with it; and a shard that accepts connections but does not answer (a hung host)
+is found here, within a second, where the pool alone would not.
 
 A request to a ready gateway only reads a flag: the state is checked in the background,
 every second, each check bounded in time so that a shard or node that hangs counts as one
@@ -105,6 +108,13 @@ class Readiness:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._rechecking), CONFIRM_SECONDS)
         return self.serving
+
+    async def serving_or_stopped(self, stop: asyncio.Event) -> None:
+        """Return once this process serves S3 requests (as the checks in the background find
+        it), or once `stop` is set."""
+        while not self.serving and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RECHECK_SECONDS)
 
     def _rechecked(self, _: asyncio.Future[None]) -> None:
         self._rechecking = None

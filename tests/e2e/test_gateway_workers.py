@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+from tests.fault.serving import own_serve
+from tests.fixtures.admin import admin_get
 from tests.fixtures.postgres import unique
 from tests.fixtures.serve import Served, raw_request
 
@@ -56,3 +58,17 @@ def test_a_killed_worker_is_replaced(served: Served) -> None:
     for _ in range(20):  # whichever process takes them, requests are served
         assert raw_request(served, "PUT", f"/{bucket}").status in (200, 409)
     assert raw_request(served, "GET", f"/{bucket}").status == 200
+
+
+def test_a_fresh_serve_answers_every_request_once_it_says_ready(tmp_path: Path) -> None:
+    """From the banner on, /ready says 200 and no process of the serve answers 503: not the
+    serve itself, whose last check in the background may predate its nodes, nor a worker
+    still starting (each request on a new connection, so that any process may take it)."""
+    with own_serve(tmp_path, "[s3]\nworkers = 3\n") as served:
+        status, _, body = admin_get(served.admin_port, "/ready")
+        assert status == 200, body
+        bucket = unique("first")
+        statuses = [raw_request(served, "PUT", f"/{bucket}").status]
+        statuses += [raw_request(served, "PUT", f"/{bucket}/k{n}", b"x").status for n in range(40)]
+        assert statuses == [200] * 41
+        assert len(gateway_workers(served.pid)) == 2

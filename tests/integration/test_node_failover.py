@@ -23,7 +23,7 @@ from shoal.storage import (
     ReplicasUnreachable,
     StorageUnavailable,
 )
-from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster
+from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster, start_node
 
 MiB = 1024 * 1024
 
@@ -132,3 +132,40 @@ def test_readiness_needs_the_shards_and_enough_nodes_to_write(
     assert not default.ready
     cluster.restart(cluster.nodes[0], run)
     assert run(default.confirm())  # checked again at once, not at the next round
+
+
+def test_a_worker_takes_connections_once_ready_or_stopping(
+    cluster: StorageCluster, run: Any
+) -> None:
+    """What a gateway worker process waits for before it serves (`serving_or_stopped`): the
+    checks in the background finding it ready, or its stop."""
+    down = cluster.nodes[0]
+    down.kill()
+
+    async def wait_for_the_node() -> None:
+        state = Readiness(cluster.store, cluster.client, timedelta(seconds=30), 2)
+        async with state.checking():
+            waiting = asyncio.ensure_future(state.serving_or_stopped(asyncio.Event()))
+            await asyncio.sleep(1.5)  # a check in the background has run meanwhile
+            assert not waiting.done() and not state.serving, state.reason
+            restarted = start_node(
+                cluster, down.name, down.datacenter, down.root.parent, down.port, down.admin_port
+            )
+            down.process = restarted.process
+            await asyncio.wait_for(waiting, 10)
+            assert state.serving
+
+    async def stop_while_waiting() -> None:
+        state = Readiness(cluster.store, cluster.client, timedelta(seconds=30), 2)
+        stop = asyncio.Event()
+        async with state.checking():
+            waiting = asyncio.ensure_future(state.serving_or_stopped(stop))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            stop.set()
+            await asyncio.wait_for(waiting, 1)
+            assert not state.serving
+
+    run(wait_for_the_node())
+    down.kill()
+    run(stop_while_waiting())
