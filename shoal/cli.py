@@ -69,9 +69,9 @@ def command() -> NoReturn:
     """The `shoal` command (and `python -m shoal.cli`): main(), then the process exits.
 
     The heap is frozen first: the interpreter's last collection at exit would otherwise walk
-    every object of the modules imported (a fifth of a second of CPU for a storage node's),
-    only to free memory the exit frees anyway (docs/decisions.md, "A process exits without
-    a last collection")."""
+    every object of the modules imported, a good part of a short process's CPU, only to
+    free memory the exit frees anyway (docs/decisions.md, "A process exits without a last
+    collection")."""
     code = main()
     gc.freeze()
     sys.exit(code)

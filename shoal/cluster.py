@@ -578,8 +578,8 @@ async def _serving_gateway(
 
     With `ready_first` (a worker process's stop event), connections are taken only once
     the process is ready (or stopping): until then the other processes on the socket take
-    them, and `serve`'s own answers 503 while it starts. A worker that starts, or restarts,
-    never answers 503 to a client that a ready gateway has served.
+    them, and `serve`'s own answers 503 while it starts. So a worker that starts, or
+    restarts, does not answer 503 for its own start to a client that a ready gateway serves.
     """
     from shoal.s3 import http
     from shoal.s3.app import Gateway, make_handler, make_unanswered
