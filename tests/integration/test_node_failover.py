@@ -148,6 +148,7 @@ def test_a_worker_takes_connections_once_ready_or_stopping(
             waiting = asyncio.ensure_future(state.serving_or_stopped(asyncio.Event()))
             await asyncio.sleep(1.5)  # a check in the background has run meanwhile
             assert not waiting.done() and not state.serving, state.reason
+            # Not cluster.restart: it waits by running the loop this coroutine runs on.
             restarted = start_node(
                 cluster, down.name, down.datacenter, down.root.parent, down.port, down.admin_port
             )
