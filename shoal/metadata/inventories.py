@@ -50,7 +50,8 @@ class Inventories(Component):
             "configuration": Jsonb(configuration),
             "limit": MAX_CONFIGURATIONS,
         }
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.connection() as conn, conn.transaction():
+            await conn.execute(queries.LOCK_BUCKET_INVENTORY, params)
             stored = await (await conn.execute(queries.PUT_INVENTORY, params)).fetchone()
         if stored is None:
             raise TooManyConfigurations(

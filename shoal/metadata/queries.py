@@ -1243,6 +1243,11 @@ DELETE_BUCKET_TAGS = "DELETE FROM shoal.bucket_tagging WHERE bucket_id = %(bucke
 
 # -- bucket inventory configurations (catalog shard) -------------------------------------------
 
+# The puts of one bucket's configurations take turns (a transaction lock keyed by the
+# bucket incarnation): PUT_INVENTORY counts the others in its own snapshot, and two puts
+# counting at once could both see room for one more.
+LOCK_BUCKET_INVENTORY = "SELECT pg_advisory_xact_lock(5456036, hashtext(%(bucket_id)s::text))"
+
 # Adds or replaces one configuration; adds nothing (no row returned) when the bucket already
 # has `limit` others. A replaced configuration keeps when it was last delivered.
 PUT_INVENTORY = """

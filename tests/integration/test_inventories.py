@@ -37,29 +37,43 @@ def _configuration(config_id: str, destination: str) -> dict[str, Any]:
     }
 
 
+POOL_SIZE = 10  # make_store's connections a shard: a test never asks for more at once
+
+
 def test_at_most_1000_configurations_per_bucket(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
     bucket = unique("inv")
     run(store.buckets.create(owner, bucket))
 
-    async def fill() -> None:
-        for start in range(0, MAX_CONFIGURATIONS, 100):
-            await asyncio.gather(
-                *(
-                    store.inventories.put(owner, bucket, _configuration(f"c{n:04d}", bucket))
-                    for n in range(start, start + 100)
-                )
-            )
+    async def put(config_id: str) -> bool:
+        try:
+            await store.inventories.put(owner, bucket, _configuration(config_id, bucket))
+        except TooManyConfigurations:
+            return False
+        return True
 
-    run(fill())
+    async def put_at_once(config_ids: list[str]) -> list[bool]:
+        return await asyncio.gather(*(put(config_id) for config_id in config_ids))
+
+    async def fill(count: int) -> None:
+        for start in range(0, count, POOL_SIZE):
+            ids = [f"c{n:04d}" for n in range(start, min(start + POOL_SIZE, count))]
+            assert all(await put_at_once(ids))
+
+    run(fill(MAX_CONFIGURATIONS - 5))
+    # Ten new ones at once for the last five places: five are stored, never more.
+    racing = [f"c{n:04d}" for n in range(MAX_CONFIGURATIONS - 5, MAX_CONFIGURATIONS + 5)]
+    assert sorted(run(put_at_once(racing))) == [False] * 5 + [True] * 5
+    stored = [c["id"] for c in run(store.inventories.list(owner, bucket, limit=2000))]
+    assert len(stored) == MAX_CONFIGURATIONS
     with pytest.raises(TooManyConfigurations):
         run(store.inventories.put(owner, bucket, _configuration("one-more", bucket)))
     replaced = _configuration("c0000", bucket) | {"enabled": False}
     run(store.inventories.put(owner, bucket, replaced))  # replacing one is no new one
     assert run(store.inventories.get(owner, bucket, "c0000")) == replaced
     page = run(store.inventories.list(owner, bucket, after="c0997", limit=100))
-    assert [c["id"] for c in page] == ["c0998", "c0999"]
+    assert [c["id"] for c in page] == [i for i in stored if i > "c0997"]
 
 
 def test_configurations_belong_to_one_incarnation_and_record_deliveries(
