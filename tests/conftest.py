@@ -4,6 +4,13 @@ The server is the embedded one (started once, in a temporary folder), or an exis
 given as an admin DSN in SHOAL_TEST_DSN. Each test cluster is a set of fresh databases on it.
 """
 
+from hypothesis import settings
+
+# Property tests judge answers, never time: Hypothesis's default deadline (200 ms an
+# example) fails an example that a loaded machine merely delayed.
+settings.register_profile("shoal", deadline=None)
+settings.load_profile("shoal")
+
 pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.storage",

@@ -40,7 +40,9 @@ class ServeTree:
         self.config = self.folder / "shoal.toml"
         self.config.write_text(
             'data_dir = "data"\n\n'
-            f"{FEW_VNODES}pool_max_size = 4\n"
+            # Room for the batchers' connections beside re-replication's and the registry's,
+            # which a killed worker's or node's load puts on the survivors at once.
+            f"{FEW_VNODES}pool_max_size = 12\n"
             f'[[metadata.shards]]\nname = "{self.shard.name}"\ndsn = "{self.shard.dsn}"\n\n'
             f"[s3]\nworkers = 2\n\n{self.more_config}"
             + (NO_SCHEDULE if "[pipeline]" not in self.more_config else "")

@@ -51,7 +51,9 @@ class ServeOnNodes:
             f'data_dir = "{root}"\n'
             f'[metadata]\n[[metadata.shards]]\nname = "{shard.name}"\ndsn = "{shard.dsn}"\n'
             "[storage]\nlocal_nodes = 0\nblock_size = 262144\n"
-            "heartbeat_interval_seconds = 1\nheartbeat_deadline_seconds = 3\n"
+            # A deadline of five beats: a live node whose beats a loaded machine delays is
+            # never taken for a dead one while the drain runs.
+            "heartbeat_interval_seconds = 1\nheartbeat_deadline_seconds = 5\n"
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
         )
         self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")

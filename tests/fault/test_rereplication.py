@@ -51,9 +51,15 @@ class Written:
     open_part: bytes = b""
 
 
+# Serve's deadline: five heartbeats, so a live node whose beats a loaded machine delays still
+# counts as alive.
+SERVE_HEARTBEAT_DEADLINE = timedelta(seconds=5)
+
+
 class ServeOnNodes:
     """`shoal serve` with no storage nodes of its own, on the cluster's shard and nodes (which
-    the test kills and starts again); a node silent for 3 s receives no new blocks."""
+    the test kills and starts again); a node silent for SERVE_HEARTBEAT_DEADLINE receives no new
+    blocks."""
 
     def __init__(self, cluster: StorageCluster) -> None:
         root = cluster.config_file.parent
@@ -63,7 +69,8 @@ class ServeOnNodes:
             f'data_dir = "{root}"\n'
             f'[metadata]\n[[metadata.shards]]\nname = "{shard.name}"\ndsn = "{shard.dsn}"\n'
             f"[storage]\nlocal_nodes = 0\nblock_size = {BLOCK_SIZE}\n"
-            "heartbeat_interval_seconds = 1\nheartbeat_deadline_seconds = 3\n"
+            "heartbeat_interval_seconds = 1\n"
+            f"heartbeat_deadline_seconds = {SERVE_HEARTBEAT_DEADLINE.seconds}\n"
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
         )
         self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
@@ -368,10 +375,10 @@ async def read_run(cluster: StorageCluster, url: str, run_id: uuid.UUID, size: i
 
 def wait_until_not_writable(cluster: StorageCluster, shark: str, run: Any) -> None:
     """Until serve's gateway stops offering blocks to the killed node: its heartbeat is past
-    serve's 3 s deadline, and the gateway has read the registry again (every 2 s)."""
+    serve's deadline, and the gateway has read the registry again (every 2 s)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        nodes = run(cluster.store.nodes.list(timedelta(seconds=3)))
+        nodes = run(cluster.store.nodes.list(SERVE_HEARTBEAT_DEADLINE))
         if not any(n.shark == shark and n.alive for n in nodes):
             time.sleep(2.5)
             return

@@ -161,7 +161,8 @@ def test_closing_fails_the_waiting_reads_and_refuses_new_ones(
 
     async def close_under_reads() -> list[Any]:
         async with await watcher_of(reads) as watcher:
-            out = asyncio.create_task(reads.fetch(SLEEP, [0.5]))
+            # Long enough to be still running when close() comes, on any machine's load.
+            out = asyncio.create_task(reads.fetch(SLEEP, [5]))
             await until_a_backend_waits(watcher, "PgSleep")  # the only sender is in its pipeline
         queued = [asyncio.create_task(reads.fetch(ADD, [n])) for n in range(3)]
         await asyncio.sleep(0.01)
@@ -407,6 +408,7 @@ def test_a_read_whose_socket_registration_the_loop_dropped_still_ends(
 
     rows, seconds = run(dropped())
     assert rows == [{"slept": False}]  # pg_sleep's void is not NULL: the read's own answer
-    assert seconds < 0.3 + 1.0  # the sleep, and at most a few checks after it
+    # The sleep, and a few checks after it (a lost watch would wait out the 5 s above).
+    assert seconds < 0.3 + 2.5
     assert run(reads.fetch(ADD, [1])) == [{"answer": 2}]  # registered again, it goes on
     run(reads.close())

@@ -352,7 +352,9 @@ def test_writes_recording_versions_create_a_missing_window(make_store: MakeStore
     """With no deleted-table window for now (all dropped), concurrent overwrites and deletes
     that share batches all succeed: the batch fails on the missing partition, each write goes
     again alone, and `retrying_window` creates the window before its second try."""
-    store = make_store(shards=1, vnodes=1, pool_max_size=6)
+    # Each retry takes a connection of its own beside the batchers' (its window's DDL waits
+    # its turn on the parent table's lock): room for all of them, opened before the race.
+    store = make_store(shards=1, vnodes=1, pool_max_size=12, full_pools=True)
     pool = store.shards.placed()[0].pool
 
     def version() -> ObjectWrite:

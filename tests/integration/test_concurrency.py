@@ -19,7 +19,7 @@ WRITERS = 40
 @pytest.fixture(scope="module")
 def store(make_store: MakeStore) -> MetadataStore:
     # One connection per writer, so the writes really run at the same time in PostgreSQL.
-    return make_store(shards=2, vnodes=4, pool_max_size=WRITERS)
+    return make_store(shards=2, vnodes=4, pool_max_size=WRITERS, full_pools=True)
 
 
 @pytest.fixture

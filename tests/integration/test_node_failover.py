@@ -153,7 +153,7 @@ def test_a_worker_takes_connections_once_ready_or_stopping(
                 cluster, down.name, down.datacenter, down.root.parent, down.port, down.admin_port
             )
             down.process = restarted.process
-            await asyncio.wait_for(waiting, 10)
+            await asyncio.wait_for(waiting, 60)  # a node process's start, on any load
             assert state.serving
 
     async def stop_while_waiting() -> None:

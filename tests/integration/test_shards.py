@@ -26,7 +26,9 @@ def test_pool_hands_out_the_connection_returned_last(make_store: MakeStore, run:
         acquired = asyncio.Semaphore(0)
 
         async def hold(release: asyncio.Event) -> int:
-            async with pool.connection() as conn:
+            # The pool opens the second to fourth connections one after another, as callers
+            # wait: on a loaded machine that takes longer than the pool's one second.
+            async with pool.connection(timeout=30) as conn:
                 acquired.release()
                 await release.wait()
                 return conn.info.backend_pid
