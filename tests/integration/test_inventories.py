@@ -37,9 +37,6 @@ def _configuration(config_id: str, destination: str) -> dict[str, Any]:
     }
 
 
-POOL_SIZE = 10  # make_store's connections a shard: a test never asks for more at once
-
-
 def test_at_most_1000_configurations_per_bucket(
     store: MetadataStore, run: Any, owner: uuid.UUID
 ) -> None:
@@ -56,9 +53,12 @@ def test_at_most_1000_configurations_per_bucket(
     async def put_at_once(config_ids: list[str]) -> list[bool]:
         return await asyncio.gather(*(put(config_id) for config_id in config_ids))
 
+    # Never more puts at once than the catalog's pool has connections (they take turns).
+    at_once = store.shards.catalog.pool.max_size
+
     async def fill(count: int) -> None:
-        for start in range(0, count, POOL_SIZE):
-            ids = [f"c{n:04d}" for n in range(start, min(start + POOL_SIZE, count))]
+        for start in range(0, count, at_once):
+            ids = [f"c{n:04d}" for n in range(start, min(start + at_once, count))]
             assert all(await put_at_once(ids))
 
     run(fill(MAX_CONFIGURATIONS - 5))
