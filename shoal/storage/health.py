@@ -25,6 +25,8 @@ PROBE_SECONDS = 2.0
 # Checks closer together than this share one probe (a load balancer may ask every second
 # from several places).
 REUSE_SECONDS = 1.0
+# The probe's file in the node's tmp folder, there only while a probe runs.
+PROBE_FILE_PREFIX = "ready-probe-"
 
 
 class DiskHealth:
@@ -81,7 +83,7 @@ class DiskHealth:
         return True, {"reason": "ready", **details}
 
     def _write_probe(self) -> None:
-        path = self.store.tmp / f"ready-probe-{os.getpid()}"
+        path = self.store.tmp / f"{PROBE_FILE_PREFIX}{os.getpid()}"
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(descriptor, b"ready?")

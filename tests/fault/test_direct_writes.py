@@ -16,14 +16,14 @@ from shoal.ids import uuid7
 from shoal.storage import BlockMissing, block_name
 from shoal.storage.blockfile import checksum_of
 from tests.fault.load import wait_until
-from tests.fixtures.storage import MakeStorage, NodeProcess, node_token
+from tests.fixtures.storage import MakeStorage, NodeProcess, files_in_tmp, node_token
 
 MiB = 1024 * 1024
 
 
 def bytes_in_tmp(node: NodeProcess) -> int:
     """What the node's temporary files hold: blocks being written, and empty spares."""
-    return sum(f.stat().st_size for f in (node.root / "tmp").rglob("*") if f.is_file())
+    return sum(path.stat().st_size for path in files_in_tmp(node.root))
 
 
 def test_a_node_killed_mid_direct_write_keeps_only_whole_blocks(

@@ -20,7 +20,13 @@ from shoal.ids import uuid7
 from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
 from shoal.storage.blockfile import HEADER, SPARE_FILES, checksum_of
 from shoal.storage.datapath import BlockRun
-from tests.fixtures.storage import MakeStorage, StorageCluster, head_block, node_token
+from tests.fixtures.storage import (
+    MakeStorage,
+    StorageCluster,
+    files_in_tmp,
+    head_block,
+    node_token,
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +128,7 @@ def test_put_verifies_and_never_overwrites(cluster: StorageCluster, run: Any) ->
     assert run(raw(cluster, "GET", f"/blocks/{name}")) == (200, data)
     # A folder per worker process, holding no block's bytes: only the empty files made ahead
     # for the next writes.
-    left = [path for path in (cluster.nodes[0].root / "tmp").rglob("*") if not path.is_dir()]
+    left = files_in_tmp(cluster.nodes[0].root)
     assert all(path.stat().st_size == 0 for path in left) and len(left) <= SPARE_FILES
 
 
