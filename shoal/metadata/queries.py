@@ -1465,6 +1465,12 @@ SET ring_version = greatest(shoal.ring_reader.ring_version, excluded.ring_versio
     seen = current_timestamp
 """
 
+# What a process that stops following the ring (its store closing) removes: it uses no ring
+# any more, so it holds up no move's finish.
+FORGET_RING_READER = """
+DELETE FROM shoal.ring_reader WHERE process = %(process)s
+"""
+
 # The processes noted within `live` that still use a ring older than `version`.
 RING_READERS_BEHIND = """
 SELECT process FROM shoal.ring_reader

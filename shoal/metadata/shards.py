@@ -137,6 +137,7 @@ class ShardSet:
         self.shard_key = shard_key
         self._reload: asyncio.Task[Ring] | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._notes: set[asyncio.Task[None]] = set()  # notes of the ring version under way
         # This process (this ShardSet, for a process may open several) in shoal.ring_reader.
         self.reader = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
@@ -194,6 +195,8 @@ class ShardSet:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*self._notes, return_exceptions=True)
+        await self._forget_ring_reader()
         await self.buckets_seen.close()
         for shard in self.shards.values():
             await shard.reads.close()
@@ -237,8 +240,11 @@ class ShardSet:
     async def _note_ring_read(self) -> None:
         """Note the ring version this process uses (a catalog that cannot take the note
         now gets it at the next poll). Shielded: a cancellation (the store closing) ends the
-        caller at once and lets the note finish on its own."""
-        await asyncio.shield(self._write_ring_note())
+        caller at once and lets the note finish on its own; close() waits for it."""
+        note = asyncio.create_task(self._write_ring_note())
+        self._notes.add(note)
+        note.add_done_callback(self._notes.discard)
+        await asyncio.shield(note)
 
     async def _write_ring_note(self) -> None:
         try:
@@ -248,6 +254,17 @@ class ShardSet:
                 )
         except Exception as exc:
             log.debug("noting the ring version failed: %r", exc)
+
+    async def _forget_ring_reader(self) -> None:
+        """Remove this process's note: a store closed cleanly uses no ring, and a move's
+        finish need not wait for its note to age out (moves.Mover.finish). A catalog that
+        cannot take it now (an outage) leaves the note to age out."""
+        try:
+            async with asyncio.timeout(CONNECTION_WAIT_SECONDS + CONNECT_TIMEOUT_SECONDS):
+                async with self.catalog.pool.connection() as conn:
+                    await conn.execute(queries.FORGET_RING_READER, {"process": self.reader})
+        except Exception as exc:
+            log.debug("forgetting the ring note failed: %r", exc)
 
     async def _open_added(self, conn: psycopg.AsyncConnection[Any], names: set[str]) -> None:
         for added in await added_shards(conn, self.shard_key):

@@ -691,6 +691,43 @@ def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
     run(scenario())
 
 
+def test_a_store_closed_cleanly_holds_up_no_move(
+    cluster: tuple[list[ShardConfig], bytes], run: Run
+) -> None:
+    """A store that closes removes its ring note: a stopped gateway is not a process behind,
+    and `ring move --finish` drops the old copies of moves made after it stopped."""
+    configs, key = cluster
+    catalog = configs[0].dsn
+
+    def noted(reader: str) -> list[tuple[int]]:
+        with psycopg.connect(catalog, autocommit=True) as conn:
+            sql = "SELECT ring_version FROM shoal.ring_reader WHERE process = %s"
+            return conn.execute(sql, (reader,)).fetchall()
+
+    async def scenario() -> None:
+        closed = await MetadataStore.open(configs[:2], 4, shard_key=key)
+        reader, version = closed.shards.reader, closed.ring.version
+        for _ in range(100):  # its ring poller notes the version as it starts
+            if noted(reader):
+                break
+            await asyncio.sleep(0.1)
+        assert noted(reader) == [(version,)]
+        await closed.close()
+        assert noted(reader) == []
+        vnode = 2
+        source = closed.ring.shard_of(vnode)
+        target = next(c.name for c in configs if c.name != source)
+        async with _mover(configs) as mover:
+            await mover.finish(now=True)  # earlier tests' old copies
+            assert await mover.move(vnode, target) is not None
+            said = [line for line in await mover.finish(now=True) if f"vnode {vnode}:" in line]
+            assert len(said) == 1 and "dropped" in said[0], said
+            assert await mover.move(vnode, source) is not None
+            await mover.finish(now=True)
+
+    run(scenario())
+
+
 def test_gc_removals_follow_a_vnode_that_moved_after_they_were_read(
     cluster: tuple[list[ShardConfig], bytes], run: Run
 ) -> None:
