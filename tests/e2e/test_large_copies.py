@@ -23,19 +23,15 @@ from tests.fixtures.serve import Served, signed_headers
 SOURCE_BYTES = 2 * EARLY_ANSWER_BYTES
 
 
-def block_files(served: Served) -> set[Path]:
-    return {Path(root) / name for root, _, names in os.walk(served.data_dir) for name in names}
-
-
 @pytest.fixture(scope="module")
 def large_source(served: Served, s3: Any) -> tuple[str, set[Path]]:
     """A bucket holding `source` (SOURCE_BYTES), and the files its blocks were stored in
     (which the last test of the module removes)."""
     bucket = unique("large-copies")
     s3.create_bucket(Bucket=bucket)
-    before = block_files(served)
+    before = served.block_files()
     s3.put_object(Bucket=bucket, Key="source", Body=os.urandom(SOURCE_BYTES))
-    return bucket, block_files(served) - before
+    return bucket, served.block_files() - before
 
 
 @contextlib.contextmanager

@@ -21,13 +21,8 @@ MiB = 1024 * 1024
 LIMIT = S3Config.inline_max_bytes  # `served` runs with the default
 
 
-def block_files(served: Served) -> set[Path]:
-    """Every block file on the local storage nodes of `served` (temporary files aside)."""
-    return {p for p in (served.data_dir / "nodes").glob("*/blocks/**/*") if p.is_file()}
-
-
 def new_blocks(served: Served, before: set[Path]) -> int:
-    return len(block_files(served) - before)
+    return len(served.block_files() - before)
 
 
 @pytest.mark.parametrize("size", [0, 1, LIMIT - 1, LIMIT])
@@ -35,7 +30,7 @@ def test_small_objects_round_trip_without_blocks(
     served: Served, s3: Any, bucket: str, size: int
 ) -> None:
     body = os.urandom(size)
-    before = block_files(served)
+    before = served.block_files()
     put = s3.put_object(Bucket=bucket, Key="k", Body=body, ChecksumAlgorithm="CRC32")
     assert new_blocks(served, before) == 0
     assert put["ETag"] == f'"{hashlib.md5(body).hexdigest()}"'
@@ -59,7 +54,7 @@ def test_small_objects_round_trip_without_blocks(
 
 def test_one_byte_past_the_limit_goes_to_the_nodes(served: Served, s3: Any, bucket: str) -> None:
     body = os.urandom(LIMIT + 1)
-    before = block_files(served)
+    before = served.block_files()
     s3.put_object(Bucket=bucket, Key="k", Body=body)
     assert new_blocks(served, before) == 2  # one block, two replicas
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == body
@@ -87,7 +82,7 @@ def test_bad_digest_of_a_small_body_stores_nothing(s3: Any, bucket: str) -> None
 def test_copies_from_and_into_rows(served: Served, s3: Any, bucket: str) -> None:
     small = os.urandom(3000)
     s3.put_object(Bucket=bucket, Key="small", Body=small, Metadata={"m": "1"})
-    before = block_files(served)
+    before = served.block_files()
     s3.copy_object(Bucket=bucket, Key="copy", CopySource={"Bucket": bucket, "Key": "small"})
     assert new_blocks(served, before) == 0
     copied = s3.get_object(Bucket=bucket, Key="copy")

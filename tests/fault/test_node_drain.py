@@ -55,6 +55,7 @@ class ServeOnNodes:
             # never taken for a dead one while the drain runs.
             "heartbeat_interval_seconds = 1\nheartbeat_deadline_seconds = 5\n"
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
+            "[pipeline]\nscheduled = false\n"  # no Spark job starts at its hour meanwhile
         )
         self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
 

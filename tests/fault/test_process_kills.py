@@ -4,6 +4,7 @@ stated per test (docs/durability.md, "Storage nodes and Shoal's own processes").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -220,7 +221,13 @@ def head_status(client: object) -> int | None:
 
 
 def newest_block_mtime(blocks: Path) -> float:
-    return max((f.stat().st_mtime for f in blocks.glob("*/*")), default=0.0)
+    """When the newest block file was written; a file removed since it was listed (the block
+    of a failed write, deleted) counts for nothing."""
+    newest = 0.0
+    for file in blocks.glob("*/*"):
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, file.stat().st_mtime)
+    return newest
 
 
 def _clients_of(process: psutil.Process, port: int) -> list[Any]:

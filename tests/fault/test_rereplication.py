@@ -72,6 +72,7 @@ class ServeOnNodes:
             "heartbeat_interval_seconds = 1\n"
             f"heartbeat_deadline_seconds = {SERVE_HEARTBEAT_DEADLINE.seconds}\n"
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
+            "[pipeline]\nscheduled = false\n"  # no Spark job starts at its hour meanwhile
         )
         self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
 

@@ -57,6 +57,8 @@ class Serve:
             f'[metadata]\n[[metadata.shards]]\nname = "{shard.name}"\ndsn = "{shard.dsn}"\n'
             "[storage]\nlocal_nodes = 3\nheartbeat_interval_seconds = 1\n"
             "[gc]\nleeway_hours = 0\nbatch_size = 2\nworkers = 1\ninterval_minutes = 60\n"
+            # No Spark job starts at its hour meanwhile: the gc job's run would be the last.
+            "[pipeline]\nscheduled = false\n"
         )
         self.processes: list[subprocess.Popen[str]] = []
         self.seen_nodes: set[int] = set()
