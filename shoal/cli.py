@@ -202,6 +202,16 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--url", help="address others use, if not http(s)://HOST:PORT")
     node.add_argument("--admin-port", type=int, help="health and metrics port (default: none)")
     node.add_argument(
+        "--listen-fd",
+        type=int,
+        help="an inherited socket, listening on --port, to serve on instead of binding one",
+    )
+    node.add_argument(
+        "--admin-listen-fd",
+        type=int,
+        help="an inherited socket, listening on --admin-port, for health and metrics",
+    )
+    node.add_argument(
         "--capacity-bytes",
         type=int,
         help="use at most this much of the disk (default: [storage] capacity_bytes, or all)",
@@ -599,7 +609,11 @@ def _storage_node(config: Config, args: argparse.Namespace) -> int:
         tls=config.storage.tls_cert is not None,
         admin_port=args.admin_port,
         capacity_bytes=args.capacity_bytes or config.storage.capacity_bytes,
+        listen_fd=args.listen_fd,
+        admin_listen_fd=args.admin_listen_fd,
     )
+    if args.admin_listen_fd is not None and args.admin_port is None:
+        raise CommandError("--admin-listen-fd needs --admin-port, the port it listens on")
     if not args.name.isidentifier() or not args.datacenter.isidentifier():
         raise CommandError("--name and --datacenter must be letters, digits and underscores")
     if args.capacity_bytes is not None and args.capacity_bytes < 1:

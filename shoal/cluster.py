@@ -40,7 +40,6 @@ from shoal.metadata import (
 )
 from shoal.metadata.metrics import sampling_pools
 from shoal.metadata.nodes import ACTIVE, DEAD
-from shoal.ports import free_port
 from shoal.readiness import Readiness, answering_nodes
 from shoal.restarts import Restarts
 from shoal.storage import (
@@ -59,7 +58,7 @@ from shoal.storage.metrics import metrics
 from shoal.storage.server import BlockCount
 from shoal.storage.tls import ServerFiles
 from shoal.storage.workers import node_workers
-from shoal.workers import WorkerProcesses, listening_socket, stop_on_signals
+from shoal.workers import WorkerProcesses, inherited_socket, listening_socket, stop_on_signals
 
 log = logging.getLogger("shoal")
 
@@ -216,6 +215,10 @@ class NodeSettings:
     # Use at most this much of the disk (None: all of it): the node reports this as its size
     # and what its blocks leave of it as its free space.
     capacity_bytes: int | None = None
+    # Listening sockets bound by the process that started this one (`--listen-fd`,
+    # `--admin-listen-fd`), used instead of binding `port` and `admin_port` here.
+    listen_fd: int | None = None
+    admin_listen_fd: int | None = None
 
     @property
     def public_url(self) -> str:
@@ -251,7 +254,7 @@ async def _serve_node(
     # The bytes of the blocks are counted only for a capped node (a scan of every file).
     stored = await in_thread(store.stored_bytes) if node.capacity_bytes else 0
     count = BlockCount(await in_thread(store.count), config.storage.node_workers, stored)
-    sock = listening_socket(node.host, node.port)
+    sock = _listener(node.host, node.port, node.listen_fd)
     extra = config.storage.node_workers - 1
     access: dict[str, Any] = {
         "addresses": [urlsplit(node.public_url).netloc],  # the name clients sign requests for
@@ -330,7 +333,21 @@ def _node_admin(
     """A node's admin listener (health and metrics; a node has no admin API)."""
     if node.admin_port is None:
         return contextlib.nullcontext()
-    return serving_admin(admin_app(health), node.host, node.admin_port)
+    sock = _listener(node.host, node.admin_port, node.admin_listen_fd)
+    return serving_admin(admin_app(health), node.host, node.admin_port, sock)
+
+
+def _listener(host: str, port: int, inherited_fd: int | None) -> socket.socket:
+    """The socket to listen on: the one inherited on `inherited_fd`, which must be bound to
+    `port`, or a new one bound to host:port (OSError otherwise, one line from the CLI)."""
+    if inherited_fd is None:
+        return listening_socket(host, port)
+    sock = inherited_socket(inherited_fd)
+    bound = sock.getsockname()[1]
+    if bound != port:
+        sock.close()
+        raise OSError(f"file descriptor {inherited_fd} listens on port {bound}, not {port}")
+    return sock
 
 
 def _server_tls(config: Config) -> ServerFiles | None:
@@ -338,10 +355,14 @@ def _server_tls(config: Config) -> ServerFiles | None:
     return ServerFiles(cert, key) if cert is not None and key is not None else None
 
 
+# Where the storage nodes `shoal serve` runs listen: they serve its gateway, on this machine.
+LOCAL_NODE_HOST = "127.0.0.1"
+
+
 @dataclass
 class _LocalNode:
     name: str
-    port: int
+    port: int  # 0 until its first start, when the kernel picks it
     admin_port: int
     process: subprocess.Popen[bytes] | None = None
     restarts: Restarts = field(default_factory=Restarts)
@@ -366,7 +387,7 @@ class LocalNodes:
         """Start the nodes (from the main thread: they die with it, see children.py)."""
         lines = []
         for index in range(self.config.storage.local_nodes):
-            node = _LocalNode(name=f"node{index}", port=free_port(), admin_port=free_port())
+            node = _LocalNode(name=f"node{index}", port=0, admin_port=0)  # the kernel picks
             self._launch(node)
             self.nodes.append(node)
             scheme = "https" if self.config.storage.tls_cert else "http"
@@ -409,26 +430,53 @@ class LocalNodes:
                 child.wait()
 
     def _launch(self, node: _LocalNode) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "shoal.cli",
-            "storage-node",
-            "--dir",
-            str(self.config.data_dir / "nodes" / node.name),
-            "--port",
-            str(node.port),
-            "--admin-port",
-            str(node.admin_port),
-            "--name",
-            node.name,
-            "--datacenter",
-            self.config.storage.datacenter,
-            *self.config_args,
-        ]
-        node.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, preexec_fn=preexec_die_with_parent()
-        )
+        """Start the node's process on listening sockets bound here, which it inherits: the
+        first time on ports the kernel picks, after that on the same ports. Bound by the
+        process that chose them, no other process can take them before the node listens."""
+        with contextlib.ExitStack() as bound:
+            try:
+                listener = bound.enter_context(listening_socket(LOCAL_NODE_HOST, node.port))
+                admin = bound.enter_context(listening_socket(LOCAL_NODE_HOST, node.admin_port))
+            except OSError as exc:
+                if node.process is None:
+                    raise  # its first start: serve cannot run without it
+                log.error(
+                    "storage node %s cannot listen on its ports again: %s; trying again later",
+                    node.name,
+                    exc,
+                )
+                node.restarts.started()  # restart_dead sees it exited, and waits
+                return
+            node.port, node.admin_port = listener.getsockname()[1], admin.getsockname()[1]
+            command = [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "storage-node",
+                "--dir",
+                str(self.config.data_dir / "nodes" / node.name),
+                "--host",
+                LOCAL_NODE_HOST,
+                "--port",
+                str(node.port),
+                "--listen-fd",
+                str(listener.fileno()),
+                "--admin-port",
+                str(node.admin_port),
+                "--admin-listen-fd",
+                str(admin.fileno()),
+                "--name",
+                node.name,
+                "--datacenter",
+                self.config.storage.datacenter,
+                *self.config_args,
+            ]
+            node.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(listener.fileno(), admin.fileno()),
+                preexec_fn=preexec_die_with_parent(),
+            )
         node.restarts.started()
 
 

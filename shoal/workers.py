@@ -50,8 +50,25 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A service's one listening socket, shared by its processes."""
+    """A service's one listening socket, shared by its processes (port 0: one the kernel
+    picks, free by construction)."""
     return socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening socket a process was started with, on file descriptor `fd`: its parent
+    bound it, so no other process can take the port between its choice and the bind
+    (LocalNodes). OSError if `fd` is not a listening TCP socket."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # not open (EBADF), or a file (ENOTSOCK)
+        raise OSError(f"file descriptor {fd} is not an open socket") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+    ):
+        sock.detach()  # not ours to close
+        raise OSError(f"file descriptor {fd} is not a listening TCP socket")
+    return sock
 
 
 class WorkerProcesses:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -143,12 +144,16 @@ def json_answer(
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[None]:
-    """`app` on host:port while the context lasts (a port in use raises OSError)."""
+async def serving(
+    app: web.Application, host: str, port: int, sock: socket.socket | None = None
+) -> AsyncIterator[None]:
+    """`app` on host:port, or on the listening socket `sock` if given, while the context
+    lasts (a port in use raises OSError)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
+        await site.start()
         yield
     finally:
         await runner.cleanup()

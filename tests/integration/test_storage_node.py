@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -20,6 +23,7 @@ from shoal.ids import uuid7
 from shoal.storage import BlockClient, BlockMissing, NodeUnavailable, block_name
 from shoal.storage.blockfile import HEADER, SPARE_FILES, checksum_of
 from shoal.storage.datapath import BlockRun
+from shoal.workers import listening_socket
 from tests.fixtures.storage import (
     MakeStorage,
     StorageCluster,
@@ -103,6 +107,9 @@ def test_requests_without_a_valid_token_are_refused(
     cluster: StorageCluster, run: Any, token: str | None
 ) -> None:
     assert run(raw(cluster, "GET", "/status", token=token))[0] == 401
+
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
 
 
 def test_a_token_opens_only_its_own_method_and_path(cluster: StorageCluster, run: Any) -> None:
@@ -395,3 +402,42 @@ def test_nodes_with_direct_writes_store_and_serve_objects_whole(
         assert sorted(f.name for f in files) == sorted(lengths)
         for file in files:
             assert file.stat().st_size == HEADER.size + lengths[file.name]
+
+
+def test_a_node_refuses_an_inherited_descriptor_that_is_not_its_listener(
+    make_storage: MakeStorage, tmp_path: Path
+) -> None:
+    """`--listen-fd` (how `shoal serve` and the tests start nodes on sockets they bound)
+    takes only a listening socket on --port: anything else is one line and exit 1."""
+    cluster = make_storage(nodes=1)
+    port = cluster.nodes[0].port  # a port the node's socket is not on
+    with (
+        listening_socket("127.0.0.1", 0) as elsewhere,
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as unbound,
+        open(tmp_path / "file", "w") as file,
+    ):
+        cases = {
+            elsewhere.fileno(): f"listens on port {elsewhere.getsockname()[1]}, not {port}",
+            unbound.fileno(): "is not a listening TCP socket",
+            file.fileno(): "is not an open socket",
+            1000: "is not an open socket",
+        }
+        for fd, said in cases.items():
+            node = ("--dir", str(tmp_path / "n9"), "--name", "n9", "--port", str(port))
+            result = subprocess.run(
+                [
+                    SHOAL,
+                    "storage-node",
+                    "--config",
+                    str(cluster.config_file),
+                    *node,
+                    "--listen-fd",
+                    str(fd),
+                ],
+                capture_output=True,
+                text=True,
+                pass_fds=(fd,) if fd != 1000 else (),
+                timeout=60,
+            )
+            assert result.returncode == 1, result.stderr
+            assert result.stderr == f"shoal: error: file descriptor {fd} {said}\n"
