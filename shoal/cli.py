@@ -130,8 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(title="commands")
 
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
-    serve.add_argument("--port", type=int, help="S3 port on 127.0.0.1 (default 9000)")
-    serve.add_argument("--admin-port", type=int, help="admin port (default 9001)")
+    serve.add_argument(
+        "--port", type=int, help="S3 port on 127.0.0.1 (default 9000; 0: any free one, printed)"
+    )
+    serve.add_argument(
+        "--admin-port", type=int, help="admin port (default 9001; 0: any free one, printed)"
+    )
     serve.set_defaults(run=_serve, creates_instance=True)
 
     gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(title="gc commands")
@@ -485,14 +489,14 @@ def _db_dsn(config: Config, args: argparse.Namespace) -> int:
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
     from shoal import telemetry
-    from shoal.cluster import LocalNodes, run_gateway
+    from shoal.cluster import LocalNodes, Ready, run_gateway
 
     config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     config.data_dir.chmod(0o700)  # one made before data directories were private
     load_or_create_secret(config.secret_file)
     _warn_of_readable_secrets(config, args.config)
-    port = args.port or config.s3.port
-    admin_port = args.admin_port or config.admin.port
+    port = config.s3.port if args.port is None else args.port
+    admin_port = config.admin.port if args.admin_port is None else args.admin_port
     nodes = LocalNodes(config, _where(config, args))
     metrics = telemetry.folder_for(config.data_dir, "gateway")
     # The metrics folder is shared before any gateway worker or metric exists (telemetry.py).
@@ -505,16 +509,16 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         try:
             node_lines = nodes.start()
 
-            def ready(root: KeyPair, made_now: bool) -> None:
+            def ready(gateway: Ready) -> None:
                 show_root = " ".join(["shoal account show-root", *_where(config, args)])
-                secret = root.secret_access_key if made_now else None
+                secret = gateway.root.secret_access_key if gateway.root_made_now else None
                 _print_banner(
                     config,
-                    port,
-                    admin_port,
+                    gateway.port,
+                    gateway.admin_port,
                     shards,
                     node_lines,
-                    root.access_key_id,
+                    gateway.root.access_key_id,
                     secret,
                     show_root,
                 )

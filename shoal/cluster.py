@@ -480,12 +480,22 @@ class LocalNodes:
         node.restarts.started()
 
 
+@dataclass(frozen=True)
+class Ready:
+    """What a gateway that has become ready tells its starter (the banner's contents)."""
+
+    root: KeyPair
+    root_made_now: bool  # this start made the root account (its secret is new)
+    port: int  # the S3 port it serves on
+    admin_port: int
+
+
 async def run_gateway(
     config: Config,
     shards: Sequence[ShardConfig],
     port: int,
     stop: asyncio.Event,
-    on_ready: Callable[[KeyPair, bool], None] | None = None,
+    on_ready: Callable[[Ready], None] | None = None,
     local_nodes: LocalNodes | None = None,
     admin_port: int | None = None,
     pipeline_args: list[str] | None = None,
@@ -494,18 +504,22 @@ async def run_gateway(
     re-replication and the upkeep of deleted-table windows beside it, in this process and
     `s3.workers - 1` more (the gateway keeps no state of its own between requests, so any
     process can serve any request; GC, re-replication and upkeep run here only), and the
-    admin listener on config.admin.host:`admin_port` (default config.admin.port). Worker
-    processes and `local_nodes` that die are started again."""
+    admin listener on config.admin.host:`admin_port` (default config.admin.port). A port 0
+    is one the kernel picks (`on_ready` is told which). Worker processes and `local_nodes`
+    that die are started again."""
     from shoal.gc import Collector
     from shoal.replication import Rereplicator
 
     sock = listening_socket(config.s3.host, port)
+    admin_sock = listening_socket(
+        config.admin.host, config.admin.port if admin_port is None else admin_port
+    )
     extra = config.s3.workers - 1
     workers = WorkerProcesses("gateway", extra, _serve_gateway, config, shards, sock)
     async with (
         await _open_store(config, shards, config.metadata.pool_max_size) as store,
         _serving_gateway(config, store, sock) as (credentials, path, readiness),
-        _gateway_admin(config, shards, admin_port, readiness, stop, workers),
+        _gateway_admin(config, shards, admin_sock, readiness, stop, workers),
     ):
         try:
             root, made_now = await root_keys(credentials)
@@ -517,7 +531,8 @@ async def run_gateway(
             # banner is served, not answered 503 while a check runs.
             await readiness.refresh()
             if on_ready is not None:
-                on_ready(root, made_now)
+                ports = (sock.getsockname()[1], admin_sock.getsockname()[1])
+                on_ready(Ready(root, made_now, *ports))
             collector = Collector(
                 store, path, config.gc.leeway, config.gc.batch_size, config.gc.workers
             )
@@ -561,7 +576,7 @@ def _pipeline_scheduler(
 async def _gateway_admin(
     config: Config,
     shards: Sequence[ShardConfig],
-    port: int | None,
+    sock: socket.socket,
     readiness: Readiness,
     stop: asyncio.Event,
     workers: WorkerProcesses,
@@ -585,7 +600,7 @@ async def _gateway_admin(
     async with (
         shoal.loop.in_background(census.keep_refreshing(stop)),
         rates.sampling(),
-        serving_admin(app, config.admin.host, port or config.admin.port),
+        serving_admin(app, config.admin.host, sock.getsockname()[1], sock),
     ):
         yield
 

@@ -19,7 +19,6 @@ from typing import Any
 import psutil
 
 from shoal.config import ShardConfig
-from shoal.ports import free_port
 from tests.fault.serving import FEW_VNODES, NO_SCHEDULE
 from tests.fixtures.serve import Served, start_serve, stop_serve
 
@@ -36,7 +35,6 @@ class ServeTree:
     more_config: str = ""  # TOML tables added to the configuration ([log], say)
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port()
         self.config = self.folder / "shoal.toml"
         self.config.write_text(
             'data_dir = "data"\n\n'
@@ -50,8 +48,10 @@ class ServeTree:
         self.log = self.folder / "serve.log"
 
     def start(self) -> Served:
-        """Start serve (again, on the same data and port) and wait for its banner."""
-        self.process, self.served = start_serve(self.config, self.port, self.log)
+        """Start serve (again, on the same data and port: the first start's, which the
+        kernel picked, unless `port` was given) and wait for its banner."""
+        self.process, self.served = start_serve(self.config, self.log, port=self.port)
+        self.port = self.served.port
         return self.served
 
     def client(self, **config: Any) -> Any:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psycopg
 
-from shoal.ports import free_port
 from tests.fixtures.serve import Served, start_serve, stop_serve
 
 # Every version id a shard's rows name: live objects, their parts, open uploads' parts and
@@ -43,7 +42,7 @@ def own_serve(folder: Path, config: str = "") -> Iterator[Served]:
     vnodes = "" if re.search(r"^\[metadata\]$", config, re.MULTILINE) else FEW_VNODES
     schedule = "" if "[pipeline]" in config else NO_SCHEDULE
     config_file.write_text(f'data_dir = "data"\n{vnodes}{config}\n{schedule}')
-    process, served = start_serve(config_file, free_port(), folder / "serve.log")
+    process, served = start_serve(config_file, folder / "serve.log")
     try:
         yield served
     finally:

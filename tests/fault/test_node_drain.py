@@ -20,7 +20,6 @@ import pytest
 from shoal.config import load_config
 from shoal.pipeline import run_job
 from shoal.pipeline.jobs.rebalance import DEFAULT_GAP
-from shoal.ports import free_port
 from shoal.storage import block_runs
 from tests.fault.load import MixedLoad, iter_failures, wait_until
 from tests.fixtures.postgres import unique
@@ -57,7 +56,7 @@ class ServeOnNodes:
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
             "[pipeline]\nscheduled = false\n"  # no Spark job starts at its hour meanwhile
         )
-        self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
+        self.process, self.served = start_serve(self.config_file, root / "serve.log")
 
     def shoal(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

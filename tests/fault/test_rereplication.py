@@ -25,7 +25,6 @@ from shoal.metadata import MetadataStore, ObjectWrite, PartWrite
 from shoal.metadata.moves import Mover, add_shard
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
-from shoal.ports import free_port
 from shoal.replication import Rereplicator
 from shoal.storage import BlockRun, DataPath, Node, block_runs
 from tests.fixtures.postgres import close_later, create_databases, unique
@@ -74,7 +73,7 @@ class ServeOnNodes:
             "[s3]\nworkers = 1\n[gc]\nenabled = false\n"
             "[pipeline]\nscheduled = false\n"  # no Spark job starts at its hour meanwhile
         )
-        self.process, self.served = start_serve(self.config_file, free_port(), root / "serve.log")
+        self.process, self.served = start_serve(self.config_file, root / "serve.log")
 
     def client(self) -> Any:
         return self.served.raw_client(self.served.root)

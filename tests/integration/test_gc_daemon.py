@@ -21,7 +21,6 @@ from shoal.cluster import RegistryDirectory
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataStore, migrate
-from shoal.ports import free_port
 from shoal.storage import BlockClient, DataPath
 from tests.fixtures.garbage import build_garbage, check_live
 from tests.fixtures.postgres import create_databases
@@ -70,10 +69,7 @@ class Serve:
                 "serve",
                 "--config",
                 str(self.config_file),
-                "--port",
-                str(free_port()),
-                "--admin-port",
-                str(free_port()),
+                *("--port", "0", "--admin-port", "0"),  # ports the kernel picks
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -25,7 +25,6 @@ from shoal.config import MetadataConfig, ShardConfig, load_config
 from shoal.metadata import migrate, queries
 from shoal.metadata.pipeline_runs import PipelineRun, read_runs, record_run
 from shoal.pipeline.schedule import SCHEDULER_LOCK, Scheduler, schedule_rules
-from shoal.ports import free_port
 from tests.fixtures.postgres import create_databases
 from tests.fixtures.serve import start_serve, stop_serve
 
@@ -109,7 +108,7 @@ def test_missed_jobs_run_once_at_start_one_after_the_other(
     seed_old_runs(shard, run)
     seeded = len(history(shard, run))
     config = write_config(tmp_path, shard)
-    process, served = start_serve(config, free_port(), tmp_path / "serve.log")
+    process, served = start_serve(config, tmp_path / "serve.log")
     try:
         kill_child(KILLED, config)
         deadline = time.monotonic() + 300
@@ -139,7 +138,7 @@ def test_missed_jobs_run_once_at_start_one_after_the_other(
     assert set(logs) == {KILLED, *JOBS}
 
     # Restarted, serve finds every job ran since its moment (a failed run counts): none starts.
-    process, served = start_serve(config, free_port(), tmp_path / "serve.log")
+    process, served = start_serve(config, tmp_path / "serve.log")
     try:
         time.sleep(5)
         assert process.poll() is None
