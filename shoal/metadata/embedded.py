@@ -42,6 +42,8 @@ NAMESPACE_UID = 1000
 # Longest Unix socket path the kernel accepts (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 START_TIMEOUT_SECONDS = 60
+# Starts tried on a new port each when another process took the chosen one first.
+PORT_ATTEMPTS = 3
 # How often a supervising `shoal serve` checks that the postmaster lives.
 SUPERVISE_SECONDS = 1.0
 
@@ -58,6 +60,10 @@ def postgres_bin_dir() -> Path:
 
 class EmbeddedPostgresError(MetadataError):
     """The embedded PostgreSQL server could not be set up, started or stopped."""
+
+
+class PortTaken(EmbeddedPostgresError):
+    """The server could not listen on its port: another process holds it."""
 
 
 class EmbeddedPostgres:
@@ -138,7 +144,22 @@ class EmbeddedPostgres:
         self.initialize()
         if self.is_running():
             return
-        port = port or self._choose_port()
+        if port is not None:
+            self._start_on(port)
+            return
+        port = self._choose_port()
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                self._start_on(port)
+                return
+            except PortTaken:
+                # Another process bound it between its choice and PostgreSQL's bind.
+                log.warning("port %d was taken as PostgreSQL started; trying another", port)
+                port = self._choose_port(fresh=True)
+        self._start_on(port)
+
+    def _start_on(self, port: int) -> None:
+        logged_before = self.log_file.stat().st_size if self.log_file.exists() else 0
         socket_dir = self.socket_dir
         socket_dir.mkdir(parents=True, exist_ok=True)
         socket_dir.chmod(0o700)
@@ -174,8 +195,9 @@ class EmbeddedPostgres:
             check=False,
         )
         if result.returncode != 0:
-            tail = _tail(self.log_file)
-            raise EmbeddedPostgresError(f"PostgreSQL did not start: {tail}")
+            said = self._logged_since(logged_before)
+            error = PortTaken if "Address already in use" in said else EmbeddedPostgresError
+            raise error(f"PostgreSQL did not start: {_reason(said) or _tail(self.log_file)}")
 
     def stop(self) -> None:
         if self.is_running():
@@ -252,9 +274,20 @@ class EmbeddedPostgres:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _choose_port(self) -> int:
+    def _logged_since(self, offset: int) -> str:
+        """What the server's log gained after `offset` bytes."""
+        try:
+            with open(self.log_file, "rb") as log_file:
+                log_file.seek(offset)
+                return log_file.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _choose_port(self, fresh: bool = False) -> int:
+        """The port of the last start if it is free (and not `fresh`), else a free one,
+        noted for the next start."""
         port_file = self.root / "port"
-        if port_file.exists():
+        if port_file.exists() and not fresh:
             port = int(port_file.read_text())
             if port_is_free(port):
                 return port
@@ -296,6 +329,15 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
+
+
+def _reason(logged: str) -> str:
+    """The first FATAL line of a server's log (why it stopped), without its prefix; "" if
+    none."""
+    for line in logged.splitlines():
+        if "FATAL:" in line:
+            return line.split("FATAL:", 1)[1].strip()
+    return ""
 
 
 def _tail(path: Path) -> str:

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+from shoal.workers import listening_socket
 from tests.fixtures.postgres import create_databases
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -71,6 +72,24 @@ def test_migrate_twice_changes_nothing(tmp_path: Path) -> None:
         assert "ring version 1, 64 vnodes" in out
         assert schema_snapshot(server.dsn("shard0")) == before
     assert not server.is_running()
+
+
+def test_embedded_postgres_started_on_a_port_taken_meanwhile_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port of the last start looked free, and another process bound it before
+    PostgreSQL did: the start goes on with a port of its own, noted for the next start."""
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    with listening_socket("127.0.0.1", 0) as taken:
+        port = taken.getsockname()[1]
+        server.initialize()
+        (server.root / "port").write_text(f"{port}\n")
+        # The check saw the port free: the other process bound it just after.
+        monkeypatch.setattr("shoal.metadata.embedded.port_is_free", lambda _: True)
+        with server.running():
+            assert server.port != port
+            with psycopg.connect(server.dsn("postgres"), connect_timeout=10) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_embedded_postgres_loosens_no_permission_outside_the_data_dir(tmp_path: Path) -> None:
