@@ -359,6 +359,40 @@ def _server_tls(config: Config) -> ServerFiles | None:
 LOCAL_NODE_HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class NodeSockets:
+    """A storage node's two listening sockets, bound by the process that starts it: the
+    node inherits them (`arguments`, `fds`), so no other process can take a port between
+    its choice and the node's start."""
+
+    listener: socket.socket
+    admin: socket.socket
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        return self.listener.getsockname()[1], self.admin.getsockname()[1]
+
+    @property
+    def fds(self) -> tuple[int, int]:
+        return self.listener.fileno(), self.admin.fileno()
+
+    def arguments(self) -> list[str]:
+        """The `shoal storage-node` options that hand the sockets over."""
+        (port, admin_port), (fd, admin_fd) = self.ports, self.fds
+        return [
+            *("--port", str(port), "--listen-fd", str(fd)),
+            *("--admin-port", str(admin_port), "--admin-listen-fd", str(admin_fd)),
+        ]
+
+
+@contextlib.contextmanager
+def node_sockets(host: str, port: int, admin_port: int) -> Iterator[NodeSockets]:
+    """Sockets listening on host:port and host:admin_port (0: one the kernel picks), closed
+    here when the context ends: by then the node's process holds its own copies."""
+    with listening_socket(host, port) as listener, listening_socket(host, admin_port) as admin:
+        yield NodeSockets(listener, admin)
+
+
 @dataclass
 class _LocalNode:
     name: str
@@ -430,13 +464,13 @@ class LocalNodes:
                 child.wait()
 
     def _launch(self, node: _LocalNode) -> None:
-        """Start the node's process on listening sockets bound here, which it inherits: the
-        first time on ports the kernel picks, after that on the same ports. Bound by the
-        process that chose them, no other process can take them before the node listens."""
+        """Start the node's process on sockets bound here (`node_sockets`): the first time
+        on ports the kernel picks, after that on the same ports."""
         with contextlib.ExitStack() as bound:
             try:
-                listener = bound.enter_context(listening_socket(LOCAL_NODE_HOST, node.port))
-                admin = bound.enter_context(listening_socket(LOCAL_NODE_HOST, node.admin_port))
+                sockets = bound.enter_context(
+                    node_sockets(LOCAL_NODE_HOST, node.port, node.admin_port)
+                )
             except OSError as exc:
                 if node.process is None:
                     raise  # its first start: serve cannot run without it
@@ -447,7 +481,7 @@ class LocalNodes:
                 )
                 node.restarts.started()  # restart_dead sees it exited, and waits
                 return
-            node.port, node.admin_port = listener.getsockname()[1], admin.getsockname()[1]
+            node.port, node.admin_port = sockets.ports
             command = [
                 sys.executable,
                 "-m",
@@ -457,14 +491,7 @@ class LocalNodes:
                 str(self.config.data_dir / "nodes" / node.name),
                 "--host",
                 LOCAL_NODE_HOST,
-                "--port",
-                str(node.port),
-                "--listen-fd",
-                str(listener.fileno()),
-                "--admin-port",
-                str(node.admin_port),
-                "--admin-listen-fd",
-                str(admin.fileno()),
+                *sockets.arguments(),
                 "--name",
                 node.name,
                 "--datacenter",
@@ -474,7 +501,7 @@ class LocalNodes:
             node.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
-                pass_fds=(listener.fileno(), admin.fileno()),
+                pass_fds=sockets.fds,
                 preexec_fn=preexec_die_with_parent(),
             )
         node.restarts.started()

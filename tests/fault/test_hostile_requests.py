@@ -800,5 +800,11 @@ def failures_in_requests(logged: str) -> list[str]:
         record
         for record in records
         if ("Traceback" in record or " ERROR " in record or " CRITICAL " in record)
-        and record.split(" ", 4)[3:4] not in ([name] for name in BACKGROUND_LOGGERS)
+        and logger_of(record) not in BACKGROUND_LOGGERS
     ]
+
+
+def logger_of(record: str) -> str:
+    """The logger's name in a record of the text format (date, time, level, name, message)."""
+    fields = record.split(" ", 4)
+    return fields[3] if len(fields) > 3 else ""

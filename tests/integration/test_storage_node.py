@@ -32,6 +32,8 @@ from tests.fixtures.storage import (
     node_token,
 )
 
+SHOAL = str(Path(sys.executable).parent / "shoal")
+
 
 @pytest.fixture(scope="module")
 def cluster(make_storage: MakeStorage) -> StorageCluster:
@@ -107,9 +109,6 @@ def test_requests_without_a_valid_token_are_refused(
     cluster: StorageCluster, run: Any, token: str | None
 ) -> None:
     assert run(raw(cluster, "GET", "/status", token=token))[0] == 401
-
-
-SHOAL = str(Path(sys.executable).parent / "shoal")
 
 
 def test_a_token_opens_only_its_own_method_and_path(cluster: StorageCluster, run: Any) -> None:
