@@ -59,6 +59,19 @@ def _mover(configs: list[ShardConfig]) -> Mover:
     return Mover(configs, MetadataConfig(vnodes=VNODES, partitions_ahead=1), grace=timedelta(0))
 
 
+async def _ring_note(catalog: str, reader: str, wait: float = 10.0) -> list[tuple[int]]:
+    """The ring version `reader` noted in the catalog, waiting up to `wait` seconds for a
+    note: a store's ring poller writes its first one in a task of its own as it opens."""
+    deadline = time.monotonic() + wait
+    while True:
+        with psycopg.connect(catalog, autocommit=True) as conn:
+            sql = "SELECT ring_version FROM shoal.ring_reader WHERE process = %s"
+            noted: list[tuple[int]] = conn.execute(sql, (reader,)).fetchall()
+        if noted or time.monotonic() >= deadline:
+            return noted
+        await asyncio.sleep(0.1)
+
+
 def _leftovers(dsn: str) -> list[str]:
     """Replication objects a move may have left on a shard's server or database."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -664,12 +677,7 @@ def test_an_old_copy_stays_while_a_live_process_uses_an_older_ring(
 
     async def scenario() -> None:
         await store.shards.follow_ring()
-        with psycopg.connect(catalog, autocommit=True) as conn:
-            noted = conn.execute(
-                "SELECT ring_version FROM shoal.ring_reader WHERE process = %s",
-                (store.shards.reader,),
-            ).fetchone()
-        assert noted == (store.ring.version,)
+        assert await _ring_note(catalog, store.shards.reader) == [(store.ring.version,)]
         vnode = 1
         source = store.ring.shard_of(vnode)
         target = next(c.name for c in configs if c.name != source)
@@ -699,21 +707,12 @@ def test_a_store_closed_cleanly_holds_up_no_move(
     configs, key = cluster
     catalog = configs[0].dsn
 
-    def noted(reader: str) -> list[tuple[int]]:
-        with psycopg.connect(catalog, autocommit=True) as conn:
-            sql = "SELECT ring_version FROM shoal.ring_reader WHERE process = %s"
-            return conn.execute(sql, (reader,)).fetchall()
-
     async def scenario() -> None:
         closed = await MetadataStore.open(configs[:2], 4, shard_key=key)
         reader, version = closed.shards.reader, closed.ring.version
-        for _ in range(100):  # its ring poller notes the version as it starts
-            if noted(reader):
-                break
-            await asyncio.sleep(0.1)
-        assert noted(reader) == [(version,)]
+        assert await _ring_note(catalog, reader) == [(version,)]
         await closed.close()
-        assert noted(reader) == []
+        assert await _ring_note(catalog, reader, wait=0) == []
         vnode = 2
         source = closed.ring.shard_of(vnode)
         target = next(c.name for c in configs if c.name != source)
