@@ -20,6 +20,12 @@ Workloads (the bucket is filled first through the S3 API):
   big-get         GET of 64 MiB objects (4, uploaded in 8 MiB parts first), each byte
                   compared with what was written, as peer_bench.py's `big` does (MiB)
 
+For the workloads that write blocks (part, big-put) the report adds the storage nodes' fsyncs,
+read from each node's own metrics (shoal_node_fsync_duration_seconds) around the phase: the
+fsync time per block written (its file's and its folder's), against the phase's time per MiB.
+At one client a part's blocks are fsynced together, so their wait is the disk's share of a
+part's round.
+
 The peer comparison (peer_bench.py) says how Shoal compares; this says which process to look
 at, with the figures that the choices in docs/decisions.md were measured by. With --profile, the
 gateway (with --gateway-workers 1, the only gateway process) is sampled by py-spy; the phase's
@@ -33,7 +39,10 @@ import asyncio
 import itertools
 import os
 import random
+import re
+import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from peer_bench import PY_SPY, ProfiledProcesses, Profiler, ensure_tool, profile_report
@@ -43,6 +52,8 @@ from s3_bench import (
     Phase,
     Server,
     ServerProcesses,
+    children_of,
+    command_line,
     read_back_whole,
     run_phase,
     started_shoal,
@@ -170,6 +181,51 @@ async def get_big(s3: S3, pattern: Pattern, tag: int) -> float:
     return BIG_MIB
 
 
+@dataclass(frozen=True)
+class Fsyncs:
+    """The storage nodes' fsync histograms summed: how many, and their seconds."""
+
+    count: float
+    seconds: float
+
+    def __sub__(self, before: Fsyncs) -> Fsyncs:
+        return Fsyncs(self.count - before.count, self.seconds - before.seconds)
+
+
+_FSYNC_LINE = re.compile(r"^shoal_node_fsync_duration_seconds_(sum|count) (\S+)$", re.MULTILINE)
+
+
+def node_fsyncs(gateway_pid: int) -> Fsyncs:
+    """Every storage node's fsyncs so far, from its admin listener's /metrics."""
+    count = seconds = 0.0
+    for child in children_of(gateway_pid):
+        argv = command_line(child)
+        if "storage-node" not in argv or "--admin-port" not in argv:
+            continue
+        port = argv[argv.index("--admin-port") + 1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        for kind, value in _FSYNC_LINE.findall(text):
+            if kind == "sum":
+                seconds += float(value)
+            else:
+                count += float(value)
+    return Fsyncs(count, seconds)
+
+
+def fsync_report(phase: Phase, fsyncs: Fsyncs) -> str:
+    """The nodes' fsync time per block (a block's file and folder: two fsyncs) beside the
+    phase's time per MiB."""
+    blocks = fsyncs.count / 2
+    if not blocks or not phase.units:
+        return "storage nodes: no fsync in the phase"
+    return (
+        f"storage nodes: {blocks:,.0f} blocks fsynced (file and folder), "
+        f"{fsyncs.seconds / blocks * 1000:.1f} ms of fsync a block; "
+        f"the phase took {phase.seconds / phase.units * 1000:.2f} ms a MiB"
+    )
+
+
 def report(args: argparse.Namespace, phase: Phase) -> str:
     unit = (
         "MiB"
@@ -208,8 +264,12 @@ async def measure(args: argparse.Namespace, server: Server) -> None:
         most = 10**9
         if args.workload == "delete":  # what the warm-up left to delete
             most = (args.objects or DELETE_KEYS) - WARM_UP_OPS
+        writes_blocks = args.workload in ("part", "big-put")
+        fsyncs_before = node_fsyncs(server.gateway_pid) if writes_blocks else None
         phase = await run_phase(args.workload, args.concurrency, run, most, args.seconds, processes)
     print(report(args, phase))
+    if fsyncs_before is not None:
+        print(fsync_report(phase, node_fsyncs(server.gateway_pid) - fsyncs_before))
     if profiler is not None:
         print(profile_report(profiler))
 
