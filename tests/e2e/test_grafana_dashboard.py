@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from shoal.ports import free_port
 from shoal.telemetry import FLUSH_SECONDS
 from tests.fixtures.admin import admin_get, node_admin_ports
 from tests.fixtures.postgres import unique
@@ -30,6 +29,7 @@ from tests.fixtures.serve import Keys, Served
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "shoal.json"
 PROMETHEUS = shutil.which("prometheus")
 PROMETHEUS_SECONDS = 60
+PROMETHEUS_START_SECONDS = 30
 # Grafana's variables, as an operator's Prometheus job names and Grafana would fill them.
 VARIABLES = {
     "$__rate_interval": "15s",
@@ -120,9 +120,8 @@ def some_traffic(served: Served) -> None:
 @contextlib.contextmanager
 def prometheus(tmp_path: Path, gateway: list[int], nodes: list[int]) -> Iterator[str]:
     """A real Prometheus on 127.0.0.1 scraping the gateway's and nodes' admin ports every
-    second; its URL."""
+    second, on a port the kernel picks; its URL once it listens."""
     assert PROMETHEUS is not None
-    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         json.dumps(  # YAML is a superset of JSON
@@ -147,13 +146,13 @@ def prometheus(tmp_path: Path, gateway: list[int], nodes: list[int]) -> Iterator
                 PROMETHEUS,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.listen-address=127.0.0.1:0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{listening_address(process, tmp_path / 'prometheus.log')}"
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -161,6 +160,18 @@ def prometheus(tmp_path: Path, gateway: list[int], nodes: list[int]) -> Iterator
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def listening_address(process: subprocess.Popen[bytes], log: Path) -> str:
+    """The host:port Prometheus's log says it listens on (its web server's line)."""
+    deadline = time.monotonic() + PROMETHEUS_START_SECONDS
+    while time.monotonic() < deadline:
+        said = re.search(r'msg="Listening on" address=(127\.0\.0\.1:\d+)', log.read_text())
+        if said:
+            return said.group(1)
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.1)
+    raise TimeoutError(f"Prometheus did not say where it listens: see {log}")
 
 
 def query(url: str, expr: str) -> dict[str, Any]:
