@@ -70,8 +70,6 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from multidict import CIMultiDict
 
-from shoal.ports import free_port
-
 KiB = 1024
 MiB = 1024 * KiB
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -196,7 +194,8 @@ def started_shoal(
     block_size: int | None = None,
     direct_writes: bool | None = None,
 ) -> Iterator[Server]:
-    """A `shoal serve` in a new temp dir on a free port; stopped and the dir removed after.
+    """A `shoal serve` in a new temp dir on ports the kernel picks (read back from its
+    banner); stopped and the dir removed after.
 
     gateway_workers: `[s3] workers`; replicas, block_size, direct_writes: `[storage]`'s;
     shards: `[metadata] embedded_shards`, in a configuration file (else Shoal's defaults),
@@ -208,7 +207,6 @@ def started_shoal(
         f"{key} = {str(value).lower()}\n" for key, value in storage.items() if value is not None
     )
     try:
-        port = free_port()
         where = ["--data-dir", str(scratch / "data")]
         if gateway_workers is not None or storage_lines or shards is not None or settings:
             config = scratch / "shoal.toml"
@@ -229,10 +227,7 @@ def started_shoal(
                     SHOAL,
                     "serve",
                     *where,
-                    "--port",
-                    str(port),
-                    "--admin-port",
-                    str(free_port()),
+                    *("--port", "0", "--admin-port", "0"),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -243,7 +238,7 @@ def started_shoal(
             try:
                 banner = read_banner(process, start_timeout)
                 yield Server(
-                    f"http://127.0.0.1:{port}",
+                    banner_value(banner, "S3 endpoint"),
                     banner_value(banner, "access key id"),
                     banner_value(banner, "secret access key"),
                     process.pid,
