@@ -333,8 +333,9 @@ def _node_admin(
     """A node's admin listener (health and metrics; a node has no admin API)."""
     if node.admin_port is None:
         return contextlib.nullcontext()
-    sock = _listener(node.host, node.admin_port, node.admin_listen_fd)
-    return serving_admin(admin_app(health), node.host, node.admin_port, sock)
+    return serving_admin(
+        admin_app(health), _listener(node.host, node.admin_port, node.admin_listen_fd)
+    )
 
 
 def _listener(host: str, port: int, inherited_fd: int | None) -> socket.socket:
@@ -627,7 +628,7 @@ async def _gateway_admin(
     async with (
         shoal.loop.in_background(census.keep_refreshing(stop)),
         rates.sampling(),
-        serving_admin(app, config.admin.host, sock.getsockname()[1], sock),
+        serving_admin(app, sock),
     ):
         yield
 

@@ -144,16 +144,12 @@ def json_answer(
 
 
 @contextlib.asynccontextmanager
-async def serving(
-    app: web.Application, host: str, port: int, sock: socket.socket | None = None
-) -> AsyncIterator[None]:
-    """`app` on host:port, or on the listening socket `sock` if given, while the context
-    lasts (a port in use raises OSError)."""
+async def serving(app: web.Application, sock: socket.socket) -> AsyncIterator[None]:
+    """`app` on the listening socket `sock` while the context lasts."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
-        await site.start()
+        await web.SockSite(runner, sock).start()
         yield
     finally:
         await runner.cleanup()
