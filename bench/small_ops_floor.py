@@ -45,7 +45,6 @@ import contextlib
 import hashlib
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -92,8 +91,8 @@ import shoal.loop
 from shoal.ids import uuid7
 from shoal.metadata import MetadataStore, ObjectWrite
 from shoal.metadata.embedded import EmbeddedPostgres
-from shoal.ports import free_port
 from shoal.s3 import http, sigv4
+from shoal.workers import listening_socket
 
 OPS = ("GET", "HEAD", "DELETE")
 SMALL_BYTES = 4096
@@ -177,28 +176,26 @@ async def answer_at_once(request: http.Request) -> http.Response:
     return http.Response(status=204, headers={"x-amz-request-id": "0123456789ABCDEF"})
 
 
-async def serve_bare(port: int) -> None:
-    """The child: http.py on `port` with `answer_at_once`, until killed."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(1024)
+async def serve_bare() -> None:
+    """The child: http.py with `answer_at_once` on a port the kernel picks, which it prints
+    ("ready PORT"), until killed."""
+    sock = listening_socket("127.0.0.1", 0)
     await http.serve(answer_at_once, sock)
-    print("ready", flush=True)
+    print(f"ready {sock.getsockname()[1]}", flush=True)
     await asyncio.Event().wait()
 
 
 @contextlib.contextmanager
 def bare_server() -> Iterator[tuple[Server, int]]:
-    port = free_port()
     child = subprocess.Popen(
-        [sys.executable, __file__, "--bare-server", str(port)],
+        [sys.executable, __file__, "--bare-server"],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert child.stdout is not None
-        if child.stdout.readline().strip() != "ready":
+        word, _, port = child.stdout.readline().strip().partition(" ")
+        if word != "ready" or not port.isdigit():
             raise RuntimeError("the bare HTTP server did not start")
         yield Server(f"http://127.0.0.1:{port}", ACCESS_KEY, SECRET_KEY, child.pid), child.pid
     finally:
@@ -540,10 +537,10 @@ def main() -> None:
     parser.add_argument(
         "--weed", action="store_true", help="drive SeaweedFS too, in the same run (fsync buckets)"
     )
-    parser.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.bare_server is not None:
-        shoal.loop.run(serve_bare(args.bare_server))
+    if args.bare_server:
+        shoal.loop.run(serve_bare())
         return
     print(load_average("at start"))
     print(f"machine: {os.cpu_count()} cores ({cpu_model()}); concurrency {args.concurrency}, ")

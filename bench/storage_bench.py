@@ -72,11 +72,11 @@ from pathlib import Path
 from benchlib import machine_summary, markdown_table, postgres_server, scratch_shard
 
 import shoal.loop
+from shoal.cluster import node_sockets
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.ids import uuid7
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import migrate
-from shoal.ports import free_port
 from shoal.storage import BlockClient, NodeError, block_name
 from shoal.storage.blockfile import checksum_of
 from shoal.storage.datapath import BLOCKS_IN_FLIGHT
@@ -175,32 +175,40 @@ def write_node_config(
 
 
 def start_node(config_file: Path, root: Path, name: str, datacenter: str) -> NodeProcess:
-    port = free_port()
+    """`shoal storage-node` on sockets bound here (ports the kernel picks), as `shoal serve`
+    starts its nodes."""
     node_root = root / name
-    command = [
-        sys.executable,
-        "-m",
-        "shoal.cli",
-        "storage-node",
-        "--config",
-        str(config_file),
-        "--dir",
-        str(node_root),
-        "--port",
-        str(port),
-        "--name",
-        name,
-        "--datacenter",
-        datacenter,
-        "--host",
-        "127.0.0.1",
-    ]
-    log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps it open
-    # A session of its own: Ctrl-C reaches this process only, which stops the node in order.
-    process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-    )
-    log.close()
+    with node_sockets("127.0.0.1", 0, 0) as sockets:
+        command = [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "storage-node",
+            "--config",
+            str(config_file),
+            "--dir",
+            str(node_root),
+            *sockets.arguments(),
+            "--name",
+            name,
+            "--datacenter",
+            datacenter,
+            "--host",
+            "127.0.0.1",
+        ]
+        log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps it open
+        # A session of its own: Ctrl-C reaches this process only, which stops the node in
+        # order.
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            pass_fds=sockets.fds,
+        )
+        log.close()
+        port = sockets.ports[0]
     return NodeProcess(name, datacenter, node_root, port, process)
 
 

@@ -29,7 +29,6 @@ from shoal.config import Config, ShardConfig
 from shoal.metadata import MetadataStore, ObjectWrite
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
-from shoal.ports import free_port
 from tests.fixtures.postgres import MakeStore, unique
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
@@ -156,7 +155,7 @@ def test_large_backlog_is_estimated_from_statistics_and_a_sample(world: World, r
 
 def silent(world: World, name: str) -> list[ShardConfig]:
     """The shards with `name` at an address where nothing listens."""
-    dead = f"host=127.0.0.1 port={free_port()} dbname=nothing user=nobody connect_timeout=2"
+    dead = "host=127.0.0.1 port=1 dbname=nothing user=nobody connect_timeout=2"
     return [replace(s, dsn=dead) if s.name == name else s for s in world.shards]
 
 
@@ -260,15 +259,21 @@ def test_collector_exposes_the_catalogue_names_from_the_last_values(world: World
 @pytest.fixture
 def api(world: World, run: Any) -> Iterator[str]:
     """The API's routes on a plain aiohttp application on a loopback port (no auth)."""
-    census = Census(world.config, world.shards)
+    runner, base = served_api(Census(world.config, world.shards), run)
+    yield f"{base}/admin/v1"
+    run(runner.cleanup())
+
+
+def served_api(census: Census, run: Any) -> tuple[web.AppRunner, str]:
+    """The API's routes on a plain aiohttp application on a loopback port the kernel picks,
+    and its base URL."""
     app = web.Application()
     app.router.add_routes(api_routes(census))
     runner = web.AppRunner(app, access_log=None)
     run(runner.setup())
-    port = free_port()
-    run(web.TCPSite(runner, "127.0.0.1", port).start())
-    yield f"http://127.0.0.1:{port}/admin/v1"
-    run(runner.cleanup())
+    run(web.TCPSite(runner, "127.0.0.1", 0).start())
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
 
 
 def get(run: Any, url: str) -> tuple[int, Any]:
@@ -307,17 +312,11 @@ def test_api_answers_the_contract(world: World, run: Any, api: str) -> None:
 
 
 def test_api_without_the_catalog_is_503_with_a_reason(world: World, run: Any) -> None:
-    census = Census(world.config, silent(world, "s0"))
-    app = web.Application()
-    app.router.add_routes(api_routes(census))
-    runner = web.AppRunner(app, access_log=None)
-    run(runner.setup())
-    port = free_port()
-    run(web.TCPSite(runner, "127.0.0.1", port).start())
+    runner, base = served_api(Census(world.config, silent(world, "s0")), run)
     try:
-        status, body = get(run, f"http://127.0.0.1:{port}/admin/v1/nodes")
+        status, body = get(run, f"{base}/admin/v1/nodes")
         assert status == 503 and "s0" in body["error"]
-        status, cluster = get(run, f"http://127.0.0.1:{port}/admin/v1/cluster")
+        status, cluster = get(run, f"{base}/admin/v1/cluster")
         assert status == 200 and cluster["ring"] is None and cluster["ready"] is False
         assert not cluster["shards"][0]["reachable"] and cluster["shards"][1]["reachable"]
     finally:
