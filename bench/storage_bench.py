@@ -60,7 +60,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -179,23 +178,7 @@ def start_node(config_file: Path, root: Path, name: str, datacenter: str) -> Nod
     starts its nodes."""
     node_root = root / name
     with node_sockets("127.0.0.1", 0, 0) as sockets:
-        command = [
-            sys.executable,
-            "-m",
-            "shoal.cli",
-            "storage-node",
-            "--config",
-            str(config_file),
-            "--dir",
-            str(node_root),
-            *sockets.arguments(),
-            "--name",
-            name,
-            "--datacenter",
-            datacenter,
-            "--host",
-            "127.0.0.1",
-        ]
+        command = sockets.command(node_root, name, datacenter, ["--config", str(config_file)])
         log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - the child keeps it open
         # A session of its own: Ctrl-C reaches this process only, which stops the node in
         # order.

@@ -377,12 +377,24 @@ class NodeSockets:
     def fds(self) -> tuple[int, int]:
         return self.listener.fileno(), self.admin.fileno()
 
-    def arguments(self) -> list[str]:
-        """The `shoal storage-node` options that hand the sockets over."""
+    def command(
+        self, folder: Path, name: str, datacenter: str, options: Sequence[str] = ()
+    ) -> list[str]:
+        """The `shoal storage-node` command line of node `name`, on `folder`, serving on these
+        sockets (started with `pass_fds=fds`), with further `options` (`--config FILE`)."""
         (port, admin_port), (fd, admin_fd) = self.ports, self.fds
         return [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "storage-node",
+            *("--dir", str(folder)),
+            *("--host", self.listener.getsockname()[0]),
             *("--port", str(port), "--listen-fd", str(fd)),
             *("--admin-port", str(admin_port), "--admin-listen-fd", str(admin_fd)),
+            *("--name", name),
+            *("--datacenter", datacenter),
+            *options,
         ]
 
 
@@ -483,22 +495,12 @@ class LocalNodes:
                 node.restarts.started()  # restart_dead sees it exited, and waits
                 return
             node.port, node.admin_port = sockets.ports
-            command = [
-                sys.executable,
-                "-m",
-                "shoal.cli",
-                "storage-node",
-                "--dir",
-                str(self.config.data_dir / "nodes" / node.name),
-                "--host",
-                LOCAL_NODE_HOST,
-                *sockets.arguments(),
-                "--name",
+            command = sockets.command(
+                self.config.data_dir / "nodes" / node.name,
                 node.name,
-                "--datacenter",
                 self.config.storage.datacenter,
-                *self.config_args,
-            ]
+                self.config_args,
+            )
             node.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
