@@ -189,8 +189,10 @@ def test_silent_or_full_nodes_receive_no_new_blocks(make_storage: MakeStorage, r
     directory = RegistryDirectory(cluster.store, timedelta(seconds=30), cluster.client)
     assert len(run(directory.writable_nodes())) == 3
     silent, full = cluster.nodes[0], cluster.nodes[1]
-    silent.kill()
-    full.kill()
+    # Stopped, not killed: a killed node's heartbeat in flight could land after the UPDATEs
+    # below and undo them.
+    silent.stop()
+    full.stop()
 
     async def age_and_fill() -> None:
         async with cluster.store.shards.catalog.pool.connection() as conn:
