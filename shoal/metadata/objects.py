@@ -137,10 +137,12 @@ class Objects(Component):
         rows = await self._delete(owner, bucket, name, if_match, queries.DELETE_OBJECT)
         return object_from_row(rows[0]) if rows else None
 
-    async def remove(self, owner: uuid.UUID, bucket: str, name: str) -> uuid.UUID | None:
+    async def remove(
+        self, owner: uuid.UUID, bucket: str, name: str, *, if_match: bytes | None = None
+    ) -> uuid.UUID | None:
         """Delete the live version as `delete` does, returning only its id (None if there was
         none): what S3's DeleteObject needs, without the row sent back and decoded."""
-        rows = await self._delete(owner, bucket, name, None, queries.DELETE_OBJECT_ID)
+        rows = await self._delete(owner, bucket, name, if_match, queries.DELETE_OBJECT_ID)
         return rows[0]["id"] if rows else None
 
     async def _delete(

@@ -226,8 +226,32 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
 async def delete_object(call: Call) -> http.Response:
     check_key(call.key)
     check_null_version(call)
-    await call.store.objects.remove(call.account, call.bucket, call.key)
+    await _remove(call, call.key, delete_condition(call.request.headers.get("If-Match")))
     return http.Response(status=204)
+
+
+def delete_condition(value: str | None) -> WriteCondition:
+    """A conditional delete's If-Match (DeleteObject's header, an <ETag> of DeleteObjects):
+    `*`, the key must exist; an ETag, its live version must have it (a value that is no ETag
+    Shoal makes matches no version); None, no condition."""
+    try:
+        return _write_condition(value)
+    except PreconditionFailed:
+        return NO_ETAG
+
+
+# The ETag bytes no version has (every content_md5 is 16 bytes).
+NO_ETAG = b""
+
+
+async def _remove(call: Call, key: str, condition: WriteCondition) -> None:
+    """Delete the live version of `key`, if `condition` holds: the ETag is compared in the
+    statement that deletes (PreconditionFailed when another version is live), and a
+    condition on a key with no live version is NoSuchKey, as in S3."""
+    if_match = condition if isinstance(condition, bytes) else None
+    removed = await call.store.objects.remove(call.account, call.bucket, key, if_match=if_match)
+    if removed is None and condition is not None:
+        raise NoSuchKey()
 
 
 @handles(Endpoint.DeleteObjects)
@@ -243,7 +267,11 @@ async def delete_objects(call: Call) -> http.Response:
         raise MalformedXML(f"Delete names 1 to {MAX_DELETE_KEYS} objects")
     # Every <Object> is read before the first delete: a malformed one deletes nothing.
     named = [
-        (s3xml.text_of(t, "Key") or "", s3xml.text_of(t, "VersionId", required=False))
+        (
+            s3xml.text_of(t, "Key") or "",
+            s3xml.text_of(t, "VersionId", required=False),
+            delete_condition(s3xml.text_of(t, "ETag", required=False)),
+        )
         for t in targets
     ]
     if not digested:
@@ -259,7 +287,7 @@ async def delete_objects(call: Call) -> http.Response:
         )
 
     wanted = []
-    for key, version in named:
+    for key, version, condition in named:
         try:
             if version not in (None, "null"):
                 raise NoSuchKey("The specified version does not exist.")
@@ -267,12 +295,22 @@ async def delete_objects(call: Call) -> http.Response:
         except S3Error as exc:
             refused(key, version, exc)
             continue
-        wanted.append((key, version))
-    # One statement per vnode for all the keys it holds, not one delete per key.
-    outcomes = await call.store.objects.delete_many(
-        call.account, call.bucket, [key for key, _ in wanted]
+        wanted.append((key, version, condition))
+    # One statement per vnode for all the keys it holds, not one delete per key; a key with
+    # an <ETag> is deleted alone, its condition checked in its own statement.
+    outcomes: dict[str, Exception | None] = dict(
+        await call.store.objects.delete_many(
+            call.account, call.bucket, [key for key, _, condition in wanted if condition is None]
+        )
     )
-    for key, version in wanted:
+    for key, _, condition in wanted:
+        if condition is not None:
+            try:
+                await _remove(call, key, condition)
+                outcomes[key] = None
+            except (S3Error, MetadataError) as exc:
+                outcomes[key] = exc
+    for key, version, _ in wanted:
         failure = outcomes[key]
         if failure is None:
             deleted.append({"Key": key, "VersionId": version})

@@ -1,5 +1,5 @@
 """S3's answers where tools rely on them: deleting a bucket with open uploads, conditional
-writes with `*` and ETags, a second CompleteMultipartUpload, DeleteObjects of many keys;
+writes and deletes with `*` and ETags, a second CompleteMultipartUpload, DeleteObjects of many keys;
 boto3 and the aws cli against `shoal serve`."""
 
 from __future__ import annotations
@@ -81,6 +81,62 @@ def test_racing_conditional_puts_let_exactly_one_win(served: Served, bucket: str
         with ThreadPoolExecutor(2) as pool:
             outcomes = sorted(pool.map(put, clients))
         assert outcomes == ["PreconditionFailed", "ok"]
+
+
+def test_conditional_deletes_delete_only_the_version_they_name(s3: Any, bucket: str) -> None:
+    first = s3.put_object(Bucket=bucket, Key="k", Body=b"1")
+    second = s3.put_object(Bucket=bucket, Key="k", Body=b"2")
+    for stale in (first["ETag"], '"not-an-etag"'):
+        assert (
+            error_code(s3.delete_object, Bucket=bucket, Key="k", IfMatch=stale)
+            == "PreconditionFailed"
+        )
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"2"
+    s3.delete_object(Bucket=bucket, Key="k", IfMatch=second["ETag"])
+    assert error_code(s3.head_object, Bucket=bucket, Key="k") == "404"
+    # A condition on a key with no live version is NoSuchKey; without one, a delete is 204.
+    for condition in ("*", second["ETag"], '"not-an-etag"'):
+        assert (
+            error_code(s3.delete_object, Bucket=bucket, Key="k", IfMatch=condition) == "NoSuchKey"
+        )
+    s3.delete_object(Bucket=bucket, Key="k")
+    s3.put_object(Bucket=bucket, Key="k", Body=b"3")
+    s3.delete_object(Bucket=bucket, Key="k", IfMatch="*")
+    assert error_code(s3.head_object, Bucket=bucket, Key="k") == "404"
+
+
+def test_delete_objects_honours_each_object_s_etag(s3: Any, bucket: str) -> None:
+    etags = {k: s3.put_object(Bucket=bucket, Key=k, Body=k.encode())["ETag"] for k in "abcd"}
+    objects = [
+        {"Key": "a", "ETag": etags["a"]},
+        {"Key": "b", "ETag": etags["a"]},  # another object's ETag
+        {"Key": "c"},
+        {"Key": "gone", "ETag": etags["d"]},
+    ]
+    result = s3.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+    assert sorted(d["Key"] for d in result["Deleted"]) == ["a", "c"]
+    assert {e["Key"]: e["Code"] for e in result["Errors"]} == {
+        "b": "PreconditionFailed",
+        "gone": "NoSuchKey",
+    }
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["b", "d"]
+
+
+def test_racing_conditional_deletes_let_exactly_one_delete(served: Served, bucket: str) -> None:
+    clients = [served.client() for _ in range(2)]
+
+    def delete(client: Any, etag: str) -> str:
+        try:
+            client.delete_object(Bucket=bucket, Key="race", IfMatch=etag)
+        except ClientError as exc:
+            return str(exc.response["Error"]["Code"])
+        return "ok"
+
+    for n in range(5):
+        etag = clients[0].put_object(Bucket=bucket, Key="race", Body=b"%d" % n)["ETag"]
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = sorted(pool.map(delete, clients, [etag, etag]))
+        assert outcomes == ["NoSuchKey", "ok"]
 
 
 def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
