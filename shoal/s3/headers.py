@@ -105,18 +105,22 @@ def checksum_headers(version: ObjectVersion) -> dict[str, str]:
 
 def object_part(version: ObjectVersion, number: int) -> tuple[int, int, dict[str, str]]:
     """[start, end) of part `number` of a version and the part's checksums (GET and HEAD
-    ?partNumber=). An object not uploaded in parts is one part, with the object's checksums."""
+    ?partNumber=). An object not uploaded in parts is one part, with the object's checksums.
+
+    `number` is the part's number as uploaded, which need not be its position: an upload
+    completed with parts 1 and 3 has a part 3 and no part 2."""
     parts = version.properties.get("parts")
     if parts is None:
         if number != 1:
             raise InvalidPartNumber()
         return 0, version.content_length, checksum_headers(version)
-    if number > len(parts):
-        raise InvalidPartNumber()
-    start = sum(int(p["size"]) for p in parts[: number - 1])
-    part = parts[number - 1]
-    checksums = {f"x-amz-checksum-{k}": v for k, v in part.get("checksums", {}).items()}
-    return start, start + int(part["size"]), checksums
+    start = 0
+    for part in parts:
+        if int(part["part_number"]) == number:
+            checksums = {f"x-amz-checksum-{k}": v for k, v in part.get("checksums", {}).items()}
+            return start, start + int(part["size"]), checksums
+        start += int(part["size"])
+    raise InvalidPartNumber()
 
 
 def http_date(moment: datetime) -> str:

@@ -87,6 +87,29 @@ def test_get_and_head_of_one_part(s3: Any, bucket: str) -> None:
     assert "PartsCount" not in s3.head_object(Bucket=bucket, Key="mp")
 
 
+def test_a_part_is_found_by_its_number_when_the_numbers_have_gaps(s3: Any, bucket: str) -> None:
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="gaps")["UploadId"]
+    bodies = {2: os.urandom(5 * MIB), 5: b"the last part"}
+    chosen = [
+        {
+            "PartNumber": n,
+            "ETag": s3.upload_part(
+                Bucket=bucket, Key="gaps", UploadId=upload, PartNumber=n, Body=body
+            )["ETag"],
+        }
+        for n, body in bodies.items()
+    ]
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="gaps", UploadId=upload, MultipartUpload={"Parts": chosen}
+    )
+    got = s3.get_object(Bucket=bucket, Key="gaps", PartNumber=5)
+    assert got["Body"].read() == bodies[5] and got["PartsCount"] == 2
+    assert got["ContentRange"] == f"bytes {5 * MIB}-{5 * MIB + len(bodies[5]) - 1}/{5 * MIB + 13}"
+    assert s3.head_object(Bucket=bucket, Key="gaps", PartNumber=2)["ContentLength"] == 5 * MIB
+    for missing in (1, 3, 6):
+        assert error_of(s3.head_object, Bucket=bucket, Key="gaps", PartNumber=missing)[0] == 416
+
+
 def test_part_one_of_a_single_part_object_is_all_of_it(s3: Any, bucket: str) -> None:
     for key, body in [("small", b"tiny body"), ("large", os.urandom(2 * MIB))]:
         s3.put_object(Bucket=bucket, Key=key, Body=body)
