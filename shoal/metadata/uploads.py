@@ -29,8 +29,8 @@ from shoal.metadata.errors import (
     PreconditionFailed,
     UploadNotFound,
 )
-from shoal.metadata.listing import successor
-from shoal.metadata.models import ObjectWrite, Part, PartWrite, Upload
+from shoal.metadata.listing import common_prefix, successor
+from shoal.metadata.models import CommonPrefix, ObjectWrite, Part, PartWrite, Upload
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.objects import (
     PutResult,
@@ -143,16 +143,63 @@ class Uploads(Component):
         check_listing_text(prefix, "prefix")
         check_listing_text(key_marker, "key marker")
         found = await self.bucket(owner, bucket)
-        if key_marker and key_marker >= prefix:
-            lower, after_id = key_marker, upload_id_marker or MAX_ID
-        else:
-            lower, after_id = prefix, NIL_ID
-        upper = successor(prefix) if prefix else None
+        lower, after_id = _start(prefix, key_marker, upload_id_marker)
+        return await self._read(owner, found.id, (lower, after_id), _upper(prefix), limit)
+
+    async def page(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        *,
+        prefix: str = "",
+        delimiter: str = "",
+        key_marker: str = "",
+        upload_id_marker: uuid.UUID | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[Upload | CommonPrefix]:
+        """At most `limit` entries of S3's ListMultipartUploads: open uploads in `list`'s
+        order, and with a `delimiter`, those whose key has it after `prefix` rolled up into
+        their common prefix, one entry for all of them. A `key_marker` that is itself a common
+        prefix (the last entry of a previous page) starts past every upload under it."""
+        for value, what in ((prefix, "prefix"), (delimiter, "delimiter"), (key_marker, "marker")):
+            check_listing_text(value, what)
+        found = await self.bucket(owner, bucket)
+        upper = _upper(prefix)
+        start: tuple[str, uuid.UUID] | None = _start(prefix, key_marker, upload_id_marker)
+        if key_marker.startswith(prefix) and common_prefix(key_marker, prefix, delimiter) == (
+            key_marker
+        ):
+            start = _past(key_marker)
+        entries: builtins.list[Upload | CommonPrefix] = []
+        while start is not None and len(entries) < limit and (upper is None or start[0] < upper):
+            wanted = limit - len(entries)
+            uploads = await self._read(owner, found.id, start, upper, wanted)
+            start = None if len(uploads) < wanted else (uploads[-1].name, uploads[-1].id)
+            for upload in uploads:
+                rolled = common_prefix(upload.name, prefix, delimiter)
+                if rolled is None:
+                    entries.append(upload)
+                    continue
+                # Every other upload under it is skipped by reading on from past it.
+                entries.append(CommonPrefix(rolled))
+                start = _past(rolled)
+                break
+        return entries
+
+    async def _read(
+        self,
+        owner: uuid.UUID,
+        bucket_id: uuid.UUID,
+        start: tuple[str, uuid.UUID],
+        upper: str | None,
+        limit: int,
+    ) -> builtins.list[Upload]:
+        """The first `limit` open uploads after (key, upload id) `start`, below `upper`."""
         params = {
             "owner": owner,
-            "bucket_id": found.id,
-            "lower": lower,
-            "after_id": after_id,
+            "bucket_id": bucket_id,
+            "lower": start[0],
+            "after_id": start[1],
             "upper": upper,
             "limit": limit,
         }
@@ -268,6 +315,26 @@ def _chosen_parts(
                 f"last must be at least {min_part_size}"
             )
     return parts
+
+
+def _start(
+    prefix: str, key_marker: str, upload_id_marker: uuid.UUID | None
+) -> tuple[str, uuid.UUID]:
+    """Where a listing of uploads starts, as the (key, upload id) it reads after: past the
+    marker's key (or past its upload id, when one is given), or at the prefix."""
+    if key_marker and key_marker >= prefix:
+        return key_marker, upload_id_marker or MAX_ID
+    return prefix, NIL_ID
+
+
+def _upper(prefix: str) -> str | None:
+    return successor(prefix) if prefix else None
+
+
+def _past(common: str) -> tuple[str, uuid.UUID] | None:
+    """The start that reads on past every key under the common prefix `common`."""
+    after = successor(common)
+    return None if after is None else (after, NIL_ID)
 
 
 def _assembled(upload: Upload, parts: list[Part], properties: dict[str, Any]) -> ObjectWrite:

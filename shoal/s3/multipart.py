@@ -9,10 +9,12 @@ from collections.abc import Mapping
 
 from shoal.metadata import (
     CommitUnknown,
+    CommonPrefix,
     MetadataError,
     ObjectNotFound,
     ObjectVersion,
     PartWrite,
+    Upload,
     UploadNotFound,
 )
 from shoal.s3 import headers as h
@@ -421,31 +423,36 @@ async def list_parts(call: Call) -> http.Response:
 @handles(Endpoint.ListMultipartUploads)
 async def list_multipart_uploads(call: Call) -> http.Response:
     limit = max_keys(call, "max-uploads")
+    prefix = call.query.get("prefix", "")
+    delimiter = call.query.get("delimiter", "")
     key_marker = call.query.get("key-marker", "")
     id_marker = call.query.get("upload-id-marker")
     try:
         after_id = uuid.UUID(id_marker) if id_marker else None
     except ValueError:
         raise InvalidArgument("Invalid uploadId marker") from None
-    uploads = await call.store.uploads.list(
+    entries = await call.store.uploads.page(
         call.account,
         call.bucket,
-        prefix=call.query.get("prefix", ""),
+        prefix=prefix,
+        delimiter=delimiter,
         key_marker=key_marker,
         upload_id_marker=after_id,
         limit=limit + 1,
     )
-    truncated = len(uploads) > limit > 0  # max-uploads=0: an empty page, nothing to go on from
-    uploads = uploads[:limit]
+    truncated = len(entries) > limit > 0  # max-uploads=0: an empty page, nothing to go on from
+    entries = entries[:limit]
+    last = entries[-1] if truncated else None
     body = s3xml.document(
         "ListMultipartUploadsResult",
         {
             "Bucket": call.bucket,
             "KeyMarker": key_marker,
             "UploadIdMarker": id_marker or "",
-            "NextKeyMarker": uploads[-1].name if truncated else None,
-            "NextUploadIdMarker": str(uploads[-1].id) if truncated else None,
-            "Prefix": call.query.get("prefix", ""),
+            "NextKeyMarker": _entry_key(last) if last is not None else None,
+            "NextUploadIdMarker": str(last.id) if isinstance(last, Upload) else None,
+            "Delimiter": delimiter or None,
+            "Prefix": prefix,
             "MaxUploads": limit,
             "IsTruncated": truncated,
             "Upload": [
@@ -458,8 +465,16 @@ async def list_multipart_uploads(call: Call) -> http.Response:
                     "Initiated": u.created,
                     **_upload_checksum_elements(u.properties),
                 }
-                for u in uploads
+                for u in entries
+                if isinstance(u, Upload)
+            ],
+            "CommonPrefixes": [
+                {"Prefix": p.prefix} for p in entries if isinstance(p, CommonPrefix)
             ],
         },
     )
     return http.Response(body=body, content_type=XML)
+
+
+def _entry_key(entry: Upload | CommonPrefix) -> str:
+    return entry.name if isinstance(entry, Upload) else entry.prefix

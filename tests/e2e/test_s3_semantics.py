@@ -139,6 +139,28 @@ def test_racing_conditional_deletes_let_exactly_one_delete(served: Served, bucke
         assert outcomes == ["NoSuchKey", "ok"]
 
 
+def test_list_multipart_uploads_rolls_keys_up_by_the_delimiter(s3: Any, bucket: str) -> None:
+    for key in ("m1", "m1", "m2", "m3/x", "m3/y", "m4"):
+        s3.create_multipart_upload(Bucket=bucket, Key=key)
+    listed = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
+    assert [u["Key"] for u in listed["Uploads"]] == ["m1", "m1", "m2", "m4"]
+    assert listed["CommonPrefixes"] == [{"Prefix": "m3/"}] and listed["Delimiter"] == "/"
+    # Paged two entries at a time, a common prefix counts as one and is never repeated.
+    seen, markers = [], {}
+    while True:
+        page = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/", MaxUploads=2, **markers)
+        entries = [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+        entries += [(p["Prefix"], None) for p in page.get("CommonPrefixes", [])]
+        seen.extend(sorted(entries))
+        if not page["IsTruncated"]:
+            break
+        markers = {"KeyMarker": page["NextKeyMarker"]}
+        if page.get("NextUploadIdMarker"):
+            markers["UploadIdMarker"] = page["NextUploadIdMarker"]
+    assert [key for key, _ in seen] == ["m1", "m1", "m2", "m3/", "m4"]
+    assert len({upload for _, upload in seen if upload}) == 4
+
+
 def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
     upload = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
     part = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=1, Body=b"data")

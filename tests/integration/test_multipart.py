@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from shoal.metadata import (
+    CommonPrefix,
     EntityTooSmall,
     InvalidPart,
     InvalidPartOrder,
@@ -18,6 +20,7 @@ from shoal.metadata import (
     ObjectNotFound,
     PartWrite,
     PreconditionFailed,
+    Upload,
     UploadNotFound,
 )
 from shoal.metadata.objects import ANY_VERSION
@@ -194,6 +197,59 @@ def test_uploads_list_by_key_then_upload_id(
     first_b = min(u.id for u in made if u.name == "b")
     after_first_b = run(store.uploads.list(owner, bucket, key_marker="b", upload_id_marker=first_b))
     assert [u.name for u in after_first_b] == ["b", "c/d"]
+
+
+def model_page(uploads: list[Upload], prefix: str, delimiter: str) -> list[Upload | CommonPrefix]:
+    """Every entry ListMultipartUploads pages through, from all the uploads: each one under
+    `prefix` in (key, id) order, keys with `delimiter` after the prefix as their common
+    prefix, once."""
+    entries: list[Upload | CommonPrefix] = []
+    for upload in sorted(uploads, key=lambda u: (u.name, u.id)):
+        if not upload.name.startswith(prefix):
+            continue
+        found = upload.name.find(delimiter, len(prefix))
+        entry: Upload | CommonPrefix = (
+            upload if found < 0 else CommonPrefix(upload.name[: found + len(delimiter)])
+        )
+        if entry not in entries:
+            entries.append(entry)
+    return entries
+
+
+@pytest.mark.parametrize("delimiter", ["/", "-", "ab"])
+def test_upload_pages_roll_keys_up_into_common_prefixes_as_a_model_does(
+    store: MetadataStore, run: Any, where: tuple[uuid.UUID, str], delimiter: str
+) -> None:
+    owner, bucket = where
+    rng = random.Random(delimiter)
+    parts = ["a", "b", "/", "-", "ab", "z"]
+    names = ["".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(40)]
+    made = [run(store.uploads.create(owner, bucket, name)) for name in [*names, *names[:5]]]
+    for prefix in ("", "a", "b/", "ab"):
+        for limit in (1, 3, 1000):
+            pages: list[Upload | CommonPrefix] = []
+            key_marker, id_marker = "", None
+            for _ in range(len(made) + 1):  # as a client pages, from the last entry's markers
+                page = run(
+                    store.uploads.page(
+                        owner,
+                        bucket,
+                        prefix=prefix,
+                        delimiter=delimiter,
+                        key_marker=key_marker,
+                        upload_id_marker=id_marker,
+                        limit=limit + 1,
+                    )
+                )
+                pages.extend(page[:limit])
+                if len(page) <= limit:
+                    break
+                last = page[limit - 1]
+                key_marker = last.name if isinstance(last, Upload) else last.prefix
+                id_marker = last.id if isinstance(last, Upload) else None
+            else:
+                pytest.fail(f"the pages of {prefix!r} by {limit} never end")
+            assert pages == model_page(made, prefix, delimiter), (prefix, limit)
 
 
 def test_complete_checks_if_match_any_and_if_none_match_an_etag(
