@@ -85,7 +85,7 @@ def listed_keys(names: list[str], percent_encoded: bool) -> list[str]:
         if _URL_SAFE.fullmatch(together):
             return names
         return [quote(name, safe="/") for name in names]
-    if "&" in together or "<" in together or ">" in together:
+    if "&" in together or "<" in together or ">" in together or "\r" in together:
         return [s3xml.text(name) for name in names]
     return names
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from urllib.parse import quote
+from xml.etree import ElementTree
 
 from shoal.s3 import xml as s3xml
 from shoal.s3.listing import listed_keys
@@ -29,3 +30,16 @@ def test_xml_escaping_matches_text_key_by_key() -> None:
     assert listed_keys(keys, percent_encoded=False) == [s3xml.text(k) for k in keys]
     assert listed_keys(["fine", "x&y"], percent_encoded=False) == ["fine", "x&amp;y"]
     assert listed_keys(["a b", "ünï"], percent_encoded=False) == ["a b", "ünï"]
+
+
+def test_keys_with_carriage_returns_and_line_feeds_read_back_exactly() -> None:
+    """A parser reads a raw carriage return as a line feed; the listing writes it so that the
+    key read back is the key stored."""
+    keys = ["a\rb", "c\r\nd", "e\nf", "plain"]
+    listed = listed_keys(keys, percent_encoded=False)
+    assert "\r" not in "".join(listed)
+    body = "".join(f"<Key>{key}</Key>" for key in listed)
+    read = ElementTree.fromstring(f"<Keys>{body}</Keys>")
+    assert [element.text for element in read] == keys
+    document = s3xml.document("Error", {"Resource": "/b/x\ry&z"})
+    assert ElementTree.fromstring(document)[0].text == "/b/x\ry&z"
