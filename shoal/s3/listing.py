@@ -115,7 +115,12 @@ async def list_objects(call: Call) -> http.Response:
             "MaxKeys": max_keys(call),
             "Delimiter": encode(call.query.get("delimiter") or None),  # S3 omits an empty one
             "IsTruncated": page.is_truncated,
-            "NextMarker": encode(page.next_marker) if page.is_truncated else None,
+            # Only with a delimiter, as S3: without one the last key is the next marker.
+            "NextMarker": (
+                encode(page.next_marker)
+                if page.is_truncated and call.query.get("delimiter")
+                else None
+            ),
             "EncodingType": call.query.get("encoding-type"),
             "Contents": contents(call, page, with_owner=True),
             "CommonPrefixes": common_prefixes(call, page),

@@ -161,6 +161,18 @@ def test_list_multipart_uploads_rolls_keys_up_by_the_delimiter(s3: Any, bucket: 
     assert len({upload for _, upload in seen if upload}) == 4
 
 
+def test_list_objects_v1_gives_a_next_marker_only_with_a_delimiter(s3: Any, bucket: str) -> None:
+    for key in ("a", "b/1", "b/2", "c"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"")
+    flat = s3.list_objects(Bucket=bucket, MaxKeys=2)
+    assert flat["IsTruncated"] and "NextMarker" not in flat  # the last key is the marker
+    assert [o["Key"] for o in flat["Contents"]] == ["a", "b/1"]
+    rolled = s3.list_objects(Bucket=bucket, MaxKeys=2, Delimiter="/")
+    assert rolled["IsTruncated"] and rolled["NextMarker"] == "b/"
+    rest = s3.list_objects(Bucket=bucket, Marker=rolled["NextMarker"], Delimiter="/")
+    assert [o["Key"] for o in rest["Contents"]] == ["c"] and not rest["IsTruncated"]
+
+
 def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
     upload = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
     part = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=1, Body=b"data")
