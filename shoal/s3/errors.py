@@ -186,6 +186,10 @@ class InvalidRequest(S3Error, message="Invalid Request"):
     pass
 
 
+class InvalidStorageClass(S3Error, message="The storage class you specified is not valid"):
+    pass
+
+
 class InvalidTag(S3Error, message="The TagSet you have provided is invalid"):
     pass
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shoal.s3.errors import AccessControlListNotSupported, InvalidRequest, NotImplementedByShoal
+from shoal.s3.errors import (
+    AccessControlListNotSupported,
+    InvalidRequest,
+    InvalidStorageClass,
+    NotImplementedByShoal,
+)
 from shoal.s3.router import Endpoint
 
 PRIVATE = "private"
@@ -24,6 +29,24 @@ _OBJECT_LOCK = (
     "x-amz-object-lock-legal-hold",
 )
 _KMS = ("aws:kms", "aws:kms:dsse")
+# S3's storage classes: any is accepted and kept as Shoal's one class (docs/s3.md); another
+# name is S3's InvalidStorageClass, not a typo stored as if it were a class.
+STORAGE_CLASSES = frozenset(
+    {
+        "STANDARD",
+        "REDUCED_REDUNDANCY",
+        "STANDARD_IA",
+        "ONEZONE_IA",
+        "INTELLIGENT_TIERING",
+        "GLACIER",
+        "DEEP_ARCHIVE",
+        "OUTPOSTS",
+        "GLACIER_IR",
+        "SNOW",
+        "EXPRESS_ONEZONE",
+        "FSX_OPENZFS",
+    }
+)
 
 
 def refuse_what_cannot_be_stored(endpoint: Endpoint, headers: Mapping[str, str]) -> None:
@@ -38,6 +61,9 @@ def refuse_what_cannot_be_stored(endpoint: Endpoint, headers: Mapping[str, str])
 
 
 def _refuse_object_write(headers: Mapping[str, str]) -> None:
+    storage_class = headers.get("x-amz-storage-class")
+    if storage_class is not None and storage_class not in STORAGE_CLASSES:
+        raise InvalidStorageClass()
     if any(name in headers for name in _OBJECT_LOCK):
         raise InvalidRequest("Bucket is missing Object Lock Configuration")
     if "x-amz-website-redirect-location" in headers:

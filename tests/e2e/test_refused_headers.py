@@ -1,5 +1,6 @@
 """What a client asks Shoal to store and Shoal cannot keep is refused, never accepted and
-dropped: ACLs that grant access, Object Lock, website redirects, KMS encryption."""
+dropped: ACLs that grant access, Object Lock, website redirects, KMS encryption, a storage
+class S3 does not have."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def test_what_cannot_be_stored_is_refused(s3: Any, bucket: str) -> None:
     )
     assert refused(s3.put_object, WebsiteRedirectLocation="/elsewhere", **where)[0] == 501
     assert refused(s3.put_object, ServerSideEncryption="aws:kms", **where)[0] == 501
+    bogus = (400, "InvalidStorageClass")
+    assert refused(s3.put_object, StorageClass="BOGUS", **where) == bogus
+    assert refused(s3.create_multipart_upload, Bucket=bucket, Key="k", StorageClass="") == bogus
     assert refused(s3.create_bucket, Bucket=unique("b3"), ObjectLockEnabledForBucket=True)[0] == 501
     with pytest.raises(ClientError):
         s3.head_object(Bucket=bucket, Key="k")  # nothing was stored
@@ -37,4 +41,7 @@ def test_what_cannot_be_stored_is_refused(s3: Any, bucket: str) -> None:
     # test_acl.py).
     for acl in ("private", "bucket-owner-full-control"):
         s3.put_object(ACL=acl, **where)
+    for storage_class in ("STANDARD", "GLACIER_IR"):  # S3's classes: kept as Shoal's one
+        s3.put_object(StorageClass=storage_class, **where)
+    assert s3.list_objects_v2(Bucket=bucket)["Contents"][0]["StorageClass"] == "STANDARD"
     s3.create_bucket(Bucket=unique("b3"), ACL="private")
