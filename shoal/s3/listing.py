@@ -161,6 +161,8 @@ async def list_object_versions(call: Call) -> http.Response:
     """An unversioned bucket as S3 shows it: each object is its only, "null", version."""
     encode = encoder(call)
     key_marker = call.query.get("key-marker", "")
+    if call.query.get("version-id-marker") and not key_marker:
+        raise InvalidArgument("A version-id marker cannot be specified without a key marker.")
     page = await page_of(call, key_marker, max_keys(call))
     versions = [
         {

@@ -261,6 +261,8 @@ async def delete_objects(call: Call) -> http.Response:
     digested = check_body_digests(call, body)
     request = s3xml.parse(body, "Delete")
     quiet_text = s3xml.text_of(request, "Quiet", required=False, stripped=True) or "false"
+    if quiet_text.lower() not in ("true", "false"):
+        raise MalformedXML("<Quiet> is true or false")
     quiet = quiet_text.lower() == "true"
     targets = request.findall("Object")
     if not targets or len(targets) > MAX_DELETE_KEYS:

@@ -295,6 +295,12 @@ def test_versions_of_an_unversioned_bucket(s3: Any, bucket: str) -> None:
     assert "Status" not in s3.get_bucket_versioning(Bucket=bucket)
     versions = s3.list_object_versions(Bucket=bucket)["Versions"]
     assert [(v["Key"], v["VersionId"], v["IsLatest"]) for v in versions] == [("v", "null", True)]
+    assert (
+        error_code(s3.list_object_versions, Bucket=bucket, VersionIdMarker="null")
+        == "InvalidArgument"
+    )  # a version id marker needs a key marker
+    after_v = s3.list_object_versions(Bucket=bucket, KeyMarker="v", VersionIdMarker="null")
+    assert "Versions" not in after_v
     s3.delete_object(Bucket=bucket, Key="v", VersionId="null")
     assert "Versions" not in s3.list_object_versions(Bucket=bucket)
     assert s3.delete_object(Bucket=bucket, Key="never")["ResponseMetadata"]["HTTPStatusCode"] == 204

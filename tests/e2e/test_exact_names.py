@@ -75,6 +75,18 @@ def test_delete_objects_with_pretty_printed_xml_keeps_key_text(
     assert names(s3.list_objects_v2(Bucket=bucket)) == ["b"]
 
 
+def test_delete_objects_with_a_quiet_neither_true_nor_false_deletes_nothing(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    put_all(s3, bucket, ["b"])
+    body = b"<Delete><Quiet>maybe</Quiet><Object><Key>b</Key></Object></Delete>"
+    response = raw_request(
+        served, "POST", f"/{bucket}?delete", body, headers={"x-amz-checksum-sha256": sha(body)}
+    )
+    assert response.status == 400 and b"<Code>MalformedXML</Code>" in response.body
+    assert names(s3.list_objects_v2(Bucket=bucket)) == ["b"]
+
+
 def sha(body: bytes) -> str:
     return base64.b64encode(hashlib.sha256(body).digest()).decode()
 
