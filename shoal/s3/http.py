@@ -117,6 +117,14 @@ class Body:
         self.complete = False
         self._error: BaseException | None = None
         self.received = 0  # bytes of the body that arrived (after any HTTP chunked framing)
+        # `Expect: 100-continue`, and no 100 sent yet: it goes out when the handler first
+        # wants the body, so a request refused before that sends no body.
+        self.continue_expected = False
+
+    @property
+    def awaiting_continue(self) -> bool:
+        """The client waits for a 100 Continue that was not sent, and has sent nothing."""
+        return self.continue_expected and not self.complete and self.received == 0
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -506,8 +514,12 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
 
     def body_wanted(self, body: Body) -> None:
-        """A handler waits for body bytes: a paused socket must read again (a pipelined
-        request's body may have filled the buffer while this one was parsed)."""
+        """A handler waits for body bytes: the client is told to go on if it waits for that,
+        and a paused socket must read again (a pipelined request's body may have filled the
+        buffer while this one was parsed)."""
+        if body.continue_expected:
+            body.continue_expected = False
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.resume_reading()
 
     # -- answering --------------------------------------------------------------------------
@@ -538,7 +550,7 @@ class _Connection(asyncio.Protocol):
         """Answer one request; whether the connection can carry another (None: the answer
         was cut short)."""
         if request.headers.get("expect", "").lower() == "100-continue":
-            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.body.continue_expected = True
         try:
             response = await self._server.handler(request)
         except Exception:
@@ -557,6 +569,10 @@ class _Connection(asyncio.Protocol):
                 _tell_answered(request, response)
                 return None  # only closing the connection tells the client
         else:
+            if request.body.awaiting_continue:
+                # Answered without its body, which the client has not sent: it is told the
+                # connection ends rather than left to guess whether to send the body now.
+                request.keep_alive = False
             await self._send_whole(request, response)
         # What the client sent of this request and nobody read is read and dropped, also
         # before a close: closing on unread bytes makes the kernel reset the connection,
@@ -758,6 +774,8 @@ async def _drained(body: Body) -> bool:
     """Read what is left of a body nobody consumed; whether it ended in time."""
     if body.complete and not body._chunks:
         return True
+    if body.awaiting_continue:
+        return False  # never asked for: no 100 may follow the answer
     try:
         async with asyncio.timeout(LINGER_SECONDS):
             async for _ in body:

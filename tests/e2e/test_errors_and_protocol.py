@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +16,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Keys, Served, mock_clock, raw_request
+from tests.fixtures.serve import Keys, Served, mock_clock, raw_request, signed_headers
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,30 @@ def test_expect_100_continue(served: Served, bucket: str) -> None:
     )
     assert response.status == 200
     assert served.client().get_object(Bucket=bucket, Key="expect")["Body"].read() == body
+
+
+def test_a_put_to_a_missing_bucket_is_refused_before_its_body_is_sent(
+    served: Served, bucket: str
+) -> None:
+    path = f"/{unique('missing')}/k"
+    headers = signed_headers(
+        served, "PUT", path, {"Expect": "100-continue", "Content-Length": "1000000"}
+    )
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
+        sock.sendall(f"PUT {path} HTTP/1.1\r\n{head}\r\n".encode())  # no body yet
+        answer = b""
+        while chunk := sock.recv(65536):  # the gateway answers, then ends the connection
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 404 ") and b"<Code>NoSuchBucket</Code>" in answer
+    assert b"\r\nConnection: close\r\n" in answer
+    # boto3 (which sends Expect: 100-continue with a body) reads the refusal, then goes on.
+    s3 = served.client()
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=path.split("/")[1], Key="k", Body=b"x" * 100_000)
+    assert refused.value.response["Error"]["Code"] == "NoSuchBucket"
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x" * 100_000)
+    assert s3.head_object(Bucket=bucket, Key="k")["ContentLength"] == 100_000
 
 
 def test_unsupported_subresources_say_not_implemented(served: Served, bucket: str) -> None:

@@ -40,7 +40,13 @@ def run(handler: http.Handler, client: Callable[[int], Awaitable[Any]]) -> Any:
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     """One response: status, headers (lowercase names) and the body its length says."""
-    head = await reader.readuntil(b"\r\n\r\n")
+    return await read_response_after(await reader.readuntil(b"\r\n\r\n"), reader)
+
+
+async def read_response_after(
+    head: bytes, reader: asyncio.StreamReader
+) -> tuple[int, dict[str, str], bytes]:
+    """The rest of a response whose head was read already."""
     status_line, *lines = head.decode("latin-1").split("\r\n")
     headers = {}
     for line in lines:
@@ -111,6 +117,27 @@ def test_expect_100_continue_and_chunked_bodies() -> None:
     expected, chunked = run(echo, client)
     assert expected == f"PUT /e 5 {hashlib.sha256(b'hello').hexdigest()}".encode()
     assert chunked == f"PUT /c {len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+
+
+def test_a_request_refused_before_its_body_is_read_gets_no_100_continue() -> None:
+    async def refuse_or_echo(request: http.Request) -> http.Response:
+        if request.raw_path == "/refused":
+            return http.Response(status=404, body=b"no such bucket")
+        return await echo(request)
+
+    async def client(port: int) -> tuple[bytes, int, dict[str, str], bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = request_bytes("PUT", "/refused", Expect="100-continue", Content_Length="9000")
+        writer.write(head)  # and, waiting for 100 Continue, no body
+        first = await reader.readuntil(b"\r\n\r\n")
+        status, headers, body = await read_response_after(first, reader)
+        closed = await reader.read()  # the server ends the connection: no body is owed
+        writer.close()
+        return first, status, headers, body + closed
+
+    first, status, headers, rest = run(refuse_or_echo, client)
+    assert first.startswith(b"HTTP/1.1 404") and status == 404
+    assert headers["connection"] == "close" and rest == b"no such bucket"
 
 
 def test_a_large_body_is_read_with_flow_control() -> None:
