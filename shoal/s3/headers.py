@@ -39,6 +39,8 @@ RESPONSE_OVERRIDES = {
     "response-content-disposition": "Content-Disposition",
     "response-content-encoding": "Content-Encoding",
 }
+# What no header value may hold: control characters but the tab (RFC 9110, section 5.5).
+_NOT_IN_A_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 # A range bound of more digits than this is past the end of any object, and is read as this
 # (Python will not even parse an int of over 4300 digits): a Range header of 10,000 digits
@@ -90,6 +92,21 @@ def response_headers(version: ObjectVersion) -> dict[str, str]:
     if tags:
         headers["x-amz-tagging-count"] = str(len(tags))
     return headers
+
+
+def apply_overrides(headers: dict[str, str], query: Mapping[str, str]) -> None:
+    """The `response-*` parameters of a GET or HEAD in place of the headers they name: one
+    header each, whatever the case of the name it was stored under. A value no header can
+    carry (a line break, a control character) is InvalidArgument."""
+    for parameter, header in RESPONSE_OVERRIDES.items():
+        value = query.get(parameter)
+        if value is None:
+            continue
+        if _NOT_IN_A_HEADER.search(value):
+            raise InvalidArgument(f"{parameter} holds a character no header value can")
+        for name in [n for n in headers if n.lower() == header.lower()]:
+            del headers[name]
+        headers[header] = value
 
 
 def checksum_headers(version: ObjectVersion) -> dict[str, str]:

@@ -190,9 +190,7 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
     except h.NotModified:
         kept = {k: v for k, v in headers.items() if k in ("ETag", "Last-Modified")}
         return http.StreamResponse(status=304, headers=kept)  # a head alone, as a HEAD's
-    for parameter, header in h.RESPONSE_OVERRIDES.items():
-        if parameter in call.query:
-            headers[header] = call.query[parameter]
+    h.apply_overrides(headers, call.query)
     size = version.content_length
     checksum_mode = call.request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
     if "partNumber" in call.query:

@@ -105,6 +105,32 @@ def test_get_conditionals_and_response_overrides(s3: Any, bucket: str) -> None:
     assert got["ContentType"] == "text/x-override" and got["ContentDisposition"] == "inline"
 
 
+def test_response_overrides_replace_the_stored_headers(served: Served, bucket: str) -> None:
+    s3 = served.client()
+    stored = {"ContentDisposition": "inline", "ContentLanguage": "en", "CacheControl": "no-cache"}
+    s3.put_object(Bucket=bucket, Key="d", Body=b"hello", **stored)
+    url = s3.generate_presigned_url(
+        "get_object",
+        Params={
+            "Bucket": bucket,
+            "Key": "d",
+            "ResponseContentDisposition": 'attachment; filename="x.txt"',
+            "ResponseContentLanguage": "fr",
+            "ResponseCacheControl": "max-age=5",
+        },
+    )
+    with urllib.request.urlopen(url, timeout=30) as response:
+        sent = response.headers
+        assert sent.get_all("Content-Disposition") == ['attachment; filename="x.txt"']
+        assert sent.get_all("Content-Language") == ["fr"]
+        assert sent.get_all("Cache-Control") == ["max-age=5"]
+    # A value no header can carry is the client's mistake, not the server's.
+    assert (
+        error_code(s3.get_object, Bucket=bucket, Key="d", ResponseContentType="a\r\nX-Evil: 1")
+        == "InvalidArgument"
+    )
+
+
 def test_conditional_writes(s3: Any, bucket: str) -> None:
     first = s3.put_object(Bucket=bucket, Key="once", Body=b"1", IfNoneMatch="*")
     assert (
