@@ -213,9 +213,13 @@ async def post_object(call: Call) -> http.Response:
     from shoal.s3.objects import _commit, _object_write, check_key
 
     check_key(call.key)
-    # Its fields ask for what a PutObject's headers would (names are lowercase in both).
-    refuse_what_cannot_be_stored(Endpoint.PutObject, form.fields)
-    acl = canned_acl(form.fields)
+    # Its fields ask for what a PutObject's headers would (names are lowercase in both),
+    # but for the canned ACL: the form's field is `acl`, the header's `x-amz-acl`.
+    asked = dict(form.fields)
+    if "acl" in asked:
+        asked["x-amz-acl"] = asked.pop("acl")
+    refuse_what_cannot_be_stored(Endpoint.PutObject, asked)
+    acl = canned_acl(asked)
     # S3's form field `tagging` is a Tagging document, as PutObjectTagging's body.
     tagging = form.fields.get("tagging")
     tag_set = tags.from_body(tagging.encode(), tags.MAX_OBJECT_TAGS) if tagging else {}

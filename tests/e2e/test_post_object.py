@@ -180,6 +180,7 @@ def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
     for fields, status, code in (
         ({"x-amz-acl": "private"}, 204, ""),
         ({"x-amz-acl": "public-read-write"}, 400, "AccessControlListNotSupported"),
+        ({"acl": "public-read-write"}, 400, "AccessControlListNotSupported"),  # S3's field
         ({"x-amz-server-side-encryption": "aws:kms"}, 501, "NotImplemented"),
     ):
         post = s3.generate_presigned_post(
@@ -191,8 +192,9 @@ def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
             assert error_of(response)[1] == code
 
 
-def test_a_public_read_field_makes_the_object_public_read(s3: Any, bucket: str) -> None:
-    fields = {"x-amz-acl": "public-read"}
+@pytest.mark.parametrize("field", ["acl", "x-amz-acl"])  # S3's form field, and the header's
+def test_a_public_read_field_makes_the_object_public_read(s3: Any, bucket: str, field: str) -> None:
+    fields = {field: "public-read"}
     post = s3.generate_presigned_post(
         bucket, "public", Fields=fields, Conditions=[{k: v} for k, v in fields.items()]
     )
