@@ -6,7 +6,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 
 from shoal import httpdate
 from shoal.metadata import ObjectVersion
@@ -158,11 +158,8 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
     conditions = (if_match, if_none_match, modified_since_text, unmodified_since_text)
     if conditions == (None, None, None, None):
         return  # most reads: no condition (and none of the work below)
-    # A date that cannot be read is ignored, as S3 does; so is an If-Modified-Since later
-    # than now, which HTTP calls invalid (RFC 7232, section 3.3): S3 answers the object.
+    # A date that cannot be read is ignored, as S3 does.
     modified_since = httpdate.parse(modified_since_text)
-    if modified_since is not None and modified_since > datetime.now(UTC):
-        modified_since = None
     unmodified_since = httpdate.parse(unmodified_since_text)
     modified = version.modified.replace(microsecond=0)
     if if_match is not None:
