@@ -29,7 +29,7 @@ from shoal.config import S3Config
 from shoal.credentials import Credentials
 from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
 from shoal.readiness import Readiness
-from shoal.s3 import http, metrics, sigv2, sigv4
+from shoal.s3 import http, metrics, payload, sigv2, sigv4
 from shoal.s3 import xml as s3xml
 from shoal.s3.errors import (
     AccessDenied,
@@ -123,9 +123,11 @@ class Call:
         """The request body as the client meant it (aws-chunked decoded, signatures checked)."""
         return self.verified.body(self.request.body)
 
-    async def read_body(self, limit: int) -> bytes:
-        """A small body (XML), whole; S3's MaxMessageLengthExceeded past `limit` bytes,
-        refused before reading when the declared length already says so."""
+    async def read_body(self, limit: int, *, digests_of_body: bool = True) -> bytes:
+        """A small body (XML), whole, its Content-MD5 and x-amz-checksum-* checked
+        (payload.check_small_body) unless those are not the body's (`digests_of_body`);
+        S3's MaxMessageLengthExceeded past `limit` bytes, refused before reading when the
+        declared length already says so."""
         declared = self.request.content_length
         if declared is not None and declared > limit:
             raise MaxMessageLengthExceeded()
@@ -134,7 +136,10 @@ class Call:
             received += chunk
             if len(received) > limit:
                 raise MaxMessageLengthExceeded()
-        return bytes(received)
+        body = bytes(received)
+        if digests_of_body:
+            payload.check_small_body(self.request.headers, self.verified.trailers, body)
+        return body
 
 
 def make_handler(gateway: Gateway) -> http.Handler:

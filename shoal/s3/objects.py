@@ -22,7 +22,6 @@ from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, answer_while_working, handles, refuse_foreign_bucket
 from shoal.s3.errors import (
     AccessDenied,
-    BadDigest,
     InvalidArgument,
     InvalidRequest,
     KeyTooLongError,
@@ -34,7 +33,6 @@ from shoal.s3.errors import (
 )
 from shoal.s3.refusals import PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
-from shoal.storage.checksums import Digests
 
 XML = "application/xml"
 MAX_DELETE_KEYS = 1000
@@ -256,7 +254,6 @@ async def _remove(call: Call, key: str, condition: WriteCondition) -> None:
 async def delete_objects(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     body = await call.read_body(MAX_DELETE_BODY)
-    digested = check_body_digests(call, body)
     request = s3xml.parse(body, "Delete")
     quiet_text = s3xml.text_of(request, "Quiet", required=False, stripped=True) or "false"
     if quiet_text.lower() not in ("true", "false"):
@@ -274,7 +271,7 @@ async def delete_objects(call: Call) -> http.Response:
         )
         for t in targets
     ]
-    if not digested:
+    if not payload.digest_sent(call.request.headers, call.verified.trailers):
         raise InvalidRequest("Missing required header for this request: Content-MD5")
     deleted, errors = [], []
 
@@ -324,22 +321,6 @@ async def delete_objects(call: Call) -> http.Response:
         },
     )
     return http.Response(body=body, content_type=XML)
-
-
-def check_body_digests(call: Call, body: bytes) -> bool:
-    """Content-MD5 and x-amz-checksum-* (header or trailer) of a small body, checked before
-    anything is done with it (BadDigest); whether the client sent any."""
-    sent = {
-        k.lower(): v for k, v in (*call.request.headers.items(), *call.verified.trailers.items())
-    }
-    expected_md5 = h.content_md5(sent)
-    digests = Digests(payload.requested_checksums(sent))
-    digests.update(body)
-    if expected_md5 is not None and expected_md5 != digests.md5:
-        raise BadDigest()
-    computed = digests.s3_values()
-    payload.verify_checksums(computed, sent)
-    return expected_md5 is not None or any(f"x-amz-checksum-{n}" in sent for n in computed)
 
 
 @handles(Endpoint.CopyObject)

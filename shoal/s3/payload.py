@@ -153,6 +153,28 @@ async def _from_row(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
+def check_small_body(headers: Mapping[str, str], trailers: Mapping[str, str], body: bytes) -> None:
+    """Content-MD5 and x-amz-checksum-* (header or trailer) of a small body (an XML
+    document), checked before anything is done with it: BadDigest, InvalidDigest."""
+    sent = _sent_digests(headers, trailers)
+    expected_md5 = h.content_md5(sent)
+    digests = Digests(requested_checksums(sent))
+    digests.update(body)
+    if expected_md5 is not None and expected_md5 != digests.md5:
+        raise BadDigest()
+    verify_checksums(digests.s3_values(), sent)
+
+
+def digest_sent(headers: Mapping[str, str], trailers: Mapping[str, str]) -> bool:
+    """Whether a request carries a Content-MD5 or an x-amz-checksum-* for its body."""
+    sent = _sent_digests(headers, trailers)
+    return "content-md5" in sent or any(f"x-amz-checksum-{n}" in sent for n in S3_CHECKSUMS)
+
+
+def _sent_digests(headers: Mapping[str, str], trailers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in (*headers.items(), *trailers.items())}
+
+
 def verify_checksums(computed: Mapping[str, str], sent: Mapping[str, str]) -> None:
     lowered = {k.lower(): v for k, v in sent.items()}
     for name, value in computed.items():

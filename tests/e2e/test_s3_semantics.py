@@ -4,6 +4,7 @@ boto3 and the aws cli against `shoal serve`."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,8 +13,9 @@ from botocore.exceptions import ClientError
 
 from tests.e2e.test_awscli_and_pyarrow import aws
 from tests.e2e.test_boto3 import error_code
+from tests.e2e.test_errors_and_protocol import code_of
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Served
+from tests.fixtures.serve import Served, raw_request
 
 
 def test_delete_bucket_whose_only_contents_are_open_uploads(s3: Any, bucket: str) -> None:
@@ -171,6 +173,41 @@ def test_list_objects_v1_gives_a_next_marker_only_with_a_delimiter(s3: Any, buck
     assert rolled["IsTruncated"] and rolled["NextMarker"] == "b/"
     rest = s3.list_objects(Bucket=bucket, Marker=rolled["NextMarker"], Delimiter="/")
     assert [o["Key"] for o in rest["Contents"]] == ["c"] and not rest["IsTruncated"]
+
+
+def test_every_xml_body_is_checked_against_its_digests(served: Served, bucket: str) -> None:
+    lifecycle = (
+        b"<LifecycleConfiguration><Rule><ID>r</ID><Filter><Prefix>tmp/</Prefix></Filter>"
+        b"<Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule>"
+        b"</LifecycleConfiguration>"
+    )
+    cors = (
+        b"<CORSConfiguration><CORSRule><AllowedOrigin>*</AllowedOrigin>"
+        b"<AllowedMethod>GET</AllowedMethod></CORSRule></CORSConfiguration>"
+    )
+    tagging = b"<Tagging><TagSet><Tag><Key>k</Key><Value>v</Value></Tag></TagSet></Tagging>"
+    bodies = {
+        f"/{bucket}?lifecycle": lifecycle,
+        f"/{bucket}?cors": cors,
+        f"/{bucket}?tagging": tagging,
+    }
+    wrong_md5 = base64.b64encode(hashlib.md5(b"another body").digest()).decode()
+    wrong_crc = base64.b64encode(b"\0\0\0\0").decode()
+    for path, body in bodies.items():
+        for headers, code in (
+            ({"Content-MD5": wrong_md5}, "BadDigest"),
+            ({"Content-MD5": "not base64!"}, "InvalidDigest"),
+            ({"x-amz-checksum-crc32": wrong_crc}, "BadDigest"),
+        ):
+            refused = raw_request(served, "PUT", path, body, headers=headers)
+            assert (refused.status, code_of(refused.body)) == (400, code), (path, headers)
+        right = base64.b64encode(hashlib.md5(body).digest()).decode()
+        stored = raw_request(served, "PUT", path, body, headers={"Content-MD5": right})
+        assert stored.status in (200, 204), (path, stored.body)
+    new_bucket = raw_request(
+        served, "PUT", f"/{unique('md5')}", b"", headers={"Content-MD5": wrong_md5}
+    )
+    assert (new_bucket.status, code_of(new_bucket.body)) == (400, "BadDigest")
 
 
 def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
