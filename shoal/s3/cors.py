@@ -47,12 +47,22 @@ NOT_ALLOWED = (
 )
 
 Rule = dict[str, Any]
+# S3's schema of a <CORSRule>: the children it may have, how many.
+RULE_CHILDREN = {
+    "ID": 1,
+    "AllowedOrigin": s3xml.MANY,
+    "AllowedMethod": s3xml.MANY,
+    "AllowedHeader": s3xml.MANY,
+    "ExposeHeader": s3xml.MANY,
+    "MaxAgeSeconds": 1,
+}
 
 
 @handles(Endpoint.PutBucketCors)
 async def put_bucket_cors(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     document = s3xml.parse(await call.read_body(MAX_BODY), "CORSConfiguration")
+    s3xml.check_children(document, {"CORSRule": s3xml.MANY})
     rules = [parse_rule(rule) for rule in document.findall("CORSRule")]
     if not rules or len(rules) > MAX_RULES:
         raise MalformedXML(f"a CORS configuration has 1 to {MAX_RULES} rules")
@@ -79,6 +89,7 @@ async def delete_bucket_cors(call: Call) -> http.Response:
 
 def parse_rule(rule: Element) -> Rule:
     """One <CORSRule> as stored, validated as S3 does."""
+    s3xml.check_children(rule, RULE_CHILDREN)
     rule_id = s3xml.text_of(rule, "ID", required=False, stripped=True) or ""
     if len(rule_id) > MAX_ID_CHARS:
         raise InvalidArgument(f"ID length should not exceed allowed limit of {MAX_ID_CHARS}")

@@ -113,8 +113,31 @@ async def _check_destination(call: Call, destination: dict[str, Any]) -> None:
         ) from None
 
 
+# S3's schema of an inventory configuration: the children each element may have, how many.
+CONFIGURATION_CHILDREN = {
+    "Id": 1,
+    "IsEnabled": 1,
+    "IncludedObjectVersions": 1,
+    "Schedule": 1,
+    "Filter": 1,
+    "Destination": 1,
+    "OptionalFields": 1,
+}
+SCHEDULE_CHILDREN = {"Frequency": 1}
+DESTINATION_CHILDREN = {"S3BucketDestination": 1}
+BUCKET_DESTINATION_CHILDREN = {
+    "AccountId": 1,
+    "Bucket": 1,
+    "Format": 1,
+    "Prefix": 1,
+    "Encryption": 1,
+}
+ENCRYPTION_CHILDREN = {"SSE-S3": 1, "SSE-KMS": 1}
+
+
 def parse_configuration(document: Element) -> dict[str, Any]:
     """An <InventoryConfiguration> as stored (shoal/inventory.py), validated as S3 does."""
+    s3xml.check_children(document, CONFIGURATION_CHILDREN)
     config_id = _required(document, "Id")
     if len(config_id) > MAX_ID_CHARS or not ID_PATTERN.fullmatch(config_id):
         raise InvalidArgument(
@@ -128,6 +151,7 @@ def parse_configuration(document: Element) -> dict[str, Any]:
     schedule = document.find("Schedule")
     if schedule is None:
         raise MalformedXML("<InventoryConfiguration> needs <Schedule>")
+    s3xml.check_children(schedule, SCHEDULE_CHILDREN)
     frequency = _one_of(schedule, "Frequency", inventory.FREQUENCIES)
     prefix = None
     filtered = document.find("Filter")
@@ -135,6 +159,7 @@ def parse_configuration(document: Element) -> dict[str, Any]:
         for child in filtered:
             if child.tag != "Prefix":
                 raise NotImplementedByShoal(f"An inventory Filter by {child.tag} is not supported")
+        s3xml.check_children(filtered, {"Prefix": 1})
         prefix = s3xml.text_of(filtered, "Prefix", required=False)
     return {
         "id": config_id,
@@ -149,9 +174,12 @@ def parse_configuration(document: Element) -> dict[str, Any]:
 
 def _destination(document: Element) -> dict[str, Any]:
     holder = document.find("Destination")
+    if holder is not None:
+        s3xml.check_children(holder, DESTINATION_CHILDREN)
     target = holder.find("S3BucketDestination") if holder is not None else None
     if target is None:
         raise MalformedXML("<InventoryConfiguration> needs <Destination><S3BucketDestination>")
+    s3xml.check_children(target, BUCKET_DESTINATION_CHILDREN)
     arn = _required(target, "Bucket")
     if not arn.startswith(ARN_PREFIX) or len(arn) == len(ARN_PREFIX):
         raise InvalidArgument(
@@ -180,6 +208,7 @@ def _encryption(target: Element) -> str | None:
     encryption = target.find("Encryption")
     if encryption is None:
         return None
+    s3xml.check_children(encryption, ENCRYPTION_CHILDREN)
     if encryption.find("SSE-KMS") is not None:
         raise NotImplementedByShoal("SSE-KMS encryption of inventory reports is not supported")
     if encryption.find("SSE-S3") is not None:
@@ -189,6 +218,8 @@ def _encryption(target: Element) -> str | None:
 
 def _fields(document: Element) -> list[str]:
     holder = document.find("OptionalFields")
+    if holder is not None:
+        s3xml.check_children(holder, {"Field": s3xml.MANY})
     names = [] if holder is None else [(f.text or "").strip() for f in holder.findall("Field")]
     for name in names:
         if name in inventory.REFUSED_FIELDS:

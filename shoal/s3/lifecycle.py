@@ -3,10 +3,11 @@ DeleteBucketLifecycle. The rules are applied by `shoal pipeline lifecycle`.
 
 Supported, per rule: an ID, Status, a filter by prefix and tags (`Filter` with `Prefix`,
 `Tag`, or `And` of a prefix and tags; or the older `Prefix`), `Expiration` by `Days` or
-`Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (and days at most
-shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so noncurrent-version actions have
-nothing to act on, and Shoal has one storage class, so transitions are refused with
-NotImplemented rather than silently ignored, as are filters by object size.
+`Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (its schema: no unknown
+or repeated element; days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so
+noncurrent-version actions have nothing to act on, and Shoal has one storage class: those
+actions and transitions are refused with NotImplemented rather than silently ignored, as
+are filters by object size.
 """
 
 from __future__ import annotations
@@ -30,13 +31,33 @@ from shoal.s3.router import Endpoint
 
 XML = "application/xml"
 MAX_BODY = 512 * 1024
-UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition")
+UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition", "NoncurrentVersionExpiration")
+# S3's schema of a lifecycle configuration: the children each element may have, how many.
+_ONE, _MANY = 1, s3xml.MANY
+RULE_CHILDREN = {
+    "ID": _ONE,
+    "Status": _ONE,
+    "Filter": _ONE,
+    "Prefix": _ONE,
+    "Expiration": _ONE,
+    "AbortIncompleteMultipartUpload": _ONE,
+    "Transition": _MANY,
+    "NoncurrentVersionTransition": _MANY,
+    "NoncurrentVersionExpiration": _ONE,
+}
+SIZES = {"ObjectSizeGreaterThan": _ONE, "ObjectSizeLessThan": _ONE}
+FILTER_CHILDREN = {"Prefix": _ONE, "Tag": _ONE, "And": _ONE, **SIZES}
+AND_CHILDREN = {"Prefix": _ONE, "Tag": _MANY, **SIZES}
+TAG_CHILDREN = {"Key": _ONE, "Value": _ONE}
+EXPIRATION_CHILDREN = {"Days": _ONE, "Date": _ONE, "ExpiredObjectDeleteMarker": _ONE}
+ABORT_CHILDREN = {"DaysAfterInitiation": _ONE}
 
 
 @handles(Endpoint.PutBucketLifecycleConfiguration)
 async def put_bucket_lifecycle(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     document = s3xml.parse(await call.read_body(MAX_BODY), "LifecycleConfiguration")
+    s3xml.check_children(document, {"Rule": _MANY})
     rules = [parse_rule(rule) for rule in document.findall("Rule")]
     if not rules or len(rules) > MAX_RULES:
         raise MalformedXML(f"a lifecycle configuration has 1 to {MAX_RULES} rules")
@@ -65,9 +86,11 @@ async def delete_bucket_lifecycle(call: Call) -> http.Response:
 
 def parse_rule(rule: Element) -> dict[str, Any]:
     """One <Rule> as stored (shoal/lifecycle.py), validated as S3 does."""
+    s3xml.check_children(rule, RULE_CHILDREN)
     for action in UNSUPPORTED_ACTIONS:
         if rule.find(action) is not None:
-            raise NotImplementedByShoal(f"{action} is not supported: Shoal has one storage class")
+            why = "buckets are unversioned" if "Noncurrent" in action else "one storage class"
+            raise NotImplementedByShoal(f"{action} is not supported: Shoal has {why}")
     status = s3xml.text_of(rule, "Status", stripped=True)
     if status not in ("Enabled", "Disabled"):
         raise MalformedXML("Status must be Enabled or Disabled")
@@ -86,6 +109,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     }
     expiration = rule.find("Expiration")
     if expiration is not None:
+        s3xml.check_children(expiration, EXPIRATION_CHILDREN)
         days = s3xml.text_of(expiration, "Days", required=False, stripped=True)
         date = s3xml.text_of(expiration, "Date", required=False, stripped=True)
         delete_marker = expiration.find("ExpiredObjectDeleteMarker") is not None
@@ -108,6 +132,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
             parsed["expiration_date"] = _date(date or "")
     abort = rule.find("AbortIncompleteMultipartUpload")
     if abort is not None:
+        s3xml.check_children(abort, ABORT_CHILDREN)
         parsed["abort_days"] = _days(
             s3xml.text_of(abort, "DaysAfterInitiation", stripped=True) or "",
             "'DaysAfterInitiation' for AbortIncompleteMultipartUpload action",
@@ -158,6 +183,7 @@ def _filter(rule: Element) -> tuple[str, dict[str, str]]:
     if old_prefix is not None:
         return old_prefix.text or "", {}
     assert filter_ is not None
+    s3xml.check_children(filter_, FILTER_CHILDREN)
     conditions = list(filter_)
     if len(conditions) > 1:
         raise MalformedXML("Filter has one of Prefix, Tag, ObjectSizeGreaterThan, And, ...")
@@ -169,6 +195,7 @@ def _filter(rule: Element) -> tuple[str, dict[str, str]]:
     if condition.tag == "Tag":
         return "", _tags([condition])
     if condition.tag == "And":
+        s3xml.check_children(condition, AND_CHILDREN)
         for part in condition:
             if part.tag not in ("Prefix", "Tag"):
                 _unsupported_filter(part.tag)
@@ -183,6 +210,7 @@ def _tags(elements: list[Element]) -> dict[str, str]:
     """The tags of a filter's `Tag` elements, checked as an object's tags are."""
     pairs = []
     for element in elements:
+        s3xml.check_children(element, TAG_CHILDREN)
         if element.find("Key") is None or element.find("Value") is None:
             raise MalformedXML("a Tag has a Key and a Value")
         key = s3xml.text_of(element, "Key", required=False) or ""

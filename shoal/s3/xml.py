@@ -112,6 +112,27 @@ def parse(body: bytes, root: str) -> ElementTree.Element:
     return element
 
 
+# In `check_children`: an element that may appear any number of times.
+MANY = 0
+
+
+def check_children(element: ElementTree.Element, allowed: Mapping[str, int]) -> None:
+    """MalformedXML for a child that `allowed` does not name, or one that appears more often
+    than it allows (MANY: any number), as S3 checks a document against its schema: a second
+    <Status> or an unknown element is refused, never read past."""
+    seen: dict[str, int] = {}
+    for child in element:
+        tag = child.tag
+        if not isinstance(tag, str):
+            continue  # a comment or processing instruction
+        limit = allowed.get(tag)
+        if limit is None:
+            raise MalformedXML(f"<{element.tag}> has no <{tag}>")
+        seen[tag] = seen.get(tag, 0) + 1
+        if limit != MANY and seen[tag] > limit:
+            raise MalformedXML(f"<{element.tag}> has at most {limit} <{tag}>")
+
+
 def text_of(
     element: ElementTree.Element, tag: str, required: bool = True, stripped: bool = False
 ) -> str | None:

@@ -147,6 +147,15 @@ def test_bad_xml_and_a_missing_id(served: Served, s3: Any, bucket: str) -> None:
     answer = raw_request(served, "PUT", f"/{bucket}?inventory&id=a", no_id)
     assert answer.status == 400 and b"<Code>MalformedXML</Code>" in answer.body
     with_id = no_id.replace(b"<IsEnabled>", b"<Id>a</Id><IsEnabled>")
+    # A repeated or unknown element is refused, never read past (S3's schema).
+    for extra in (
+        b"<IsEnabled>false</IsEnabled>",
+        b"<Foo>bar</Foo>",
+        b"<Destination><S3BucketDestination/></Destination>",
+    ):
+        broken = with_id.replace(b"</InventoryConfiguration>", extra + b"</InventoryConfiguration>")
+        answer = raw_request(served, "PUT", f"/{bucket}?inventory&id=a", broken)
+        assert answer.status == 400 and b"<Code>MalformedXML</Code>" in answer.body, extra
     assert raw_request(served, "PUT", f"/{bucket}?inventory&id=a", with_id).status == 200
     answer = raw_request(served, "PUT", f"/{bucket}?inventory", with_id)  # no id parameter
     assert answer.status == 400 and b"<Code>InvalidArgument</Code>" in answer.body

@@ -210,6 +210,43 @@ def test_every_xml_body_is_checked_against_its_digests(served: Served, bucket: s
     assert (new_bucket.status, code_of(new_bucket.body)) == (400, "BadDigest")
 
 
+RULE = "<Status>Enabled</Status><Filter><Prefix>a</Prefix></Filter>"
+EXPIRE = "<Expiration><Days>1</Days></Expiration>"
+
+
+def test_configurations_are_checked_against_s3_s_schema(served: Served, bucket: str) -> None:
+    """A repeated or unknown element is MalformedXML, never read past (the first <Filter> of
+    two kept, the second dropped); an action Shoal cannot take is NotImplemented."""
+    lifecycle = {
+        "two filters": f"{RULE}<Filter><Prefix>b</Prefix></Filter>{EXPIRE}",
+        "two statuses": f"{RULE}<Status>Disabled</Status>{EXPIRE}",
+        "two expirations": f"{RULE}{EXPIRE}<Expiration><Days>2</Days></Expiration>",
+        "two days": f"{RULE}<Expiration><Days>1</Days><Days>2</Days></Expiration>",
+        "unknown element": f"{RULE}{EXPIRE}<Colour>red</Colour>",
+        "unknown in filter": (
+            "<Status>Enabled</Status><Filter><Prefix>a</Prefix><Suffix>z</Suffix></Filter>" + EXPIRE
+        ),
+    }
+    for what, rule in lifecycle.items():
+        body = f"<LifecycleConfiguration><Rule>{rule}</Rule></LifecycleConfiguration>".encode()
+        refused = raw_request(served, "PUT", f"/{bucket}?lifecycle", body)
+        assert (refused.status, code_of(refused.body)) == (400, "MalformedXML"), what
+    noncurrent = "<NoncurrentVersionExpiration><NoncurrentDays>5</NoncurrentDays>"
+    body = (
+        f"<LifecycleConfiguration><Rule>{RULE}{EXPIRE}{noncurrent}"
+        "</NoncurrentVersionExpiration></Rule></LifecycleConfiguration>"
+    ).encode()
+    refused = raw_request(served, "PUT", f"/{bucket}?lifecycle", body)
+    assert (refused.status, code_of(refused.body)) == (501, "NotImplemented")
+    cors_rule = "<AllowedOrigin>*</AllowedOrigin><AllowedMethod>GET</AllowedMethod>"
+    for extra in ("<MaxAgeSeconds>1</MaxAgeSeconds>" * 2, "<Colour>red</Colour>"):
+        body = f"<CORSConfiguration><CORSRule>{cors_rule}{extra}</CORSRule></CORSConfiguration>"
+        refused = raw_request(served, "PUT", f"/{bucket}?cors", body.encode())
+        assert (refused.status, code_of(refused.body)) == (400, "MalformedXML"), extra
+    assert raw_request(served, "GET", f"/{bucket}?lifecycle").status == 404  # nothing stored
+    assert raw_request(served, "GET", f"/{bucket}?cors").status == 404
+
+
 def test_second_complete_with_the_same_parts_answers_the_same(s3: Any, bucket: str) -> None:
     upload = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
     part = s3.upload_part(Bucket=bucket, Key="mp", UploadId=upload, PartNumber=1, Body=b"data")
