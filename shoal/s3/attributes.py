@@ -64,7 +64,8 @@ def _parts_page(call: Call, parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "PartsCount": len(parts),
         "PartNumberMarker": after,
-        "NextPartNumberMarker": page[-1]["part_number"] if truncated and page else None,
+        # An empty page (x-amz-max-parts 0) goes on from where it was asked to start.
+        "NextPartNumberMarker": (page[-1]["part_number"] if page else after) if truncated else None,
         "MaxParts": limit,
         "IsTruncated": truncated,
         "Part": [

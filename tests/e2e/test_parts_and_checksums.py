@@ -295,6 +295,10 @@ def test_get_object_attributes(s3: Any, bucket: str) -> None:
     )
     assert [p["PartNumber"] for p in rest["ObjectParts"]["Parts"]] == [3]
     assert not rest["ObjectParts"]["IsTruncated"] and "ETag" not in rest
+    empty = s3.get_object_attributes(
+        Bucket=bucket, Key="mp", ObjectAttributes=["ObjectParts"], MaxParts=0, PartNumberMarker=1
+    )["ObjectParts"]
+    assert empty["IsTruncated"] and empty["NextPartNumberMarker"] == 1  # where to go on from
 
     s3.put_object(Bucket=bucket, Key="one", Body=b"single", ChecksumAlgorithm="CRC32")
     single = s3.get_object_attributes(Bucket=bucket, Key="one", ObjectAttributes=everything)
