@@ -22,7 +22,7 @@ MAX_DAYS = 100_000
 MAX_RULES = 1000
 MAX_ID_CHARS = 255
 RULE_KEYS = ("id", "enabled", "prefix", "expiration_days", "expiration_date", "abort_days")
-OPTIONAL_RULE_KEYS = ("tags",)
+OPTIONAL_RULE_KEYS = ("tags", "noncurrent_expiration")
 
 
 def problem_with(rules: Any) -> str | None:
@@ -56,18 +56,36 @@ def _problem_with_rule(rule: Any) -> str | None:
         return "enabled is true or false and prefix is text"
     for field in ("expiration_days", "abort_days"):
         days = rule[field]
-        if days is not None and not (
-            isinstance(days, int) and not isinstance(days, bool) and 1 <= days <= MAX_DAYS
-        ):
+        if days is not None and not _whole(days, MAX_DAYS):
             return f"{field} {days!r} is not a whole number of days from 1 to {MAX_DAYS}"
     date = rule["expiration_date"]
     if date is not None and expiration_date_problem(date) is not None:
         return f"expiration_date {date!r}: {expiration_date_problem(date)}"
     if rule["expiration_days"] is not None and date is not None:
         return "expiration by both days and date"
-    if all(rule[f] is None for f in ("expiration_days", "expiration_date", "abort_days")):
+    noncurrent = rule.get("noncurrent_expiration")
+    if noncurrent is not None and _problem_with_noncurrent(noncurrent) is not None:
+        return f"noncurrent_expiration: {_problem_with_noncurrent(noncurrent)}"
+    actions = ("expiration_days", "expiration_date", "abort_days")
+    if noncurrent is None and all(rule[f] is None for f in actions):
         return "the rule has no action"
     return None
+
+
+def _problem_with_noncurrent(kept: Any) -> str | None:
+    """A rule's NoncurrentVersionExpiration, kept to be answered back (buckets are
+    unversioned: it has no version to act on)."""
+    if not isinstance(kept, dict) or set(kept) != {"days", "newer_versions"}:
+        return "a map of days and newer_versions"
+    if not _whole(kept["days"], MAX_DAYS):
+        return f"days is a whole number from 1 to {MAX_DAYS}"
+    if kept["newer_versions"] is not None and not _whole(kept["newer_versions"], 100):
+        return "newer_versions is a whole number from 1 to 100, or null"
+    return None
+
+
+def _whole(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def expiration_date_problem(text: Any) -> str | None:

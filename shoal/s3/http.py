@@ -561,6 +561,10 @@ class _Connection(asyncio.Protocol):
             log.exception("%s %s failed", request.method, request.shown_path)
             response = Response(500)
             request.keep_alive = False
+        # Answered: a 100 Continue may no longer go out, not even while what the client sends
+        # unasked is drained below.
+        awaiting = request.body.awaiting_continue
+        request.body.continue_expected = False
         if isinstance(response, StreamResponse) and response.prepared:
             whole = response.finished and (
                 response.chunked or response.body_bytes_sent == response.content_length
@@ -569,15 +573,15 @@ class _Connection(asyncio.Protocol):
                 _tell_answered(request, response)
                 return None  # only closing the connection tells the client
         else:
-            if request.body.awaiting_continue:
+            if awaiting:
                 # Answered without its body, which the client has not sent: it is told the
                 # connection ends rather than left to guess whether to send the body now.
                 request.keep_alive = False
             await self._send_whole(request, response)
         # What the client sent of this request and nobody read is read and dropped, also
         # before a close: closing on unread bytes makes the kernel reset the connection,
-        # which can destroy the answer on its way.
-        drained = await _drained(request.body)
+        # which can destroy the answer on its way. A body never asked for is never waited for.
+        drained = not awaiting and await _drained(request.body)
         _tell_answered(request, response)
         return drained and request.keep_alive and not self._done_reading and not self._closed
 
@@ -774,8 +778,6 @@ async def _drained(body: Body) -> bool:
     """Read what is left of a body nobody consumed; whether it ended in time."""
     if body.complete and not body._chunks:
         return True
-    if body.awaiting_continue:
-        return False  # never asked for: no 100 may follow the answer
     try:
         async with asyncio.timeout(LINGER_SECONDS):
             async for _ in body:

@@ -5,9 +5,9 @@ Supported, per rule: an ID, Status, a filter by prefix and tags (`Filter` with `
 `Tag`, or `And` of a prefix and tags; or the older `Prefix`), `Expiration` by `Days` or
 `Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (its schema: no unknown
 or repeated element; days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so
-noncurrent-version actions have nothing to act on, and Shoal has one storage class: those
-actions and transitions are refused with NotImplemented rather than silently ignored, as
-are filters by object size.
+`NoncurrentVersionExpiration` has no version to act on: it is kept and answered back, as
+S3 does on an unversioned bucket. Shoal has one storage class, so transitions are refused
+with NotImplemented rather than silently ignored, as are filters by object size.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from shoal.s3.router import Endpoint
 
 XML = "application/xml"
 MAX_BODY = 512 * 1024
-UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition", "NoncurrentVersionExpiration")
+UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition")
 # S3's schema of a lifecycle configuration: the children each element may have, how many.
 _ONE, _MANY = 1, s3xml.MANY
 RULE_CHILDREN = {
@@ -51,6 +51,8 @@ AND_CHILDREN = {"Prefix": _ONE, "Tag": _MANY, **SIZES}
 TAG_CHILDREN = {"Key": _ONE, "Value": _ONE}
 EXPIRATION_CHILDREN = {"Days": _ONE, "Date": _ONE, "ExpiredObjectDeleteMarker": _ONE}
 ABORT_CHILDREN = {"DaysAfterInitiation": _ONE}
+NONCURRENT_CHILDREN = {"NoncurrentDays": _ONE, "NewerNoncurrentVersions": _ONE}
+MAX_NEWER_VERSIONS = 100  # S3's bound on NewerNoncurrentVersions
 
 
 @handles(Endpoint.PutBucketLifecycleConfiguration)
@@ -89,8 +91,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     s3xml.check_children(rule, RULE_CHILDREN)
     for action in UNSUPPORTED_ACTIONS:
         if rule.find(action) is not None:
-            why = "buckets are unversioned" if "Noncurrent" in action else "one storage class"
-            raise NotImplementedByShoal(f"{action} is not supported: Shoal has {why}")
+            raise NotImplementedByShoal(f"{action} is not supported: Shoal has one storage class")
     status = s3xml.text_of(rule, "Status", stripped=True)
     if status not in ("Enabled", "Disabled"):
         raise MalformedXML("Status must be Enabled or Disabled")
@@ -137,15 +138,39 @@ def parse_rule(rule: Element) -> dict[str, Any]:
             s3xml.text_of(abort, "DaysAfterInitiation", stripped=True) or "",
             "'DaysAfterInitiation' for AbortIncompleteMultipartUpload action",
         )
+    noncurrent = rule.find("NoncurrentVersionExpiration")
+    if noncurrent is not None:
+        parsed["noncurrent_expiration"] = _noncurrent_expiration(noncurrent)
     if (
         parsed["expiration_days"] is None
         and parsed["expiration_date"] is None
         and parsed["abort_days"] is None
+        and noncurrent is None
     ):
-        raise MalformedXML("a rule needs an Expiration or an AbortIncompleteMultipartUpload")
+        raise MalformedXML(
+            "a rule needs an Expiration, a NoncurrentVersionExpiration or an "
+            "AbortIncompleteMultipartUpload"
+        )
     if rule_tags and parsed["abort_days"] is not None:
         raise InvalidRequest("AbortIncompleteMultipartUpload cannot be specified with Tags.")
     return parsed
+
+
+def _noncurrent_expiration(element: Element) -> dict[str, int | None]:
+    """Kept to be answered back, as S3 keeps it on an unversioned bucket, where it has no
+    version to act on: every Shoal bucket is unversioned."""
+    s3xml.check_children(element, NONCURRENT_CHILDREN)
+    days = s3xml.text_of(element, "NoncurrentDays", stripped=True) or ""
+    newer = s3xml.text_of(element, "NewerNoncurrentVersions", required=False, stripped=True)
+    what = "'NewerNoncurrentVersions' for NoncurrentVersionExpiration action"
+    if newer is not None and not (
+        newer.isascii() and newer.isdigit() and 1 <= int(newer[:4]) <= MAX_NEWER_VERSIONS
+    ):
+        raise InvalidArgument(f"{what} must be from 1 to {MAX_NEWER_VERSIONS}")
+    return {
+        "days": _days(days, "'NoncurrentDays' for NoncurrentVersionExpiration action"),
+        "newer_versions": None if newer is None else int(newer),
+    }
 
 
 def render_rule(rule: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +194,15 @@ def render_rule(rule: dict[str, Any]) -> dict[str, Any]:
         "Filter": filter_,
         "Status": "Enabled" if rule["enabled"] else "Disabled",
         "Expiration": expiration,
+        "NoncurrentVersionExpiration": _render_noncurrent(rule.get("noncurrent_expiration")),
         "AbortIncompleteMultipartUpload": abort,
     }
+
+
+def _render_noncurrent(kept: dict[str, int | None] | None) -> dict[str, Any] | None:
+    if kept is None:
+        return None
+    return {"NoncurrentDays": kept["days"], "NewerNoncurrentVersions": kept["newer_versions"]}
 
 
 def _filter(rule: Element) -> tuple[str, dict[str, str]]:

@@ -3,6 +3,7 @@ CopyObject."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypedDict
 from urllib.parse import unquote_plus
 
@@ -294,25 +295,24 @@ async def delete_objects(call: Call) -> http.Response:
             continue
         wanted.append((key, version, condition))
     # One statement per vnode for all the keys it holds, not one delete per key; a key with
-    # an <ETag> is deleted alone, its condition checked in its own statement.
-    outcomes: dict[str, Exception | None] = dict(
-        await call.store.objects.delete_many(
-            call.account, call.bucket, [key for key, _, condition in wanted if condition is None]
-        )
+    # an <ETag> is deleted alone, its condition checked in its own statement (those run
+    # together), and answered for its own <Object> (a key may be named twice).
+    unconditional = await call.store.objects.delete_many(
+        call.account, call.bucket, [key for key, _, condition in wanted if condition is None]
     )
-    for key, _, condition in wanted:
-        if condition is not None:
-            try:
-                await _remove(call, key, condition)
-                outcomes[key] = None
-            except (S3Error, MetadataError) as exc:
-                outcomes[key] = exc
-    for key, version, _ in wanted:
-        failure = outcomes[key]
+    conditional = await asyncio.gather(
+        *(_remove(call, key, condition) for key, _, condition in wanted if condition is not None),
+        return_exceptions=True,
+    )
+    answers = iter(conditional)
+    for key, version, condition in wanted:
+        failure = unconditional[key] if condition is None else next(answers)
         if failure is None:
             deleted.append({"Key": key, "VersionId": version})
-        else:
+        elif isinstance(failure, Exception):
             refused(key, version, failure)
+        else:
+            raise failure  # a BaseException (a cancellation): not the key's answer
     body = s3xml.document(
         "DeleteResult",
         {

@@ -140,6 +140,31 @@ def test_a_request_refused_before_its_body_is_read_gets_no_100_continue() -> Non
     assert headers["connection"] == "close" and rest == b"no such bucket"
 
 
+def test_no_100_continue_follows_an_answer_while_an_unasked_body_is_drained() -> None:
+    """A client that stops waiting for 100 Continue sends its body unasked; when the answer
+    came without reading it, the body is drained and no 100 follows the answer."""
+
+    async def slow_refusal_or_echo(request: http.Request) -> http.Response:
+        if request.raw_path == "/refused":
+            await asyncio.sleep(0.3)  # the client gives up waiting meanwhile
+            return http.Response(status=404, body=b"no")
+        return await echo(request)
+
+    async def client(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes("PUT", "/refused", Expect="100-continue", Content_Length="5"))
+        await asyncio.sleep(0.1)
+        writer.write(b"hel")  # unasked, and not all of it before the answer
+        status, _, _ = await read_response(reader)
+        assert status == 404
+        writer.write(b"lo" + request_bytes("GET", "/next"))  # the connection goes on
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        return head
+
+    assert run(slow_refusal_or_echo, client).startswith(b"HTTP/1.1 200 ")
+
+
 def test_a_large_body_is_read_with_flow_control() -> None:
     body = bytes(range(256)) * (24 * 4096)  # 24 MiB, more than the buffer's high-water mark
     buffered: list[int] = []

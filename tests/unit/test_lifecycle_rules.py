@@ -1,0 +1,40 @@
+"""What the lifecycle job accepts of a bucket's stored rules (shoal.lifecycle.problem_with)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shoal.lifecycle import problem_with
+
+BASE: dict[str, Any] = {
+    "id": "r",
+    "enabled": True,
+    "prefix": "",
+    "expiration_days": None,
+    "expiration_date": None,
+    "abort_days": None,
+}
+
+
+def test_a_rule_with_only_a_noncurrent_version_expiration_is_applied_as_doing_nothing() -> None:
+    kept = {"days": 7, "newer_versions": None}
+    assert problem_with([{**BASE, "noncurrent_expiration": kept}]) is None
+    assert problem_with([{**BASE, "expiration_days": 3, "noncurrent_expiration": kept}]) is None
+    assert problem_with([BASE]) == "rule r: the rule has no action"
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        {"days": 0, "newer_versions": None},
+        {"days": True, "newer_versions": None},
+        {"days": 7, "newer_versions": 101},
+        {"days": 7},
+        "seven days",
+    ],
+)
+def test_a_stored_noncurrent_version_expiration_of_the_wrong_shape_is_a_problem(kept: Any) -> None:
+    problem = problem_with([{**BASE, "expiration_days": 1, "noncurrent_expiration": kept}])
+    assert problem is not None and problem.startswith("rule r: noncurrent_expiration: ")
