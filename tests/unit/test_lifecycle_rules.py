@@ -7,15 +7,9 @@ from typing import Any
 import pytest
 
 from shoal.lifecycle import problem_with
+from tests.unit.pipeline.test_job_rows import rule
 
-BASE: dict[str, Any] = {
-    "id": "r",
-    "enabled": True,
-    "prefix": "",
-    "expiration_days": None,
-    "expiration_date": None,
-    "abort_days": None,
-}
+BASE = rule()
 
 
 def test_a_rule_with_only_a_noncurrent_version_expiration_is_applied_as_doing_nothing() -> None:
