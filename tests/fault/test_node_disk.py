@@ -47,7 +47,7 @@ def test_a_node_whose_disk_turns_read_only_takes_no_new_blocks_and_serves_reads(
         # That write left empty files made ahead for the next ones open on the disk
         # (BlockStore.make_spare), and a file system with files open for writing cannot be
         # remounted read-only by hand: the node starts again without them.
-        stop(sick)
+        sick.stop()
         cluster.restart(sick, run)
         wait_for(lambda: sick.readiness()[0] == 200)
 
@@ -102,7 +102,7 @@ def node_on_its_own_tmpfs(
         yield node, disk
     finally:
         if node is not None:
-            stop(node)
+            node.stop()
         if subprocess.run(["umount", str(disk)]).returncode != 0:
             subprocess.run(["umount", "--lazy", str(disk)], check=True)
 
@@ -126,15 +126,6 @@ def remount(disk: Path, mode: str) -> None:
             return
         assert time.monotonic() < deadline, done.stderr
         time.sleep(0.1)
-
-
-def stop(node: NodeProcess) -> None:
-    if node.process.poll() is None:
-        node.process.terminate()
-        try:
-            node.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            node.kill()
 
 
 def free_bytes(cluster: StorageCluster, node: NodeProcess, run: Callable[..., Any]) -> int:
