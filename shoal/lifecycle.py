@@ -21,6 +21,7 @@ from typing import Any
 MAX_DAYS = 100_000
 MAX_RULES = 1000
 MAX_ID_CHARS = 255
+MAX_NEWER_VERSIONS = 100  # S3's bound on a NoncurrentVersionExpiration's NewerNoncurrentVersions
 RULE_KEYS = ("id", "enabled", "prefix", "expiration_days", "expiration_date", "abort_days")
 OPTIONAL_RULE_KEYS = ("tags", "noncurrent_expiration")
 
@@ -64,8 +65,9 @@ def _problem_with_rule(rule: Any) -> str | None:
     if rule["expiration_days"] is not None and date is not None:
         return "expiration by both days and date"
     noncurrent = rule.get("noncurrent_expiration")
-    if noncurrent is not None and _problem_with_noncurrent(noncurrent) is not None:
-        return f"noncurrent_expiration: {_problem_with_noncurrent(noncurrent)}"
+    problem = None if noncurrent is None else _problem_with_noncurrent(noncurrent)
+    if problem is not None:
+        return f"noncurrent_expiration: {problem}"
     actions = ("expiration_days", "expiration_date", "abort_days")
     if noncurrent is None and all(rule[f] is None for f in actions):
         return "the rule has no action"
@@ -79,8 +81,9 @@ def _problem_with_noncurrent(kept: Any) -> str | None:
         return "a map of days and newer_versions"
     if not _whole(kept["days"], MAX_DAYS):
         return f"days is a whole number from 1 to {MAX_DAYS}"
-    if kept["newer_versions"] is not None and not _whole(kept["newer_versions"], 100):
-        return "newer_versions is a whole number from 1 to 100, or null"
+    newer = kept["newer_versions"]
+    if newer is not None and not _whole(newer, MAX_NEWER_VERSIONS):
+        return f"newer_versions is a whole number from 1 to {MAX_NEWER_VERSIONS}, or null"
     return None
 
 

@@ -16,7 +16,14 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 from xml.etree.ElementTree import Element
 
-from shoal.lifecycle import MAX_DAYS, MAX_ID_CHARS, MAX_RULES, expiration_date_problem, problem_with
+from shoal.lifecycle import (
+    MAX_DAYS,
+    MAX_ID_CHARS,
+    MAX_NEWER_VERSIONS,
+    MAX_RULES,
+    expiration_date_problem,
+    problem_with,
+)
 from shoal.s3 import http, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
@@ -33,33 +40,31 @@ XML = "application/xml"
 MAX_BODY = 512 * 1024
 UNSUPPORTED_ACTIONS = ("Transition", "NoncurrentVersionTransition")
 # S3's schema of a lifecycle configuration: the children each element may have, how many.
-_ONE, _MANY = 1, s3xml.MANY
 RULE_CHILDREN = {
-    "ID": _ONE,
-    "Status": _ONE,
-    "Filter": _ONE,
-    "Prefix": _ONE,
-    "Expiration": _ONE,
-    "AbortIncompleteMultipartUpload": _ONE,
-    "Transition": _MANY,
-    "NoncurrentVersionTransition": _MANY,
-    "NoncurrentVersionExpiration": _ONE,
+    "ID": 1,
+    "Status": 1,
+    "Filter": 1,
+    "Prefix": 1,
+    "Expiration": 1,
+    "AbortIncompleteMultipartUpload": 1,
+    "Transition": s3xml.MANY,
+    "NoncurrentVersionTransition": s3xml.MANY,
+    "NoncurrentVersionExpiration": 1,
 }
-SIZES = {"ObjectSizeGreaterThan": _ONE, "ObjectSizeLessThan": _ONE}
-FILTER_CHILDREN = {"Prefix": _ONE, "Tag": _ONE, "And": _ONE, **SIZES}
-AND_CHILDREN = {"Prefix": _ONE, "Tag": _MANY, **SIZES}
-TAG_CHILDREN = {"Key": _ONE, "Value": _ONE}
-EXPIRATION_CHILDREN = {"Days": _ONE, "Date": _ONE, "ExpiredObjectDeleteMarker": _ONE}
-ABORT_CHILDREN = {"DaysAfterInitiation": _ONE}
-NONCURRENT_CHILDREN = {"NoncurrentDays": _ONE, "NewerNoncurrentVersions": _ONE}
-MAX_NEWER_VERSIONS = 100  # S3's bound on NewerNoncurrentVersions
+SIZES = {"ObjectSizeGreaterThan": 1, "ObjectSizeLessThan": 1}
+FILTER_CHILDREN = {"Prefix": 1, "Tag": 1, "And": 1, **SIZES}
+AND_CHILDREN = {"Prefix": 1, "Tag": s3xml.MANY, **SIZES}
+TAG_CHILDREN = {"Key": 1, "Value": 1}
+EXPIRATION_CHILDREN = {"Days": 1, "Date": 1, "ExpiredObjectDeleteMarker": 1}
+ABORT_CHILDREN = {"DaysAfterInitiation": 1}
+NONCURRENT_CHILDREN = {"NoncurrentDays": 1, "NewerNoncurrentVersions": 1}
 
 
 @handles(Endpoint.PutBucketLifecycleConfiguration)
 async def put_bucket_lifecycle(call: Call) -> http.Response:
     await call.store.buckets.get(call.account, call.bucket)
     document = s3xml.parse(await call.read_body(MAX_BODY), "LifecycleConfiguration")
-    s3xml.check_children(document, {"Rule": _MANY})
+    s3xml.check_children(document, {"Rule": s3xml.MANY})
     rules = [parse_rule(rule) for rule in document.findall("Rule")]
     if not rules or len(rules) > MAX_RULES:
         raise MalformedXML(f"a lifecycle configuration has 1 to {MAX_RULES} rules")
