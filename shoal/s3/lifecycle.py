@@ -1,7 +1,7 @@
 """Bucket lifecycle: PutBucketLifecycleConfiguration, GetBucketLifecycleConfiguration,
 DeleteBucketLifecycle. The rules are applied by `shoal pipeline lifecycle`.
 
-Supported, per rule: an ID, Status, a filter by prefix and tags (`Filter` with `Prefix`,
+Supported, per rule: an ID (made up when a rule has none, as S3 does), Status, a filter by prefix and tags (`Filter` with `Prefix`,
 `Tag`, or `And` of a prefix and tags; or the older `Prefix`), `Expiration` by `Days` or
 `Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (its schema: no unknown
 or repeated element; days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so
@@ -12,6 +12,7 @@ with NotImplemented rather than silently ignored, as are filters by object size.
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 from xml.etree.ElementTree import Element
@@ -71,6 +72,9 @@ async def put_bucket_lifecycle(call: Call) -> http.Response:
     ids = [r["id"] for r in rules if r["id"]]
     if len(set(ids)) != len(ids):
         raise InvalidArgument("Rule ID must be unique. Found same ID for more than one rule")
+    for rule in rules:
+        if not rule["id"]:
+            rule["id"] = _generated_id()
     assert problem_with(rules) is None, problem_with(rules)  # what the lifecycle job accepts
     await call.store.buckets.put_lifecycle(call.account, call.bucket, rules)
     return http.Response()
@@ -208,6 +212,12 @@ def _render_noncurrent(kept: dict[str, int | None] | None) -> dict[str, Any] | N
     if kept is None:
         return None
     return {"NoncurrentDays": kept["days"], "NewerNoncurrentVersions": kept["newer_versions"]}
+
+
+def _generated_id() -> str:
+    """The ID of a rule put without one: S3 makes one up (48 characters), so that every rule
+    can be named in a GET and in the lifecycle job's report."""
+    return secrets.token_urlsafe(36)
 
 
 def _filter(rule: Element) -> tuple[str, dict[str, str]]:

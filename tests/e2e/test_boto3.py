@@ -468,6 +468,21 @@ def test_lifecycle_configuration(s3: Any, bucket: str) -> None:
     )
 
 
+def test_a_lifecycle_rule_put_without_an_id_is_given_one(s3: Any, bucket: str) -> None:
+    unnamed = {"Filter": {"Prefix": "tmp/"}, "Status": "Enabled", "Expiration": {"Days": 1}}
+    rules = [unnamed, {**unnamed, "ID": "named"}, dict(unnamed)]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    got = [r["ID"] for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]]
+    assert got[1] == "named"
+    made_up = [got[0], got[2]]
+    assert all(len(i) == 48 for i in made_up) and made_up[0] != made_up[1]
+    # Put back as read, the IDs stay.
+    again = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": again})
+    kept = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert [r["ID"] for r in kept] == got
+
+
 def test_lifecycle_filters_by_tag(s3: Any, bucket: str) -> None:
     tag = {"Key": "temp", "Value": "yes"}
     rules = [
