@@ -1,13 +1,14 @@
 """Bucket lifecycle: PutBucketLifecycleConfiguration, GetBucketLifecycleConfiguration,
 DeleteBucketLifecycle. The rules are applied by `shoal pipeline lifecycle`.
 
-Supported, per rule: an ID (made up when a rule has none, as S3 does), Status, a filter by prefix and tags (`Filter` with `Prefix`,
-`Tag`, or `And` of a prefix and tags; or the older `Prefix`), `Expiration` by `Days` or
-`Date`, and `AbortIncompleteMultipartUpload`, validated as S3 does (its schema: no unknown
-or repeated element; days at most shoal.lifecycle.MAX_DAYS). Buckets are unversioned, so
-`NoncurrentVersionExpiration` has no version to act on: it is kept and answered back, as
-S3 does on an unversioned bucket. Shoal has one storage class, so transitions are refused
-with NotImplemented rather than silently ignored, as are filters by object size.
+Supported, per rule: an ID (made up when a rule has none, as S3 does), Status, a filter by
+prefix and tags (`Filter` with `Prefix`, `Tag`, or `And` of a prefix and tags; or the older
+`Prefix`), `Expiration` by `Days` or `Date`, and `AbortIncompleteMultipartUpload`, validated as
+S3 does (its schema: no unknown or repeated element; days at most shoal.lifecycle.MAX_DAYS).
+Buckets are unversioned, so `NoncurrentVersionExpiration` has no version to act on: it is kept
+and answered back, as S3 does on an unversioned bucket. Shoal has one storage class, so
+transitions are refused with NotImplemented rather than silently ignored, as are filters by
+object size.
 """
 
 from __future__ import annotations
