@@ -160,7 +160,9 @@ class Uploads(Component):
         """At most `limit` entries of S3's ListMultipartUploads: open uploads in `list`'s
         order, and with a `delimiter`, those whose key has it after `prefix` rolled up into
         their common prefix, one entry for all of them. A `key_marker` that is itself a common
-        prefix (the last entry of a previous page) starts past every upload under it."""
+        prefix (the last entry of a previous page) starts past every upload under it. Uploads
+        are read `limit` at a time from every shard, so a page costs a read per `limit`
+        uploads it passes, however many common prefixes they make."""
         for value, what in ((prefix, "prefix"), (delimiter, "delimiter"), (key_marker, "marker")):
             check_listing_text(value, what)
         found = await self.bucket(owner, bucket)
@@ -172,18 +174,20 @@ class Uploads(Component):
             start = _past(key_marker)
         entries: builtins.list[Upload | CommonPrefix] = []
         while start is not None and len(entries) < limit and (upper is None or start[0] < upper):
-            wanted = limit - len(entries)
-            uploads = await self._read(owner, found.id, start, upper, wanted)
-            start = None if len(uploads) < wanted else (uploads[-1].name, uploads[-1].id)
+            uploads = await self._read(owner, found.id, start, upper, limit)
+            rolled = None
             for upload in uploads:
-                rolled = common_prefix(upload.name, prefix, delimiter)
-                if rolled is None:
-                    entries.append(upload)
-                    continue
-                # Every other upload under it is skipped by reading on from past it.
-                entries.append(CommonPrefix(rolled))
-                start = _past(rolled)
+                # A common prefix's uploads come one after another: one entry for all of them.
+                under = common_prefix(upload.name, prefix, delimiter)
+                if under is None or under != rolled:
+                    if len(entries) == limit:
+                        return entries
+                    entries.append(upload if under is None else CommonPrefix(under))
+                rolled = under
+            if len(uploads) < limit:
                 break
+            # Read on past the last upload, or past every upload under its common prefix.
+            start = (uploads[-1].name, uploads[-1].id) if rolled is None else _past(rolled)
         return entries
 
     async def _read(

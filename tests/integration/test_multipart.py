@@ -252,6 +252,31 @@ def test_upload_pages_roll_keys_up_into_common_prefixes_as_a_model_does(
             assert pages == model_page(made, prefix, delimiter), (prefix, limit)
 
 
+def test_a_page_of_many_common_prefixes_is_read_in_few_statements(
+    store: MetadataStore, run: Any, where: tuple[uuid.UUID, str], monkeypatch: Any
+) -> None:
+    owner, bucket = where
+    names = [f"p{i:03}/{leaf}" for i in range(60) for leaf in ("a", "b", "c")]
+    for name in names:
+        run(store.uploads.create(owner, bucket, name))
+    reads = 0
+    read = store.uploads._read
+
+    async def counted(*args: Any) -> list[Upload]:
+        nonlocal reads
+        reads += 1
+        return await read(*args)
+
+    monkeypatch.setattr(store.uploads, "_read", counted)
+    page = run(store.uploads.page(owner, bucket, delimiter="/", limit=1000))
+    assert page == [CommonPrefix(f"p{i:03}/") for i in range(60)]
+    assert reads == 1  # not one for each common prefix
+    page = run(store.uploads.page(owner, bucket, delimiter="/", limit=50))
+    assert page == [CommonPrefix(f"p{i:03}/") for i in range(50)]
+    # A read of 50 uploads makes 17 entries: three reads fill the page.
+    assert reads == 1 + 3
+
+
 def test_complete_checks_if_match_any_and_if_none_match_an_etag(
     store: MetadataStore, run: Any, where: tuple[uuid.UUID, str]
 ) -> None:
