@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
-from shoal.s3.errors import AccessControlListNotSupported, MalformedACLError
+from shoal.s3.errors import AccessControlListNotSupported, AccessDenied, MalformedACLError
 from shoal.s3.objects import check_key, check_null_version
 from shoal.s3.refusals import PRIVATE, PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
@@ -70,6 +70,13 @@ async def _wanted(call: Call) -> str:
 
 def _from_body(call: Call, body: bytes) -> str:
     policy = s3xml.parse(body, "AccessControlPolicy")
+    # As S3: the policy names its owner (its schema requires it), and an ACL cannot give the
+    # bucket or object away to another owner.
+    owner = (policy.findtext("./Owner/ID") or "").strip()
+    if not owner:
+        raise MalformedACLError()
+    if owner != str(call.account):
+        raise AccessDenied()
     grants = policy.findall("./AccessControlList/Grant")
     owner_full_control = public_read = False
     for grant in grants:

@@ -70,6 +70,21 @@ def test_get_acls_answer_the_owners_full_control(s3: Any, bucket: str) -> None:
     assert grants(s3.get_object_acl(Bucket=bucket, Key="k")) == [(owner, "FULL_CONTROL")]
 
 
+def test_an_acl_body_names_its_owner_and_cannot_give_the_object_away(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    policy = s3.get_object_acl(Bucket=bucket, Key="k")
+    policy.pop("ResponseMetadata")
+    public = {"Grantee": {"Type": "Group", "URI": ALL_USERS}, "Permission": "READ"}
+    given_away = {**policy, "Owner": {"ID": "0" * 64}, "Grants": [*policy["Grants"], public]}
+    no_owner = {"Grants": [*policy["Grants"], public]}
+    for put in (s3.put_object_acl, s3.put_bucket_acl):
+        where = {"Bucket": bucket, "Key": "k"} if put == s3.put_object_acl else {"Bucket": bucket}
+        assert outcome(put, **where, AccessControlPolicy=given_away) == (403, "AccessDenied")
+        assert outcome(put, **where, AccessControlPolicy=no_owner) == (400, "MalformedACLError")
+    for answer in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key="k")):
+        assert len(answer["Grants"]) == 1  # still private
+
+
 @pytest.mark.parametrize("bucket_acl", ["private", "public-read"])
 @pytest.mark.parametrize("object_acl", ["private", "public-read"])
 def test_anonymous_access_matrix(s3: Any, anonymous: Any, bucket_acl: str, object_acl: str) -> None:
