@@ -7,7 +7,10 @@ whose rules it cannot apply instead of failing for every bucket.
 
 A stored rule is a dict: id, enabled, prefix, expiration_days, expiration_date (ISO 8601,
 midnight UTC), abort_days, and tags (a key -> value map an object's tags must all include;
-absent in rules stored before tag filters, meaning none).
+absent in rules stored before tag filters, meaning none). Optional: noncurrent_expiration
+(kept to be answered back), and filter, the shape the rule's prefix and tags were put in, so
+that a GET answers them in it (one of FILTER_SHAPES; absent in rules stored before, which
+are answered in the shortest shape).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ MAX_RULES = 1000
 MAX_ID_CHARS = 255
 MAX_NEWER_VERSIONS = 100  # S3's bound on a NoncurrentVersionExpiration's NewerNoncurrentVersions
 RULE_KEYS = ("id", "enabled", "prefix", "expiration_days", "expiration_date", "abort_days")
-OPTIONAL_RULE_KEYS = ("tags", "noncurrent_expiration")
+OPTIONAL_RULE_KEYS = ("tags", "noncurrent_expiration", "filter")
+# Where a rule's prefix and tags were put: the older <Prefix> of the rule, an empty <Filter>,
+# or a <Filter> of one <Prefix>, one <Tag>, or <And>.
+FILTER_SHAPES = ("Prefix", "Filter", "Filter/Prefix", "Filter/Tag", "Filter/And")
 
 
 def problem_with(rules: Any) -> str | None:
@@ -51,6 +57,9 @@ def _problem_with_rule(rule: Any) -> str | None:
         return "tags is a map of text to text"
     if tags and rule["abort_days"] is not None:
         return "AbortIncompleteMultipartUpload cannot be specified with Tags"
+    if "filter" in rule and not _fits_shape(rule["filter"], rule["prefix"], tags):
+        shape = rule["filter"]
+        return f"filter {shape!r} is no shape of {FILTER_SHAPES} that holds its prefix and tags"
     if not isinstance(rule["id"], str) or len(rule["id"]) > MAX_ID_CHARS:
         return f"the ID is text of at most {MAX_ID_CHARS} characters"
     if not isinstance(rule["enabled"], bool) or not isinstance(rule["prefix"], str):
@@ -85,6 +94,17 @@ def _problem_with_noncurrent(kept: Any) -> str | None:
     if newer is not None and not _whole(newer, MAX_NEWER_VERSIONS):
         return f"newer_versions is a whole number from 1 to {MAX_NEWER_VERSIONS}, or null"
     return None
+
+
+def _fits_shape(shape: Any, prefix: Any, tags: dict[str, str]) -> bool:
+    """Whether a rule's prefix and tags could have been put in the filter shape it names."""
+    if shape in ("Prefix", "Filter/Prefix"):
+        return not tags
+    if shape == "Filter":
+        return not prefix and not tags
+    if shape == "Filter/Tag":
+        return not prefix and len(tags) == 1
+    return shape == "Filter/And"
 
 
 def _whole(value: Any, most: int) -> bool:

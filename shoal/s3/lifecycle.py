@@ -108,11 +108,12 @@ def parse_rule(rule: Element) -> dict[str, Any]:
     rule_id = s3xml.text_of(rule, "ID", required=False, stripped=True) or ""
     if len(rule_id) > MAX_ID_CHARS:
         raise InvalidArgument(f"ID length should not exceed allowed limit of {MAX_ID_CHARS}")
-    prefix, rule_tags = _filter(rule)
+    prefix, rule_tags, shape = _filter(rule)
     parsed: dict[str, Any] = {
         "id": rule_id,
         "prefix": prefix,
         "tags": rule_tags,
+        "filter": shape,
         "enabled": status == "Enabled",
         "expiration_days": None,
         "expiration_date": None,
@@ -192,21 +193,35 @@ def render_rule(rule: dict[str, Any]) -> dict[str, Any]:
     abort = None
     if rule["abort_days"] is not None:
         abort = {"DaysAfterInitiation": rule["abort_days"]}
-    rule_tags = [{"Key": k, "Value": v} for k, v in rule.get("tags", {}).items()]
-    if not rule_tags:
-        filter_: dict[str, Any] = {"Prefix": rule["prefix"]}
-    elif len(rule_tags) == 1 and not rule["prefix"]:
-        filter_ = {"Tag": rule_tags[0]}
-    else:
-        filter_ = {"And": {"Prefix": rule["prefix"] or None, "Tag": rule_tags}}
     return {
         "ID": rule["id"] or None,
-        "Filter": filter_,
+        **_rendered_filter(rule),
         "Status": "Enabled" if rule["enabled"] else "Disabled",
         "Expiration": expiration,
         "NoncurrentVersionExpiration": _render_noncurrent(rule.get("noncurrent_expiration")),
         "AbortIncompleteMultipartUpload": abort,
     }
+
+
+def _rendered_filter(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule's prefix and tags in the shape they were put in; a rule stored without its
+    shape in the shortest one that holds them."""
+    prefix, rule_tags = rule["prefix"], rule.get("tags", {})
+    shape = rule.get("filter")
+    if shape is None:
+        shape = "Filter/Prefix" if not rule_tags else "Filter/And"
+        if len(rule_tags) == 1 and not prefix:
+            shape = "Filter/Tag"
+    pairs = [{"Key": k, "Value": v} for k, v in rule_tags.items()]
+    if shape == "Prefix":
+        return {"Prefix": prefix}
+    if shape == "Filter":
+        return {"Filter": {}}
+    if shape == "Filter/Prefix":
+        return {"Filter": {"Prefix": prefix}}
+    if shape == "Filter/Tag":
+        return {"Filter": {"Tag": pairs[0]}}
+    return {"Filter": {"And": {"Prefix": prefix or None, "Tag": pairs}}}
 
 
 def _render_noncurrent(kept: dict[str, int | None] | None) -> dict[str, Any] | None:
@@ -221,27 +236,28 @@ def _generated_id() -> str:
     return secrets.token_urlsafe(36)
 
 
-def _filter(rule: Element) -> tuple[str, dict[str, str]]:
-    """The rule's prefix and tags: `Filter` (with one of Prefix, Tag or And; object sizes are
-    not supported) or the older `Prefix` beside it, one of the two."""
+def _filter(rule: Element) -> tuple[str, dict[str, str], str]:
+    """The rule's prefix and tags, and the shape they came in (shoal.lifecycle.FILTER_SHAPES):
+    `Filter` (with one of Prefix, Tag or And; object sizes are not supported) or the older
+    `Prefix` beside it, one of the two."""
     filter_ = rule.find("Filter")
     old_prefix = rule.find("Prefix")
     if (filter_ is None) == (old_prefix is None):
         raise MalformedXML("a rule has one of Filter or Prefix")
     if old_prefix is not None:
-        return old_prefix.text or "", {}
+        return old_prefix.text or "", {}, "Prefix"
     assert filter_ is not None
     s3xml.check_children(filter_, FILTER_CHILDREN)
     conditions = list(filter_)
     if len(conditions) > 1:
         raise MalformedXML("Filter has one of Prefix, Tag, ObjectSizeGreaterThan, And, ...")
     if not conditions:
-        return "", {}
+        return "", {}, "Filter"
     condition = conditions[0]
     if condition.tag == "Prefix":
-        return condition.text or "", {}
+        return condition.text or "", {}, "Filter/Prefix"
     if condition.tag == "Tag":
-        return "", _tags([condition])
+        return "", _tags([condition]), "Filter/Tag"
     if condition.tag == "And":
         s3xml.check_children(condition, AND_CHILDREN)
         for part in condition:
@@ -250,7 +266,8 @@ def _filter(rule: Element) -> tuple[str, dict[str, str]]:
         prefixes = condition.findall("Prefix")
         if len(prefixes) > 1:
             raise MalformedXML("And has at most one Prefix")
-        return (prefixes[0].text or "") if prefixes else "", _tags(condition.findall("Tag"))
+        prefix = (prefixes[0].text or "") if prefixes else ""
+        return prefix, _tags(condition.findall("Tag")), "Filter/And"
     _unsupported_filter(condition.tag)
 
 

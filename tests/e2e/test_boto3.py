@@ -483,6 +483,28 @@ def test_a_lifecycle_rule_put_without_an_id_is_given_one(s3: Any, bucket: str) -
     assert [r["ID"] for r in kept] == got
 
 
+def test_a_lifecycle_rule_s_filter_is_answered_in_the_shape_it_was_put_in(
+    s3: Any, bucket: str
+) -> None:
+    tag = {"Key": "temp", "Value": "yes"}
+    filters = [
+        {"Prefix": "old-style/"},  # the rule's own Prefix, before Filter existed
+        {"Filter": {}},
+        {"Filter": {"Prefix": ""}},
+        {"Filter": {"Prefix": "logs/"}},
+        {"Filter": {"Tag": tag}},
+        {"Filter": {"And": {"Tags": [tag]}}},
+        {"Filter": {"And": {"Prefix": "logs/", "Tags": [tag]}}},
+    ]
+    rules = [
+        {"ID": str(i), "Status": "Enabled", "Expiration": {"Days": 1}, **shape}
+        for i, shape in enumerate(filters)
+    ]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    got = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+    assert [{k: r[k] for k in ("Prefix", "Filter") if k in r} for r in got] == filters
+
+
 def test_lifecycle_filters_by_tag(s3: Any, bucket: str) -> None:
     tag = {"Key": "temp", "Value": "yes"}
     rules = [
