@@ -30,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 # awscrt, which cost about as much CPU as all the rest (tests/unit/test_cli_startup.py).
 import shoal.logs
 import shoal.loop
-from shoal.config import Config, ConfigError, ShardConfig, load_config
+from shoal.config import Config, ConfigError, ShardConfig, check_dsn, load_config
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataError, MetadataStore, migrate
@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 PRIVATE_UMASK = 0o077
 # Set (to anything) for Shoal's DEBUG lines and the trace of an unexpected error.
 DEBUG_ENV = "SHOAL_DEBUG"
+# `shoal status`'s exit code when it could read the cluster and found it not ready (1 is a
+# command that failed to run).
+STATUS_NOT_READY = 3
 T = TypeVar("T")
 
 
@@ -303,10 +306,11 @@ def _shard_add(config: Config, args: argparse.Namespace) -> int:
         if any(shard.name == args.name for shard in shards):
             raise CommandError(f"shard {args.name} is known already")
         dsn = args.dsn
+        if dsn is None and not config.metadata.embedded:
+            raise CommandError("give the new shard's DSN")
         if dsn is None:
-            if not config.metadata.embedded:
-                raise CommandError("give the new shard's DSN")
             dsn = create_embedded_database(embedded_server(config), args.name)
+        check_dsn(dsn, f"shard {args.name}")
         shoal.loop.run(add_shard(shards[0], ShardConfig(args.name, dsn), key, config.metadata))
     print(f"added shard {args.name}; move vnodes to it with `shoal ring move` or `rebalance`")
     return 0
@@ -771,7 +775,7 @@ def _status(config: Config, args: argparse.Namespace) -> int:
     with shard_configs(config) as shards:
         report = shoal.loop.run(read(shards))
     print(json.dumps(report, indent=2) if args.json else format_status(report))
-    return 0
+    return 0 if report["cluster"]["ready"] else STATUS_NOT_READY
 
 
 def _node_list(config: Config, args: argparse.Namespace) -> int:

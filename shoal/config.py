@@ -287,9 +287,11 @@ def load_config(config_file: Path | None, data_dir: Path | None) -> Config:
     if config_file is None:
         return Config(data_dir=(data_dir or DEFAULT_DATA_DIR).absolute())
     try:
-        raw = tomllib.loads(config_file.read_text())
+        raw = tomllib.loads(config_file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read {config_file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{config_file} is not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{config_file} is not valid TOML: {exc}") from None
     return parse_config(raw, base=config_file.parent, data_dir=data_dir)
@@ -313,7 +315,10 @@ def parse_config(raw: dict[str, Any], base: Path, data_dir: Path | None = None) 
         },
         "[metadata]",
     )
-    shards = tuple(_parse_shard(i, s) for i, s in enumerate(meta_raw.get("shards", [])))
+    listed = meta_raw.get("shards", [])
+    if not isinstance(listed, list):
+        raise ConfigError("[metadata] shards is a list of tables: [[metadata.shards]]")
+    shards = tuple(_parse_shard(i, s) for i, s in enumerate(listed))
     names = [s.name for s in shards]
     if len(set(names)) != len(names):
         raise ConfigError("[metadata] shard names must be unique")
@@ -595,11 +600,11 @@ def _parse_shard(index: int, raw: Any) -> ShardConfig:
     name = raw.get("name", f"shard{index}")
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"shard name {name!r} must be letters, digits and underscores")
-    _check_dsn(raw["dsn"], f"[[metadata.shards]] {name}")
+    check_dsn(raw["dsn"], f"[[metadata.shards]] {name}")
     return ShardConfig(name=name, dsn=raw["dsn"])
 
 
-def _check_dsn(dsn: str, where: str) -> None:
+def check_dsn(dsn: str, where: str) -> None:
     """A DSN libpq cannot parse is refused here, without libpq's message: that quotes the
     string where parsing failed, which may be in the password."""
     try:

@@ -82,7 +82,7 @@ class EmbeddedPostgres:
 
     @property
     def port(self) -> int:
-        return int((self.root / "port").read_text())
+        return self._noted_port()
 
     @property
     def socket_dir(self) -> Path:
@@ -288,12 +288,22 @@ class EmbeddedPostgres:
         noted for the next start."""
         port_file = self.root / "port"
         if port_file.exists() and not fresh:
-            port = int(port_file.read_text())
+            port = self._noted_port()
             if port_is_free(port):
                 return port
         port = free_port()
         port_file.write_text(f"{port}\n")
         return port
+
+    def _noted_port(self) -> int:
+        port_file = self.root / "port"
+        text = port_file.read_text().strip()
+        if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
+            raise EmbeddedPostgresError(
+                f"{port_file} holds no port number: put the server's port there, or delete "
+                "the file to choose a free port at the next start"
+            )
+        return int(text)
 
     def _pg_tool(
         self, tool: str, *args: str, check: bool = True

@@ -395,15 +395,22 @@ def test_every_pipeline_run_is_recorded_and_the_census_reads_the_meter(
     assert [r["outcome"] for r in one] == ["ok"] and one[0]["duration_seconds"] > 0
 
 
-def shoal(*args: str) -> str:
+def shoal(*args: str, exit_code: int = 0) -> str:
     result = subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == exit_code, result.stderr
     return result.stdout
 
 
-def test_shoal_status_prints_the_census(world: World) -> None:
+def test_shoal_status_prints_the_census_and_exits_3_while_the_cluster_is_not_ready(
+    world: World, run: Any
+) -> None:
+    not_ready = shoal("status", "--config", str(world.config_file), exit_code=3)
+    assert "NOT READY: 0 storage node(s) alive" in not_ready
+    for name in ("ready1", "ready2"):
+        url = "http://127.0.0.1:1"
+        run(world.store.nodes.heartbeat(name, "dc1", url, 1000, 400, blocks=0, admin_url=None))
     text = shoal("status", "--config", str(world.config_file))
-    assert "cluster: ring version 1, 8 vnodes" in text
+    assert "cluster: ring version 1, 8 vnodes" in text and "NOT READY" not in text
     for shard in ("s0", "s1", "s2"):
         assert f"\n  {shard} " in text
     assert world.alice in text and world.buckets[world.alice][0] in text

@@ -250,6 +250,8 @@ def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str
             '[[metadata.shards]]\ndsn = "postgresql://nobody@127.0.0.1:1/x"\n',
             "cannot connect to shard shard0",
         ),
+        (b"\xff\xfe[metadata]\n", "is not UTF-8 text (byte 0)"),
+        ("[metadata]\nshards = 5\n", "[metadata] shards is a list of tables"),
     ],
     ids=[
         "missing-file",
@@ -260,13 +262,17 @@ def test_configuration_file_names_external_shards(tmp_path: Path, admin_dsn: str
         "bad-log-format",
         "unreadable-dsn",
         "unreachable-shard",
+        "not-utf8",
+        "shards-not-a-list",
     ],
 )
 def test_bad_input_is_one_readable_line(
-    tmp_path: Path, config_text: str | None, message: str
+    tmp_path: Path, config_text: str | bytes | None, message: str
 ) -> None:
     config = tmp_path / "shoal.toml"
-    if config_text is not None:
+    if isinstance(config_text, bytes):
+        config.write_bytes(config_text)
+    elif config_text is not None:
         config.write_text(config_text)
     result = shoal("db", "status", "--config", str(config), check=False)
     assert result.returncode == 1
@@ -282,3 +288,11 @@ def test_embedded_server_can_hold_several_shards(tmp_path: Path) -> None:
     assert "8 vnodes over 2 shard(s)" in status
     assert "vnodes          0, 2, 4, 6" in status
     assert (tmp_path / "data" / "postgres" / "data" / "PG_VERSION").exists()
+    port_file = tmp_path / "data" / "postgres" / "port"
+    port = port_file.read_text()
+    port_file.write_text("not a port\n")
+    damaged = shoal("db", "status", "--config", str(config), check=False)
+    assert damaged.returncode == 1 and damaged.stderr.count("\n") == 1, damaged.stderr
+    assert "postgres/port holds no port number" in damaged.stderr
+    port_file.write_text(port)
+    assert "8 vnodes over 2 shard(s)" in shoal("db", "status", "--config", str(config)).stdout

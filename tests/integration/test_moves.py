@@ -274,6 +274,11 @@ def test_the_ring_commands(admin_dsn: str, tmp_path: Path) -> None:
     )
     where = ("--config", str(config))
     _shoal("db", "migrate", *where)
+    unreadable = _shoal("shard", "add", "s2", "host=db password=top secret", *where, check=False)
+    assert unreadable.returncode == 1 and "secret" not in unreadable.stderr
+    assert unreadable.stderr == (
+        "shoal: error: shard s2: the dsn is not a connection string libpq reads\n"
+    )
     _shoal("shard", "add", "s2", third.dsn, *where)
     rebalanced = _shoal("ring", "rebalance", "--grace", "0", *where).stdout
     assert rebalanced.count(" -> s2, ring version") == 1, rebalanced
