@@ -128,8 +128,13 @@ async def upload_part(call: Call) -> http.Response:
     length = payload.declared_length(call.request.headers)
     checksums = payload.requested_checksums(call.request.headers)
     algorithm = upload.properties.get("checksum_algorithm")
-    if algorithm and algorithm not in checksums:
-        checksums.append(algorithm)  # the upload's checksum needs every part's
+    if algorithm and checksums and checksums != [algorithm]:
+        raise InvalidRequest(
+            "Checksum Type mismatch occurred, expected checksum Type: "
+            f"{algorithm}, actual checksum Type: {checksums[0]}"
+        )
+    if algorithm:
+        checksums = [algorithm]  # the upload's checksum needs every part's
     stored = await payload.store_body(
         call.data, call.body(), call.request.headers, call.verified.trailers, length, checksums
     )

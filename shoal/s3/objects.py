@@ -4,6 +4,7 @@ CopyObject."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import TypedDict
 from urllib.parse import unquote_plus
 
@@ -34,6 +35,7 @@ from shoal.s3.errors import (
 )
 from shoal.s3.refusals import PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
+from shoal.storage.checksums import S3_CHECKSUMS
 
 XML = "application/xml"
 MAX_DELETE_KEYS = 1000
@@ -121,6 +123,8 @@ async def put_object(call: Call) -> http.Response:
     await _commit(call, _object_write(stored, content_type, kept, tag_set, acl), stored)
     response_headers = {"ETag": f'"{stored.result.md5.hex()}"'}
     response_headers |= {f"x-amz-checksum-{k}": v for k, v in stored.checksums.items()}
+    if stored.checksums:
+        response_headers["x-amz-checksum-type"] = "FULL_OBJECT"  # a single PUT's always is
     return http.Response(headers=response_headers)
 
 
@@ -331,11 +335,13 @@ async def copy_object(call: Call) -> http.Response:
     directive = call.request.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise InvalidArgument("Unknown metadata directive.")
+    checksums = _copy_checksums(call.request.headers, source)
     same_object = (source.bucket_id, source.name) == (
         (await call.store.buckets.get(call.account, call.bucket)).id,
         call.key,
     )
-    if same_object and directive == "COPY":
+    new_checksum = checksums != sorted(source.properties.get("checksums", {}))
+    if same_object and directive == "COPY" and not new_checksum:
         raise InvalidRequest(
             "This copy request is illegal because it is trying to copy an object to itself "
             "without changing the object's metadata, storage class, website redirect location "
@@ -348,7 +354,6 @@ async def copy_object(call: Call) -> http.Response:
         content_type, kept = source.content_type, {k: v for k, v in source.headers.items() if v}
     tag_set = tags.of_copy(call.request.headers, tags.of_version(source.properties))
     acl = canned_acl(call.request.headers)  # as S3: a copy's ACL is its own, not its source's
-    checksums = sorted(source.properties.get("checksums", {}))
 
     async def copy() -> bytes:
         stored = await payload.store_body(
@@ -368,11 +373,27 @@ async def copy_object(call: Call) -> http.Response:
                 "LastModified": copied.modified,
                 "ETag": f'"{copied.etag}"',
                 **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
+                "ChecksumType": "FULL_OBJECT" if stored.checksums else None,
             },
         )
 
     # A large copy answers 200 at once and keeps the connection alive while it copies.
     return await answer_while_working(call, source.content_length, copy)
+
+
+def _copy_checksums(headers: Mapping[str, str], source: ObjectVersion) -> list[str]:
+    """The checksums a copy gets: the one `x-amz-checksum-algorithm` asks for, else its
+    source's (computed anew from the bytes, as the copy reads them)."""
+    asked = headers.get("x-amz-checksum-algorithm")
+    if asked is None:
+        return sorted(source.properties.get("checksums", {}))
+    algorithm = asked.strip().lower()
+    if algorithm not in S3_CHECKSUMS:
+        raise InvalidRequest(
+            "Checksum algorithm provided is unsupported. Please try again with any of the "
+            f"valid types: [{', '.join(name.upper() for name in S3_CHECKSUMS)}]"
+        )
+    return [algorithm]
 
 
 async def copy_source(call: Call) -> ObjectVersion:

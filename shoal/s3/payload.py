@@ -27,11 +27,16 @@ from shoal.s3.errors import (
     MissingContentLength,
 )
 from shoal.storage import BlockRun, DataPath, WriteResult, block_runs
-from shoal.storage.checksums import S3_CHECKSUMS, Digests
+from shoal.storage.checksums import S3_CHECKSUMS, Digests, is_s3_value
 
 log = logging.getLogger("shoal.s3")
 
 MAX_PUT_BYTES = 5 * 1024**3  # S3's limit for one PUT (and one part)
+CHECKSUM_PREFIX = "x-amz-checksum-"
+# Headers named like a checksum's value that are not one.
+NOT_CHECKSUM_VALUES = {"x-amz-checksum-algorithm", "x-amz-checksum-type", "x-amz-checksum-mode"}
+# Headers that name the algorithm of the checksum a request sends.
+ALGORITHM_HEADERS = ("x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm")
 
 
 @dataclass(frozen=True)
@@ -66,20 +71,36 @@ def declared_length(headers: Mapping[str, str]) -> int:
 
 
 def requested_checksums(headers: Mapping[str, str]) -> list[str]:
-    """The S3 checksums the client sent or asked for (header, trailer or SDK algorithm)."""
+    """The S3 checksum the client sent or asked for: an x-amz-checksum-* header, a trailer
+    named in x-amz-trailer, or the SDK's algorithm header, checked as S3 does. One algorithm
+    at most, a known one, the algorithm header naming the one sent, a header's value the
+    base64 of that algorithm's size (InvalidRequest otherwise: S3's messages)."""
     lowered = {k.lower(): v for k, v in headers.items()}
-    wanted = {name for name in S3_CHECKSUMS if f"x-amz-checksum-{name}" in lowered}
-    for header in ("x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"):
-        if header in lowered:
-            wanted.add(lowered[header].lower())
-    for trailer in lowered.get("x-amz-trailer", "").split(","):
-        name = trailer.strip().lower().removeprefix("x-amz-checksum-")
-        if name:
-            wanted.add(name)
-    unknown = wanted - set(S3_CHECKSUMS)
-    if unknown:
-        raise InvalidRequest(f"checksum algorithm {sorted(unknown)[0]} is not supported")
-    return sorted(wanted)
+    values = {
+        name.removeprefix(CHECKSUM_PREFIX): value
+        for name, value in lowered.items()
+        if name.startswith(CHECKSUM_PREFIX) and name not in NOT_CHECKSUM_VALUES
+    }
+    trailers = lowered.get("x-amz-trailer", "").split(",")
+    named = {*values, *(t.strip().lower().removeprefix(CHECKSUM_PREFIX) for t in trailers)}
+    named.discard("")
+    if not named <= set(S3_CHECKSUMS):
+        raise InvalidRequest(
+            "The algorithm type you specified in x-amz-checksum- header is invalid."
+        )
+    if len(named) > 1:
+        raise InvalidRequest(
+            "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed."
+        )
+    for header in ALGORITHM_HEADERS:
+        asked = lowered.get(header, "").strip().lower()
+        if header in lowered and (asked not in S3_CHECKSUMS or named - {asked}):
+            raise InvalidRequest(f"Value for {header} header is invalid.")
+        named |= {asked} - {""}
+    for name, value in values.items():
+        if not is_s3_value(name, value):
+            raise InvalidRequest(f"Value for {CHECKSUM_PREFIX}{name} header is invalid.")
+    return sorted(named)
 
 
 async def store_body(

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from awscrt import checksums as crt
 
 S3_CHECKSUMS = ("crc32", "crc32c", "crc64nvme", "sha1", "sha256")
-_CRC_BYTES = {"crc32": 4, "crc32c": 4, "crc64nvme": 8}
+# Each checksum's size in bytes: its S3 value is the base64 of that many.
+CHECKSUM_BYTES = {"crc32": 4, "crc32c": 4, "crc64nvme": 8, "sha1": 20, "sha256": 32}
 
 
 class Digests:
@@ -43,8 +44,19 @@ class Digests:
     def s3_values(self) -> dict[str, str]:
         """Each checksum as S3 shows it (x-amz-checksum-*): base64 of the big-endian bytes."""
         values = {name: d.digest() for name, d in self._hashes.items()}
-        values |= {name: crc.to_bytes(_CRC_BYTES[name], "big") for name, crc in self._crcs.items()}
+        values |= {
+            name: crc.to_bytes(CHECKSUM_BYTES[name], "big") for name, crc in self._crcs.items()
+        }
         return {name: base64.b64encode(raw).decode() for name, raw in sorted(values.items())}
+
+
+def is_s3_value(name: str, value: str) -> bool:
+    """Whether `value` could be checksum `name` as S3 shows it: base64 of its size in bytes."""
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except ValueError:
+        return False
+    return len(raw) == CHECKSUM_BYTES[name]
 
 
 # CRCs of two adjacent pieces combine into the CRC of both without rereading the bytes.
@@ -71,4 +83,4 @@ def full_object_crc(name: str, parts: list[tuple[str, int]]) -> str:
     crc = 0  # the CRC of no bytes
     for value, size in parts:
         crc = combine(crc, int.from_bytes(base64.b64decode(value), "big"), size)
-    return base64.b64encode(crc.to_bytes(_CRC_BYTES[name], "big")).decode()
+    return base64.b64encode(crc.to_bytes(CHECKSUM_BYTES[name], "big")).decode()
