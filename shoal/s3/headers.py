@@ -86,12 +86,22 @@ def response_headers(version: ObjectVersion) -> dict[str, str]:
         "Accept-Ranges": "bytes",
     }
     for name, value in version.headers.items():
-        if value is not None:
-            headers[name] = value
+        if value is None:
+            continue
+        if name.startswith(USER_METADATA_PREFIX) and not value.isascii():
+            value = mail_safe(value)
+        headers[name] = value
     tags = version.properties.get("tags")
     if tags:
         headers["x-amz-tagging-count"] = str(len(tags))
     return headers
+
+
+def mail_safe(value: str) -> str:
+    """A metadata value that is not US-ASCII as S3 answers it: RFC 2047's encoded word of its
+    UTF-8 (`=?UTF-8?B?...?=`), so that the header holds US-ASCII alone, as HTTP wants."""
+    raw = value.encode("utf-8", "surrogateescape")
+    return f"=?UTF-8?B?{base64.b64encode(raw).decode()}?="
 
 
 def apply_overrides(headers: dict[str, str], query: Mapping[str, str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.header
 import hashlib
 import io
 import os
@@ -18,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from tests.e2e.conftest import complete_upload
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Served
+from tests.fixtures.serve import Served, raw_request
 
 MiB = 1024 * 1024
 
@@ -53,6 +54,23 @@ def test_put_get_head_with_metadata(s3: Any, bucket: str) -> None:
     assert got["ContentLength"] == len(body)
     head = s3.head_object(Bucket=bucket, Key="a/b c/ü.bin")
     assert head["ETag"] == put["ETag"] and head["ContentLength"] == len(body)
+
+
+def test_metadata_that_is_not_ascii_comes_back_as_an_rfc_2047_encoded_word(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    encoded = "=?UTF-8?B?w6nDqQ==?="  # sent encoded already: kept and answered as it is
+    headers = {"x-amz-meta-name": "café ☕", "x-amz-meta-plain": "tea", "x-amz-meta-sent": encoded}
+    stored = raw_request(served, "PUT", f"/{bucket}/utf8", b"x", headers=headers)
+    assert stored.status == 200, stored.body
+    answered = raw_request(served, "HEAD", f"/{bucket}/utf8")
+    assert all(value.isascii() for value in answered.headers.values())
+    metadata = s3.head_object(Bucket=bucket, Key="utf8")["Metadata"]
+    assert metadata["plain"] == "tea" and metadata["sent"] == encoded
+    ((raw, charset),) = email.header.decode_header(metadata["name"])
+    assert (raw.decode(charset), charset) == ("café ☕", "utf-8")
+    got = s3.get_object(Bucket=bucket, Key="utf8")
+    assert got["Metadata"] == metadata
 
 
 def test_default_checksums_are_verified_and_returned(s3: Any, bucket: str) -> None:
