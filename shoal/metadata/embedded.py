@@ -197,7 +197,9 @@ class EmbeddedPostgres:
         if result.returncode != 0:
             said = self._logged_since(logged_before)
             error = PortTaken if "Address already in use" in said else EmbeddedPostgresError
-            raise error(f"PostgreSQL did not start: {_reason(said) or _tail(self.log_file)}")
+            told = f"{result.stderr}\n{result.stdout}"
+            why = _reason(said) or _last_line(said) or _last_line(told) or f"see {self.log_file}"
+            raise error(f"PostgreSQL did not start: {why}")
 
     def stop(self) -> None:
         if self.is_running():
@@ -350,9 +352,6 @@ def _reason(logged: str) -> str:
     return ""
 
 
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no server log)"
-    return lines[-1] if lines else "(empty server log)"
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""

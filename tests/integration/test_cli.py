@@ -296,3 +296,13 @@ def test_embedded_server_can_hold_several_shards(tmp_path: Path) -> None:
     assert "postgres/port holds no port number" in damaged.stderr
     port_file.write_text(port)
     assert "8 vnodes over 2 shard(s)" in shoal("db", "status", "--config", str(config)).stdout
+    # A server that cannot start says why, not what the log said last time.
+    pgdata = tmp_path / "data" / "postgres" / "data"
+    pgdata.chmod(0)
+    try:
+        refused = shoal("db", "status", "--config", str(config), check=False)
+    finally:
+        pgdata.chmod(0o700)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "PostgreSQL did not start: " in refused.stderr
+    assert "Permission denied" in refused.stderr, refused.stderr
