@@ -82,10 +82,7 @@ def command() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "run"):
-        parser.print_help()
-        return 2
+    args = parser.parse_args(argv)  # a group without its command exits 2, naming it
     shoal.logs.configure()  # until the configuration names the format
     debug = bool(os.environ.get(DEBUG_ENV))
     # Whatever Shoal and its children make (data directory, blocks, PostgreSQL's files, Spark's
@@ -130,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--config", type=Path, help="configuration file (TOML)")
 
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.splitlines()[0])
-    verbs = parser.add_subparsers(title="commands")
+    verbs = parser.add_subparsers(title="commands", dest="command", required=True)
 
     serve = verbs.add_parser("serve", parents=[common], help="run Shoal until Ctrl-C")
     serve.add_argument(
@@ -141,7 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(run=_serve, creates_instance=True)
 
-    gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(title="gc commands")
+    gc = verbs.add_parser("gc", help="garbage collection").add_subparsers(
+        title="gc commands", dest="command", required=True
+    )
     gc_run = gc.add_parser("run", parents=[common], help="one GC pass now")
     gc_run.add_argument("--leeway", help="only garbage older than this (0s, 15m, 24h; default 24h)")
     gc_run.set_defaults(run=_gc_run)
@@ -178,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.set_defaults(run=_pipeline)
 
     account = verbs.add_parser("account", help="accounts and their access keys")
-    accounts = account.add_subparsers(title="account commands")
+    accounts = account.add_subparsers(title="account commands", dest="command", required=True)
     create = accounts.add_parser("create", parents=[common], help="new account and key")
     create.add_argument("name")
     create.add_argument("--json", action="store_true", help="print JSON")
@@ -191,7 +190,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     show_root.add_argument("--json", action="store_true", help="print JSON")
     show_root.set_defaults(run=_show_root)
-    keys = accounts.add_parser("key", help="access keys").add_subparsers(title="key commands")
+    keys = accounts.add_parser("key", help="access keys").add_subparsers(
+        title="key commands", dest="command", required=True
+    )
     add = keys.add_parser("add", parents=[common], help="another key for an account")
     add.add_argument("name")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -226,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     node.set_defaults(run=_storage_node)
 
     nodes = verbs.add_parser("node", help="storage nodes: list, drain, mark dead, remove")
-    node_verbs = nodes.add_subparsers(title="node commands")
+    node_verbs = nodes.add_subparsers(title="node commands", dest="command", required=True)
     listing = node_verbs.add_parser("list", parents=[common], help="nodes, states, free, blocks")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=_node_list)
@@ -246,7 +247,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON (the admin API's)")
     status.set_defaults(run=_status)
 
-    db = verbs.add_parser("db", help="the metadata database").add_subparsers(title="db commands")
+    db = verbs.add_parser("db", help="the metadata database").add_subparsers(
+        title="db commands", dest="command", required=True
+    )
     db.add_parser("migrate", parents=[common], help="create or upgrade the schema").set_defaults(
         run=_db_migrate, creates_instance=True
     )
@@ -257,7 +260,9 @@ def _parser() -> argparse.ArgumentParser:
         "dsn", parents=[common], help="each shard's DSN, password included, one a line (for psql)"
     ).set_defaults(run=_db_dsn)
 
-    shard = verbs.add_parser("shard", help="metadata shards").add_subparsers(title="shard commands")
+    shard = verbs.add_parser("shard", help="metadata shards").add_subparsers(
+        title="shard commands", dest="command", required=True
+    )
     shard_add = shard.add_parser(
         "add", parents=[common], help="add a shard (migrated, no vnodes until moved there)"
     )
@@ -281,7 +286,9 @@ def _parser() -> argparse.ArgumentParser:
         by_name.add_argument("name")
         by_name.set_defaults(run=run)
 
-    ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(title="ring commands")
+    ring = verbs.add_parser("ring", help="the ring of vnodes").add_subparsers(
+        title="ring commands", dest="command", required=True
+    )
     ring_status = ring.add_parser("status", parents=[common], help="ring versions and moves")
     ring_status.add_argument("--json", action="store_true", help="print JSON")
     ring_status.set_defaults(run=_ring_status)

@@ -54,6 +54,20 @@ def test_with_shoal_debug_the_trace_is_shown(
         cli.main(["db", "dsn", "--config", str(external_config)])
 
 
+@pytest.mark.parametrize("group", [[], ["account"], ["account", "key"], ["node"], ["ring"]])
+def test_a_group_without_its_command_names_the_group_s_usage(
+    group: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(group)
+    assert exited.value.code == 2
+    said = capsys.readouterr().err.splitlines()
+    usage, error = said[0], said[-1]
+    name = " ".join(["shoal", *group])
+    assert usage.startswith(f"usage: {name} [-h]")
+    assert error == f"{name}: error: the following arguments are required: command"
+
+
 def test_a_worker_traceback_gives_its_own_last_line() -> None:
     spark_text = (
         "An error occurred while calling o81.collect.\n"
