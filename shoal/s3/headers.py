@@ -185,6 +185,21 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
         raise not_modified
 
 
+def if_range_holds(version: ObjectVersion, header: str | None) -> bool:
+    """Whether a GET's Range applies (RFC 9110 If-Range): with no If-Range, yes; with an ETag,
+    if it is the version's, compared strongly (a weak one never is); with a date, if it is
+    the version's Last-Modified exactly. Otherwise the whole object is sent: a client
+    resuming a download of another version gets all of this one, never a piece of it."""
+    if header is None:
+        return True
+    value = header.strip()
+    if value.startswith('"'):
+        return value == f'"{version.etag}"'
+    if value.startswith("W/"):
+        return False
+    return httpdate.parse(value) == version.modified.replace(microsecond=0)
+
+
 def etag_matches(etag: str, header: str) -> bool:
     candidates = [c.strip().removeprefix("W/").strip('"') for c in header.split(",")]
     return "*" in candidates or etag in candidates

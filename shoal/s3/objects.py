@@ -206,7 +206,8 @@ async def _get(call: Call, send_body: bool) -> http.StreamResponse:
         if checksum_mode:
             headers |= part_checksums
     else:
-        wanted = h.byte_range(call.request.headers.get("Range"), size)
+        ranged = h.if_range_holds(version, call.request.headers.get("If-Range"))
+        wanted = h.byte_range(call.request.headers.get("Range") if ranged else None, size)
         start, end = wanted or (0, size)
         if checksum_mode and wanted is None:
             headers |= h.checksum_headers(version)  # whole-object checksums fit only whole reads

@@ -97,3 +97,25 @@ def test_a_copy_source_s_conditions_fail_with_412(served: Served, bucket: str, e
     ]:
         response = raw_request(served, "PUT", f"/{bucket}/copy", headers=source | conditions)
         assert response.status == status, (conditions, response.body[:300])
+
+
+def test_if_range_sends_the_range_only_of_the_version_it_names(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    s3.put_object(Bucket=bucket, Key="resume", Body=b"0123456789")
+    head = s3.head_object(Bucket=bucket, Key="resume")
+    modified = head["LastModified"].astimezone(UTC)
+    same_date = http_date(modified)
+    ranged = {"Range": "bytes=4-"}
+    for validator in (head["ETag"], same_date):
+        got = raw_request(
+            served, "GET", f"/{bucket}/resume", headers={**ranged, "If-Range": validator}
+        )
+        assert (got.status, got.body) == (206, b"456789"), validator
+    other_date = http_date(modified - timedelta(seconds=1))
+    for validator in ('"0123456789abcdef0123456789abcdef"', f"W/{head['ETag']}", other_date):
+        got = raw_request(
+            served, "GET", f"/{bucket}/resume", headers={**ranged, "If-Range": validator}
+        )
+        assert (got.status, got.body) == (200, b"0123456789"), validator
+        assert "Content-Range" not in got.headers
