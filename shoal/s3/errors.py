@@ -229,6 +229,12 @@ class MaxMessageLengthExceeded(S3Error, message="Your request was too big."):
     pass
 
 
+class MetadataTooLarge(
+    S3Error, message="Your metadata headers exceed the maximum allowed metadata size."
+):
+    pass
+
+
 class MethodNotAllowed(
     S3Error, status=405, message=("The specified method is not allowed against this resource.")
 ):

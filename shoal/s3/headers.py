@@ -15,6 +15,7 @@ from shoal.s3.errors import (
     InvalidDigest,
     InvalidPartNumber,
     InvalidRange,
+    MetadataTooLarge,
     PreconditionFailed,
 )
 from shoal.s3.http import Headers
@@ -60,12 +61,13 @@ def object_headers(headers: Mapping[str, str]) -> dict[str, str]:
         for name, value in _lower(headers).items()
         if name in STORED_HEADERS or name.startswith(USER_METADATA_PREFIX)
     }
-    user_bytes = sum(len(k) + len(v) for k, v in kept.items() if k.startswith(USER_METADATA_PREFIX))
+    user_bytes = sum(
+        _utf8_bytes(k) + _utf8_bytes(v)
+        for k, v in kept.items()
+        if k.startswith(USER_METADATA_PREFIX)
+    )
     if user_bytes > MAX_USER_METADATA_BYTES:
-        raise InvalidArgument(
-            f"Your metadata headers exceed the maximum allowed metadata size ({user_bytes} > "
-            f"{MAX_USER_METADATA_BYTES} bytes)"
-        )
+        raise MetadataTooLarge(Size=str(user_bytes), MaxSizeAllowed=str(MAX_USER_METADATA_BYTES))
     if "content-encoding" in kept:
         # aws-chunked is a transfer detail of SigV4 streaming, not the object's encoding.
         codings = [c.strip() for c in kept["content-encoding"].split(",")]
@@ -75,6 +77,12 @@ def object_headers(headers: Mapping[str, str]) -> dict[str, str]:
         else:
             del kept["content-encoding"]
     return kept
+
+
+def _utf8_bytes(text: str) -> int:
+    """Bytes of `text` in UTF-8, as S3 measures metadata (a header's bytes that were not
+    UTF-8 count one each)."""
+    return len(text.encode("utf-8", "surrogateescape"))
 
 
 def response_headers(version: ObjectVersion) -> dict[str, str]:

@@ -56,6 +56,18 @@ def test_put_get_head_with_metadata(s3: Any, bucket: str) -> None:
     assert head["ETag"] == put["ETag"] and head["ContentLength"] == len(body)
 
 
+def test_user_metadata_is_at_most_2_kib_of_utf_8(served: Served, s3: Any, bucket: str) -> None:
+    name = "x-amz-meta-k"  # counted with its prefix: 12 bytes
+    fits = {name: "v" * (2048 - len(name))}
+    assert raw_request(served, "PUT", f"/{bucket}/meta", b"x", headers=fits).status == 200
+    assert s3.head_object(Bucket=bucket, Key="meta")["Metadata"] == {"k": fits[name]}
+    # The same number of characters, one of them two bytes in UTF-8.
+    over = {name: "é" + "v" * (2047 - len(name))}
+    refused = raw_request(served, "PUT", f"/{bucket}/meta2", b"x", headers=over)
+    assert refused.status == 400 and b"<Code>MetadataTooLarge</Code>" in refused.body
+    assert b"<Size>2049</Size><MaxSizeAllowed>2048</MaxSizeAllowed>" in refused.body
+
+
 def test_metadata_that_is_not_ascii_comes_back_as_an_rfc_2047_encoded_word(
     served: Served, s3: Any, bucket: str
 ) -> None:
