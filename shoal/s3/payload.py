@@ -57,7 +57,10 @@ def declared_length(headers: Mapping[str, str]) -> int:
     """The length of the object data (x-amz-decoded-content-length for aws-chunked bodies)."""
     lowered = {k.lower(): v for k, v in headers.items()}
     value = lowered.get("x-amz-decoded-content-length", lowered.get("content-length"))
-    if value is None:
+    # An aws-chunked body's Content-Length counts its chunk framing: the data's own length
+    # must be told apart, as S3 requires.
+    chunked = lowered.get("x-amz-content-sha256", "").startswith("STREAMING-")
+    if value is None or (chunked and "x-amz-decoded-content-length" not in lowered):
         raise MissingContentLength()
     try:
         length = int(value)

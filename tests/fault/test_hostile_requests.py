@@ -202,6 +202,17 @@ def test_a_body_shorter_than_its_length_then_half_closed_is_incomplete_body(
     assert "Contents" not in served.client().list_objects_v2(Bucket=bucket)
 
 
+def test_an_aws_chunked_body_needs_its_decoded_length(served: Served, bucket: str) -> None:
+    body = b"5\r\nhello\r\n0\r\n\r\n"
+    payload = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+    untold = send_aws_chunked(served, "PUT", f"/{bucket}/chunked", {}, body, payload)
+    assert (untold.status, code_of(untold)) == (411, "MissingContentLength")
+    told = {"x-amz-decoded-content-length": "5"}
+    stored = send_aws_chunked(served, "PUT", f"/{bucket}/chunked", told, body, payload)
+    assert stored.status == 200, stored.body
+    assert served.client().get_object(Bucket=bucket, Key="chunked")["Body"].read() == b"hello"
+
+
 def test_delete_objects_checks_its_digest_before_deleting(served: Served, bucket: str) -> None:
     s3 = served.client()
     s3.put_object(Bucket=bucket, Key="kept", Body=b"data")
