@@ -136,6 +136,7 @@ class _Batcher:
         self._letting_go: set[asyncio.Task[None]] = set()
         self.keeps = pool.max_size >= KEEP_FROM_POOL_SIZE
         self.batches_sent = 0  # pipelines written, for tests and the curious
+        pool.when_down(self._refuse_waiting)
 
     async def _enqueue(
         self, statement: bytes, values: Sequence[Any], order: tuple[Any, ...] = ()
@@ -143,6 +144,7 @@ class _Batcher:
         """Queue a statement ($1, $2, ... placeholders) for the next batch; its rows as dicts."""
         if self._closed:
             raise _store_closed()
+        self.pool.check_reachable()  # a shard marked down: refused at once, never queued
         queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
         if self._last_alone and self._kept is not None and not self._sending and not self._waiting:
             held = self._take_kept()
@@ -321,6 +323,15 @@ class _Batcher:
         """What a statement whose batch close() interrupted gets."""
         closed = psycopg.OperationalError("the metadata store is closed")
         return classified(closed, self.pool.shard, may_have_committed=self.writes and queued.synced)
+
+    def _refuse_waiting(self) -> None:
+        """The shard was marked down (a connect failed, or it did not answer the readiness
+        check): the statements waiting for a batch fail at once, as the pool's own waiters
+        do, rather than wait behind batches that may be stuck on a server that hangs. None
+        of them can have committed: a write waits again only after its batch rolled back.
+        The batches out keep waiting for their answers."""
+        for queued in self._take_all():
+            queued.fail(MetadataUnavailable(f"shard {self.pool.shard} is unreachable"))
 
     def _carry_on(self) -> None:
         """After a failed batch or a statement sent alone: the statements still waiting

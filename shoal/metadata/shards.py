@@ -16,7 +16,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -359,6 +359,7 @@ class ShardPool(LastInFirstOutPool):
         self.shard = shard
         self._probe_with = conninfo, kwargs  # the pool's own may also be callables
         self.down_since: float | None = None
+        self._when_down: list[Callable[[], None]] = []
         self._prober: asyncio.Task[None] | None = None
         self._replacing: asyncio.Task[None] | None = None
         # Drains so far: a batcher lets go of a connection it took before the last one.
@@ -400,6 +401,11 @@ class ShardPool(LastInFirstOutPool):
                 "shard %s: replacing idle connections failed: %r", self.shard, task.exception()
             )
 
+    def when_down(self, refuse: Callable[[], None]) -> None:
+        """Call `refuse` each time the shard is marked down: a batcher fails the statements
+        queued behind its batches, which may be stuck on a server that hangs."""
+        self._when_down.append(refuse)
+
     def lost(self, exc: BaseException) -> None:
         """A connect to the shard failed: mark it down, until a probe connects."""
         if self.down_since is not None or self.closed:
@@ -410,6 +416,8 @@ class ShardPool(LastInFirstOutPool):
             self.shard,
             first_line(exc),
         )
+        for refuse in self._when_down:
+            refuse()
         if self._prober is not None:
             self._prober.cancel()  # one of an outage that ended while it slept
         self._prober = asyncio.get_running_loop().create_task(self._probe())

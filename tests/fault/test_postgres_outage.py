@@ -8,9 +8,11 @@ what `shoal pipeline orphans` reclaims); none belongs to an acknowledged one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -207,6 +209,74 @@ def test_a_shard_that_hangs_costs_only_the_buckets_it_holds(admin_dsn: str, tmp_
                 lambda: all(_timed_get(client, b, body)[0] == 200 for b in refused),
                 RECOVERY_SECONDS + 2,
             )
+
+
+def test_a_shard_that_hangs_under_load_refuses_new_requests_at_once(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    """Writers keep both of a shard's write batches busy when it hangs, so its writes stay
+    stuck until it answers again. The requests that come after the gateway found it silent
+    must not queue behind them: each is 503 at once (or served, on the other shard)."""
+    catalog, other = create_databases(admin_dsn, 2)
+    with cutting_proxy(other.dsn) as proxy:
+        config = (
+            "[s3]\nworkers = 1\n\n[gc]\nenabled = false\n\n"
+            f'[[metadata.shards]]\nname = "{catalog.name}"\ndsn = "{catalog.dsn}"\n\n'
+            f'[[metadata.shards]]\nname = "{other.name}"\ndsn = "{proxy.dsn}"\n'
+        )
+        with own_serve(tmp_path, config) as served:
+            client = served.raw_client(
+                served.root, retries={"total_max_attempts": 1}, read_timeout=10
+            )
+            body = os.urandom(1024)
+            buckets = [f"busy-{n:02d}" for n in range(16)]
+            for bucket in buckets:
+                client.create_bucket(Bucket=bucket)
+                client.put_object(Bucket=bucket, Key="k", Body=body)
+            stop = threading.Event()
+
+            def write() -> None:  # until stopped; stuck while the shard hangs
+                writer = served.raw_client(
+                    served.root, retries={"total_max_attempts": 1}, read_timeout=120
+                )
+                while not stop.is_set():
+                    for bucket in buckets:
+                        with contextlib.suppress(botocore.exceptions.ClientError):
+                            writer.put_object(Bucket=bucket, Key="load", Body=body)
+
+            writers = [threading.Thread(target=write) for _ in range(6)]
+            for thread in writers:
+                thread.start()
+            try:
+                time.sleep(1)
+                proxy.freeze()
+                wait_until(
+                    lambda: _shards_not_answering(served) == [other.name], HANG_FOUND_SECONDS
+                )
+                time.sleep(1)  # the writers are stuck on the hung shard by now
+                answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
+                puts = {bucket: _timed_put(client, bucket, body) for bucket in buckets}
+            finally:
+                proxy.thaw()
+                stop.set()
+                for thread in writers:
+                    thread.join(timeout=150)
+            refused = [b for b, (status, _) in answers.items() if status == 503]
+            assert refused and len(refused) < len(buckets), answers
+            assert all(status in (200, 503) for status, _ in answers.values()), answers
+            assert [b for b, (status, _) in puts.items() if status == 503] == refused, puts
+            slowest = max(seconds for _, seconds in [*answers.values(), *puts.values()])
+            assert slowest < FAST_503_SECONDS, (answers, puts)
+
+
+def _timed_put(client: Any, bucket: str, body: bytes) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        client.put_object(Bucket=bucket, Key="k", Body=body)
+        status = 200
+    except botocore.exceptions.ClientError as exc:
+        status = int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+    return status, time.monotonic() - started
 
 
 def _shards_not_answering(served: Served) -> list[str]:
