@@ -680,7 +680,11 @@ async def _serving_gateway(
     credentials = Credentials(store, load_encryption_key(config.credentials_key_file))
     path = data_path(config, store)
     readiness = Readiness(
-        store, path.client, config.storage.heartbeat_deadline, config.storage.replicas or None
+        store,
+        path.client,
+        config.storage.heartbeat_deadline,
+        config.storage.replicas or None,
+        node_silent=path.node_silent,
     )
     gateway = Gateway(
         store=store, data=path, credentials=credentials, config=config.s3, readiness=readiness

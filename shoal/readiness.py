@@ -17,6 +17,10 @@ buckets of the other shards are served as before. One shard of many must not tak
 bucket down with it; and a shard that accepts connections but does not answer (a hung host)
 is found here, within a second, where the pool alone would not.
 
+Each storage node that misses a check is told to the data path with the number it missed in
+a row (DataPath.node_silent): it gets no new blocks, and after two, the requests waiting on it
+are given up, so that a node that hangs holds no request for long.
+
 A request to a ready gateway only reads a flag: the state is checked in the background,
 every second, each check bounded in time so that a shard or node that hangs counts as one
 that is down. A request to a gateway that is not ready has the state checked again first, so
@@ -34,7 +38,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from shoal import telemetry
 from shoal.loop import in_background
@@ -55,6 +59,10 @@ ANSWER_SECONDS = 1.0
 CHECK_TIMEOUT_SECONDS = 3.0
 
 
+class NodeSilent(Protocol):
+    def __call__(self, shark: str, url: str, *, checks: int) -> None: ...
+
+
 class Readiness:
     """This process's readiness, kept up to date by `checking()`."""
 
@@ -64,11 +72,16 @@ class Readiness:
         client: BlockClient,
         deadline: timedelta,
         replicas: int | None,
+        node_silent: NodeSilent | None = None,
     ) -> None:
         self.store = store
         self.client = client
         self.deadline = deadline
         self.replicas = replicas  # None: the default number of copies
+        # Told of each alive node that missed a check, with how many it missed in a row
+        # (the data path: DataPath.node_silent).
+        self.node_silent = node_silent
+        self._missed: dict[str, int] = {}
         self.ready = False
         self.reason = "not checked yet"
         self.serving = False  # what the S3 port does: see the module's docstring
@@ -159,11 +172,25 @@ class Readiness:
         """Why too few storage nodes answer to take a write, or None if enough do."""
         nodes = await self.store.nodes.list(self.deadline)
         needed = max(1, min(self.replicas or 1, len(nodes)))
-        answering = await answering_nodes(self.client, [n for n in nodes if n.alive])
+        alive = [n for n in nodes if n.alive]
+        answering = await answering_nodes(self.client, alive)
+        self._count_missed(alive, answering)
         self.nodes_answering, self.nodes_needed = len(answering), needed
         if len(answering) < needed:
             return f"{len(answering)} storage node(s) answer, {needed} needed"
         return None
+
+    def _count_missed(self, alive: list[StorageNode], answering: list[StorageNode]) -> None:
+        """Count each alive node's checks missed in a row, and tell `node_silent` of those
+        that missed this one."""
+        answered = {n.shark for n in answering}
+        self._missed = {
+            n.shark: self._missed.get(n.shark, 0) + 1 for n in alive if n.shark not in answered
+        }
+        if self.node_silent is not None:
+            for node in alive:
+                if node.shark in self._missed:
+                    self.node_silent(node.shark, node.url, checks=self._missed[node.shark])
 
     async def _keep_checking(self) -> None:
         while True:

@@ -37,6 +37,8 @@ TOKEN_LIFETIME_SECONDS = 15
 # How far ahead of the node's clock a signer's may be (NTP keeps a cluster within far less).
 CLOCK_SKEW_SECONDS = 15
 _NONCE = re.compile(r"^[0-9a-f]{32}$")
+# What a node answers (401) for a token it read after its expiry.
+EXPIRED = "expired token"
 _EMPTY_SHA256 = sha256(b"").hexdigest()
 
 
@@ -132,7 +134,7 @@ def verify(
         raise InvalidToken("malformed token")
     now = time.time() if now is None else now
     if expires < now:
-        raise InvalidToken("expired token")
+        raise InvalidToken(EXPIRED)
     if expires > now + TOKEN_LIFETIME_SECONDS + CLOCK_SKEW_SECONDS:
         raise InvalidToken("token expires too far ahead")
     if not hmac.compare_digest(mac, _mac(secret, request, expires, nonce)):

@@ -157,6 +157,15 @@ class BlockClient:
         async with self._request("GET", url, "/status") as response:
             return NodeStatus(**(await response.json()))
 
+    def abandon(self, url: str, reason: str) -> None:
+        """Give up every request waiting on the node at `url` (each raises NodeUnreachable
+        now, and is not sent again) and close its connections: a node found silent, which
+        may be hung, must not hold the requests that wait on it for READ_TIMEOUT_SECONDS.
+        Requests made after this go to it as before."""
+        pool = self._pools.get(url)
+        if pool is not None:
+            pool.abandon(reason)
+
     def _request(
         self,
         method: str,
@@ -228,6 +237,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._writing_paused = False
         self._drained: asyncio.Future[None] | None = None
+        self.abandoned = False  # given up by the client: its request is not sent again
 
     @classmethod
     async def open(cls, host: str, port: int, tls: ssl.SSLContext | None) -> _Connection:
@@ -282,6 +292,14 @@ class _Connection(asyncio.BufferedProtocol):
         if self._transport is not None:
             with contextlib.suppress(RuntimeError):
                 self._transport.close()
+
+    def abandon(self, reason: str) -> None:
+        """Fail what waits on this connection now (with ConnectionAbortedError), and close it."""
+        self.abandoned = True
+        self._lost = ConnectionAbortedError(reason)
+        self._wake()
+        self.resume_writing()
+        self.close()
 
     async def _more(self) -> None:
         """Wait until more bytes arrive (or raise why none will)."""
@@ -371,6 +389,7 @@ class _Pool:
         self.port = parts.port or (443 if self.tls else 80)
         self.host_header = parts.netloc
         self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
         self._slots = asyncio.Semaphore(size)
 
     async def acquire(self, fresh: bool) -> tuple[_Connection, bool]:
@@ -378,25 +397,37 @@ class _Pool:
         have been closed by the node)."""
         await self._slots.acquire()
         try:
-            now = time.monotonic()
-            while self._idle and not fresh:
-                connection = self._idle.pop()
-                if now - connection.idle_since < KEEP_IDLE_SECONDS:
-                    return connection, True
-                connection.close()
-            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                return await _Connection.open(self.host, self.port, self.tls), False
+            connection, reused = await self._take(fresh)
         except BaseException:
             self._slots.release()
             raise
+        self._busy.add(connection)
+        return connection, reused
+
+    async def _take(self, fresh: bool) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        while self._idle and not fresh:
+            connection = self._idle.pop()
+            if now - connection.idle_since < KEEP_IDLE_SECONDS:
+                return connection, True
+            connection.close()
+        async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+            return await _Connection.open(self.host, self.port, self.tls), False
 
     def release(self, connection: _Connection, reusable: bool) -> None:
-        if reusable:
+        self._busy.discard(connection)
+        if reusable and not connection.abandoned:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
         else:
             connection.close()
         self._slots.release()
+
+    def abandon(self, reason: str) -> None:
+        """Fail the requests in flight on this node's connections, and close them all."""
+        self.close()
+        for connection in list(self._busy):
+            connection.abandon(reason)
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
@@ -490,7 +521,10 @@ class _Call:
                 response = await self._exchange(connection)
             except _BROKEN as exc:
                 self.pool.release(connection, reusable=False)
-                if reused:
+                # Only a kept-alive connection the node closed as the request left is worth
+                # a second try; a node that took too long, or was given up, would be waited
+                # for twice.
+                if reused and not connection.abandoned and not isinstance(exc, TimeoutError):
                     fresh = True
                     continue
                 raise self._unavailable(exc) from None
@@ -532,6 +566,10 @@ class _Call:
         text = (await response.text())[:200]  # read, so that the connection can be kept
         if status == 404:
             raise BlockMissing(self.pool.url, f"{where}: not found")
+        if status == 401 and text.startswith(auth.EXPIRED):
+            # The node read the request only after its token's lifetime: it did not answer
+            # for that long (hung, or stopped), which no retry to it now would change.
+            raise NodeUnreachable(self.pool.url, f"{where}: read too late ({text})")
         if status >= 500:
             raise NodeUnavailable(self.pool.url, f"{where}: {status} {text}")
         raise NodeRefused(self.pool.url, f"{where}: {status} {text}")

@@ -54,6 +54,8 @@ DELETES_IN_FLIGHT = 4
 ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
 THREAD_THRESHOLD_BYTES = 64 * 1024
+# Health checks in a row a node must miss before the requests waiting on it are given up.
+SILENT_CHECKS_TO_GIVE_UP = 2
 # glibc's mallopt parameters (malloc.h), and how much freed memory a process may keep.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -214,6 +216,17 @@ class DataPath:
         self.replicas = replicas
         self.blocks_in_flight = blocks_in_flight or window(block_size)
         self.rng = rng or random.Random()
+
+    def node_silent(self, shark: str, url: str, *, checks: int) -> None:
+        """A node did not answer `checks` health checks in a row (the gateway's readiness
+        check asks every node's /status every second): from the first, it gets no new
+        blocks and reads ask it last; from the second, the requests waiting on it are given
+        up (NodeUnreachable), so that a write goes on with its other replicas and a read
+        with another copy instead of waiting for a node that may be hung. One missed
+        check alone, a node busy for a moment, costs nothing in flight."""
+        self.directory.mark_unreachable(shark)
+        if checks >= SILENT_CHECKS_TO_GIVE_UP:
+            self.client.abandon(url, f"storage node {shark} did not answer {checks} checks")
 
     async def write(
         self,

@@ -31,6 +31,13 @@ RESTART_SECONDS = 15
 # After a kill, writes go to the nodes left at once (the dead node is marked unreachable on
 # its first refused connection): any 503 is in this window after the kill.
 NODE_KILL_ERROR_SECONDS = 5
+# How long a node is stopped for: past a node request's token lifetime (auth.py), after
+# which a hung node that wakes up refuses what waited for it.
+HUNG_NODE_SECONDS = 20
+# The longest a request may take while one node hangs: the gateway's readiness check finds
+# the node silent twice in about two seconds and gives up what waits on it (DataPath.
+# node_silent); the rest is the machine's load.
+HUNG_NODE_WAIT_SECONDS = 8
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +151,29 @@ def test_a_killed_storage_node_is_restarted_and_costs_at_most_brief_503s(
         if o.op == "PUT" and not o.failed and killed_at < o.started < killed_at + seconds
     ]
     assert written_while_down or seconds < 1, "no write succeeded while the node was down"
+    load.verify(tree.client())
+
+
+def test_a_hung_storage_node_costs_seconds_and_no_errors(tree: ServeTree) -> None:
+    """One node of two stops (SIGSTOP: a hung host or disk) for longer than a node request's
+    token lives: writes go on with the other node and reads take its copy, each within
+    seconds; none waits for the hung node, none is a 500."""
+    node = tree.storage_node("node1")
+    load = mixed_load(tree)
+    with load:
+        load.wait_for_requests(100)
+        stopped_at = time.monotonic()
+        node.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(HUNG_NODE_SECONDS)
+        finally:
+            node.send_signal(signal.SIGCONT)
+        load.wait_for_requests(100)
+    during = [o for o in load.outcomes if o.started + o.seconds > stopped_at]
+    assert not load.failures(), list(iter_failures(load))
+    slowest = max(during, key=lambda o: o.seconds)
+    assert slowest.seconds < HUNG_NODE_WAIT_SECONDS, slowest
+    assert any(o.op == "PUT" and o.started > stopped_at + 5 for o in during)
     load.verify(tree.client())
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shoal.storage import BlockClient, NodeUnavailable
+from shoal.storage import BlockClient, NodeUnavailable, NodeUnreachable
 from shoal.storage.blockfile import checksum_of
 from shoal.storage.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BlockCorrupted
 from shoal.storage.datapath import reuse_block_memory
@@ -137,3 +137,45 @@ def test_a_head_that_never_ends_is_an_unavailable_node(run: Any) -> None:
 
     with pytest.raises(NodeUnavailable, match="too long"):
         run(get_from(endless))
+
+
+def test_requests_waiting_on_a_silent_node_are_given_up_and_not_sent_again(run: Any) -> None:
+    heads = 0
+
+    async def silent(reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        nonlocal heads
+        heads += 1
+        await reader.read()  # a hung node: nothing is answered, until the client hangs up
+
+    async def scenario() -> tuple[list[BaseException | bytes], float]:
+        client = BlockClient(SECRET)
+        try:
+            async with node_answering(silent) as url:
+                names = [f"01a20000-0000-7000-8000-000000000000.{i}" for i in range(3)]
+                waiting = [asyncio.ensure_future(client.get_block(url, n)) for n in names]
+                while heads < len(names):
+                    await asyncio.sleep(0.01)
+                started = asyncio.get_running_loop().time()
+                client.abandon(url, "did not answer 2 checks")
+                outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+                return outcomes, asyncio.get_running_loop().time() - started
+        finally:
+            await client.close()
+
+    outcomes, seconds = run(scenario())
+    assert seconds < 1
+    assert all(isinstance(o, NodeUnreachable) for o in outcomes), outcomes
+    assert "did not answer 2 checks" in str(outcomes[0])
+    assert heads == 3  # each was sent once: a given-up request is not tried again
+
+
+def test_a_token_the_node_read_after_its_expiry_is_an_unreachable_node(run: Any) -> None:
+    async def late(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        refusal = b"expired token"
+        writer.write(
+            b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n%s" % (len(refusal), refusal)
+        )
+        await writer.drain()
+
+    with pytest.raises(NodeUnreachable, match="read too late"):
+        run(get_from(late))
