@@ -340,7 +340,9 @@ class DataPath:
 
     async def delete_names(self, names: Mapping[str, Sequence[str]]) -> DeleteOutcome:
         """Delete the named blocks from each node (node -> block names on it): all nodes at
-        once, each in requests of DELETE_BATCH names, DELETES_IN_FLIGHT at a time."""
+        once, each in requests of DELETE_BATCH names, DELETES_IN_FLIGHT at a time. A node
+        that fails a request is asked nothing more: its names wait for the next pass, and a
+        node that hangs costs one request's time-out, not one for each batch."""
         outcome = DeleteOutcome()
         await asyncio.gather(
             *(self._delete_on(shark, share, outcome) for shark, share in names.items())
@@ -355,23 +357,25 @@ class DataPath:
             return
         gate = asyncio.Semaphore(DELETES_IN_FLIGHT)
 
-        async def request(batch: Sequence[str]) -> int:
+        async def request(batch: Sequence[str]) -> None:
             async with gate:
-                return await self.client.delete_blocks(url, batch)
+                if shark in outcome.reasons:
+                    return  # the node failed a batch: the rest wait for the next pass
+                try:
+                    deleted = await self.client.delete_blocks(url, batch)
+                except NodeError as exc:
+                    if shark not in outcome.reasons:
+                        log.warning("block delete failed on %s: %s", shark, exc)
+                        outcome.failed_nodes.append(shark)
+                        outcome.reasons[shark] = str(exc) or type(exc).__name__
+                    return
+            outcome.deleted += deleted
+            outcome.missing += len(batch) - deleted
 
         batches = [names[i : i + DELETE_BATCH] for i in range(0, len(names), DELETE_BATCH)]
-        answers = await asyncio.gather(*map(request, batches), return_exceptions=True)
-        for batch, answer in zip(batches, answers, strict=True):
-            if isinstance(answer, NodeError):
-                if shark not in outcome.reasons:
-                    log.warning("block delete failed on %s: %s", shark, answer)
-                    outcome.failed_nodes.append(shark)
-                    outcome.reasons[shark] = str(answer) or type(answer).__name__
-            elif isinstance(answer, BaseException):
+        for answer in await asyncio.gather(*map(request, batches), return_exceptions=True):
+            if isinstance(answer, BaseException):
                 raise answer
-            else:
-                outcome.deleted += answer
-                outcome.missing += len(batch) - answer
 
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)

@@ -14,8 +14,17 @@ from typing import Any
 import pytest
 
 from shoal.ids import uuid7
-from shoal.storage import BlockRun, DataPath, StorageUnavailable, WriteResult, block_runs
+from shoal.storage import (
+    BlockClient,
+    BlockRun,
+    DataPath,
+    StorageUnavailable,
+    WriteResult,
+    block_runs,
+)
+from shoal.storage.datapath import DELETE_BATCH, DELETES_IN_FLIGHT
 from tests.fixtures.storage import MakeStorage, StorageCluster
+from tests.integration.test_node_client import node_answering
 
 MiB = 1024 * 1024
 BLOCK = MiB
@@ -267,3 +276,39 @@ def test_a_version_is_read_where_its_properties_say(cluster: StorageCluster, run
     assert run(collect(read_version(path, small, 2, 5))) == b"all"
     with pytest.raises(ValueError, match="without its bytes"):
         read_version(path, row({"inline": True}, None))
+
+
+class _OneNode:
+    """The registry as the data path sees it, of one node at `url`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def url_of(self, shark: str) -> str | None:
+        return self.url
+
+
+def test_a_node_that_fails_a_delete_request_is_asked_nothing_more(run: Any) -> None:
+    requests = 0
+
+    async def failing(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        requests += 1
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+        await writer.drain()
+
+    async def delete() -> Any:
+        client = BlockClient(b"s" * 32)
+        try:
+            async with node_answering(failing) as url:
+                path = DataPath(client, _OneNode(url))  # type: ignore[arg-type]
+                names = [f"{uuid7()}.0" for _ in range(DELETE_BATCH * (DELETES_IN_FLIGHT + 3))]
+                return await path.delete_names({"dc:n1": names})
+        finally:
+            await client.close()
+
+    outcome = run(delete())
+    assert outcome.failed_nodes == ["dc:n1"] and "503" in outcome.reasons["dc:n1"]
+    assert outcome.deleted == 0
+    # The requests already out when the first failed, not one for each of the 7 batches.
+    assert requests <= DELETES_IN_FLIGHT
