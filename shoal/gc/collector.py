@@ -27,9 +27,9 @@ from datetime import UTC, datetime, timedelta
 from shoal.gc.deletion import delete_blocks
 from shoal.gc.rules import blocks_of
 from shoal.metadata import MetadataStore, ObjectVersion
-from shoal.metadata.errors import VnodeMoved
+from shoal.metadata.errors import CommitUnknown, MetadataUnavailable, VnodeMoved
 from shoal.metadata.garbage import GcRun, VnodeBeingMoved
-from shoal.storage import DataPath
+from shoal.storage import DataPath, StorageUnavailable
 
 log = logging.getLogger("shoal.gc")
 
@@ -162,6 +162,9 @@ class Collector:
             try:
                 if not await self.store.gc_book.paused():
                     await self.run_once()
+            except (MetadataUnavailable, CommitUnknown, StorageUnavailable) as exc:
+                # An outage, expected now and then: one line, not a trace.
+                log.warning("gc pass stopped: %s; the next pass retries", exc)
             except Exception:
                 log.exception("gc pass failed; the next pass retries")
             with contextlib.suppress(TimeoutError):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shoal.metadata import MetadataStore
-from shoal.metadata.errors import VnodeMoved
+from shoal.metadata.errors import CommitUnknown, MetadataUnavailable, VnodeMoved
 from shoal.metadata.replicas import SETTLE_GRACE, Note
 from shoal.storage import (
     DEFAULT_BLOCK_SIZE,
@@ -120,6 +120,9 @@ class Rereplicator:
         while not stop.is_set():
             try:
                 await self.run_once()
+            except (MetadataUnavailable, CommitUnknown, StorageUnavailable) as exc:
+                # An outage, expected now and then: one line, not a trace.
+                log.warning("re-replication pass stopped: %s; the next pass retries", exc)
             except Exception:
                 log.exception("re-replication pass failed; the next pass retries")
             with contextlib.suppress(TimeoutError):

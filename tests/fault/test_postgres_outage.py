@@ -115,6 +115,9 @@ def test_postgres_stopped_for_seconds_costs_fast_503s_and_recovers_at_once(
             _check_outcomes(load)
             load.verify(client)
             _check_unnamed_blocks(served, load, server.dsn("postgres"))
+            # serve's daemons meet the outage too: a warning line each, not a trace.
+            log = served.log.read_text()
+            assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:3000]
     finally:
         server.stop()
 
