@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 
 from shoal.config import Config, ShardConfig
+from shoal.credentials import load_encryption_key
 from shoal.metadata import queries
 from shoal.metadata.garbage import (
     EXACT_BACKLOG_LIMIT,
@@ -45,7 +46,7 @@ from shoal.metadata.garbage import (
 from shoal.metadata.migrate import applied_versions
 from shoal.metadata.pipeline_runs import PipelineRun, read_last_per_job, read_runs
 from shoal.metadata.ring import Ring
-from shoal.metadata.shards import first_line, read_ring, render_arms
+from shoal.metadata.shards import added_shards, first_line, read_ring, render_arms
 from shoal.metadata.status import summarize_versions
 from shoal.units import byte_size
 
@@ -111,6 +112,9 @@ class Census:
     ) -> None:
         """`readiness`: the serving process's, when there is one (else derived here)."""
         self.config = config
+        self.configured = list(shards)
+        # The configured shards, then those `shoal shard add` added: read again with the
+        # ring (`ring()`), so that a shard added or removed while this runs is seen.
         self.shards = list(shards)
         self.readiness = readiness
         self.refresh_seconds = refresh_seconds
@@ -179,13 +183,24 @@ class Census:
     # -- what the admin API answers ---------------------------------------------------------
 
     async def ring(self) -> Ring:
-        """The ring, from the catalog (the last one read if the catalog does not answer)."""
+        """The ring, from the catalog (the last one read if the catalog does not answer),
+        and with it the shards the catalog lists beyond the configured ones."""
         try:
-            self._ring = await self._on_catalog(read_ring)
+            ring, added = await self._on_catalog(self._ring_and_added_shards)
         except ShardUnreachable:
             if self._ring is None:
                 raise
-        return self._ring
+            return self._ring
+        known = {shard.name for shard in self.configured}
+        self.shards = self.configured + [shard for shard in added if shard.name not in known]
+        self._ring = ring
+        return ring
+
+    async def _ring_and_added_shards(
+        self, conn: psycopg.AsyncConnection[Any]
+    ) -> tuple[Ring, list[ShardConfig]]:
+        key = load_encryption_key(self.config.credentials_key_file)
+        return await read_ring(conn), await added_shards(conn, key)
 
     async def cluster(self) -> dict[str, Any]:
         ring: Ring | None

@@ -26,10 +26,12 @@ from shoal.admin.api import api_routes
 from shoal.admin.census import ANSWER_SECONDS, Census
 from shoal.admin.collector import CensusCollector
 from shoal.config import Config, ShardConfig
+from shoal.credentials import load_encryption_key
 from shoal.metadata import MetadataStore, ObjectWrite
+from shoal.metadata.moves import add_shard
 from shoal.metadata.ring import vnode_schema
 from shoal.pipeline import run_job
-from tests.fixtures.postgres import MakeStore, unique
+from tests.fixtures.postgres import MakeStore, create_databases, unique
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 
@@ -432,3 +434,23 @@ def test_nodes_show_the_registry_and_a_block_count_where_it_has_one(world: World
     assert (node["capacity_bytes"], node["free_bytes"], node["used_bytes"]) == (1000, 400, 600)
     assert 0 <= node["heartbeat_age_seconds"] < 30 and node["heartbeat"].endswith("Z")
     assert node["blocks"] == 12
+
+
+def test_a_shard_added_while_the_census_runs_is_listed(
+    make_store: MakeStore, admin_dsn: str, run: Any, tmp_path: Path
+) -> None:
+    """A gateway's census lists the shards `shoal shard add` added after it started, as it
+    reads the ring, not only those of its configuration."""
+    store = make_store(shards=1, vnodes=4)
+    (catalog,) = [ShardConfig(n, s.pool.conninfo) for n, s in store.shards.shards.items()]
+    config = Config(data_dir=tmp_path)
+    census = Census(config, [catalog])
+    assert [s["name"] for s in run(census.cluster())["shards"]] == [catalog.name]
+    (database,) = create_databases(admin_dsn, 1)
+    key = load_encryption_key(config.credentials_key_file)
+    run(add_shard(catalog, ShardConfig("added", database.dsn), key, config.metadata))
+    shards = run(census.cluster())["shards"]
+    assert [s["name"] for s in shards] == [catalog.name, "added"]
+    assert shards[1]["reachable"] and shards[1]["vnode_count"] == 0
+    backlog = run(census.refresh()).backlog
+    assert [b.shard for b in backlog] == [catalog.name, "added"]
