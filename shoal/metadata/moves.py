@@ -51,7 +51,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -121,6 +121,17 @@ DROP_SLOT_SECONDS = 10.0
 
 class MoveError(MetadataError):
     """A shard could not be added, or a vnode could not be moved (said in one line)."""
+
+
+def _still_in_grace(moves: list[MoveRecord], grace: timedelta) -> str:
+    """What an operator is told of the old copies kept for their grace period."""
+    soonest = min(move.updated for move in moves) + grace - datetime.now(UTC)
+    vnodes = ", ".join(str(move.vnode) for move in moves)
+    return (
+        f"vnode(s) {vnodes}: old copies kept for the grace period ({grace.total_seconds():g} s "
+        f"after the switch; the first ends in {max(0, round(soonest.total_seconds()))} s): "
+        "`shoal ring move --finish` drops them then"
+    )
 
 
 @dataclass(frozen=True)
@@ -262,8 +273,10 @@ class Mover:
         said = []
         # One wait for the processes behind, however many moves are due.
         deadline = time.monotonic() + READERS_WAIT_SECONDS
+        in_grace = []
         for move in await self._moves(queries.SWITCHED_MOVES, grace=self.grace):
             if not (move.grace_over or now):
+                in_grace.append(move)
                 continue
             behind = await self._readers_behind(move, deadline)
             if behind:
@@ -284,6 +297,8 @@ class Mover:
                 await source.execute(queries.FORGET_VNODE_DIRECTORY, {"vnode": move.vnode})
             await self._step(move.id, "done")
             said.append(f"vnode {move.vnode}: dropped its old copy on shard {move.source}")
+        if in_grace:
+            said.append(_still_in_grace(in_grace, self.grace))
         return said
 
     async def move(self, vnode: int, target: str) -> MoveResult | None:

@@ -282,6 +282,8 @@ def test_the_ring_commands(admin_dsn: str, tmp_path: Path) -> None:
     _shoal("shard", "add", "s2", third.dsn, *where)
     rebalanced = _shoal("ring", "rebalance", "--grace", "0", *where).stdout
     assert rebalanced.count(" -> s2, ring version") == 1, rebalanced
+    # The old copy stays for its grace period, and the command says so.
+    assert "old copies kept for the grace period" in rebalanced, rebalanced
     status = json.loads(_shoal("ring", "status", "--json", *where).stdout)
     counts = sorted(len(shard["vnodes"]) for shard in status["shards"])
     assert counts == [1, 1, 2] and status["ring"]["version"] == 2, status
