@@ -533,6 +533,8 @@ def _node_json(row: dict[str, Any]) -> dict[str, Any]:
         "datacenter": row["datacenter"],
         "shark": f"{row['datacenter']}:{row['name']}",
         "url": row["url"],
+        # Its admin listener (/ready, /metrics) where it runs one: a column of later schemas.
+        "admin_url": row.get("admin_url"),
         "state": "alive" if row["alive"] else "silent",
         "heartbeat": _when(row["heartbeat"]),
         "heartbeat_age_seconds": None if age is None else round(age, 1),
@@ -678,13 +680,14 @@ def _format_nodes(nodes: dict[str, Any]) -> str:
             _bytes(n["free_bytes"]),
             "-" if n["blocks"] is None else f"{n['blocks']:,}",
             n["url"],
+            n["admin_url"] or "-",
         ]
         for n in nodes["nodes"]
     ]
     if not rows:
         return "storage nodes: none registered"
     alive = sum(n["state"] == "alive" for n in nodes["nodes"])
-    headers = ["storage node", "state", "heartbeat", "used", "free", "blocks", "url"]
+    headers = ["storage node", "state", "heartbeat", "used", "free", "blocks", "url", "admin"]
     return f"storage nodes: {alive} alive of {len(rows)}\n" + _table(
         headers, rows, right={2, 3, 4, 5}
     )

@@ -426,11 +426,12 @@ def test_nodes_show_the_registry_and_a_block_count_where_it_has_one(world: World
     census = Census(world.config, world.shards)
     run(
         world.store.nodes.heartbeat(
-            "n9", "dc1", "http://127.0.0.1:1", 1000, 400, blocks=12, admin_url=None
+            "n9", "dc1", "http://127.0.0.1:1", 1000, 400, blocks=12, admin_url="http://n9:9"
         )
     )
     (node,) = [n for n in run(census.nodes())["nodes"] if n["name"] == "n9"]
     assert node["shark"] == "dc1:n9" and node["state"] == "alive"
+    assert node["url"] == "http://127.0.0.1:1" and node["admin_url"] == "http://n9:9"
     assert (node["capacity_bytes"], node["free_bytes"], node["used_bytes"]) == (1000, 400, 600)
     assert 0 <= node["heartbeat_age_seconds"] < 30 and node["heartbeat"].endswith("Z")
     assert node["blocks"] == 12
