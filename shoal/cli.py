@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -97,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before anything is made: a mistyped --data-dir gets no key files nor new cluster.
         if not getattr(args, "creates_instance", False):
             require_instance(config)
-        return int(args.run(config, args) or 0)
+        code = int(args.run(config, args) or 0)
+        sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
+        return code
     except (ConfigError, MetadataError, CommandError) as exc:
         if shoal.logs.current_format() == "json":  # a log shipper reads stderr
             logging.getLogger("shoal").error("%s", exc)
@@ -106,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not the command's failure
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 128 + signal.SIGPIPE
     except Exception as exc:  # a failure nobody foresaw: still one line, the trace on demand
         if debug:
             raise
@@ -471,7 +477,9 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
         }
         print(json.dumps(report, indent=2, default=str))
         return 0
-    print(f"ring version {ring.version}: {ring.vnodes} vnodes over {len(ring.shards)} shard(s)")
+    held, known = len(ring.shards), len(status.shards)
+    over = f"{held} shard(s)" if held == known else f"{held} of {known} shard(s)"
+    print(f"ring version {ring.version}: {ring.vnodes} vnodes over {over}")
     for s in status.shards:
         versions = ", ".join(f"{k} v{v}" for k, v in sorted(s.schema_versions.items()))
         print(f"\nshard {s.name} (PostgreSQL {s.server_version})")

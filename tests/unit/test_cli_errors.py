@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +101,17 @@ def test_java_versions_as_java_prints_them() -> None:
     assert java_version('openjdk version "21" 2023-09-19') == 21
     assert java_version('java version "1.8.0_392"') == 8
     assert java_version("bash: java: command not found") is None
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`shoal ... | head`: the pipe closes before the command writes; no error line."""
+    config = tmp_path / "shoal.toml"
+    config.write_text('[[metadata.shards]]\nname = "s0"\ndsn = "postgresql://x@127.0.0.1:1/x"\n')
+    command = [sys.executable, "-m", "shoal.cli", "db", "dsn", "--config", str(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the interpreter has started: its write meets no reader
+    with process.stderr:
+        error = process.stderr.read()
+    assert process.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert error == b""

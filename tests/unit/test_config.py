@@ -1,5 +1,8 @@
-"""Configuration defaults that depend on the machine."""
+"""Configuration: defaults that depend on the machine, and the documented file."""
 
+import re
+import tomllib
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,15 @@ def test_a_dsn_libpq_cannot_read_is_refused_without_quoting_it(tmp_path: Path) -
     with pytest.raises(ConfigError) as refused:
         parse_config({"metadata": {"shards": [shard]}}, tmp_path)
     assert "s0" in str(refused.value) and "secret" not in str(refused.value)
+
+
+def test_the_documented_configuration_file_is_one_shoal_reads(tmp_path: Path) -> None:
+    """docs/configuration.md's example, every section of it, parses as it says."""
+    text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    found = re.search(r"## A configuration file.*?```toml\n(.*?)```", text, re.S)
+    assert found is not None
+    config = parse_config(tomllib.loads(found.group(1)), base=tmp_path)
+    assert [s.name for s in config.metadata.shards] == ["pg_a", "pg_b"]
+    assert config.gc.interval == timedelta(minutes=15) and config.gc.leeway == timedelta(days=1)
+    assert (config.admin.host, config.admin.port) == ("127.0.0.1", 9001)
+    assert config.log.format == "text" and config.s3.workers == 2
