@@ -521,7 +521,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     # The metrics folder is shared before any gateway worker or metric exists (telemetry.py).
     with (
         _serve_lock(config.data_dir),
-        shard_configs(config, create=True) as shards,
+        shard_configs(config, create=True, owner=True) as shards,
         telemetry.sharing(metrics),
     ):
         shoal.loop.run(migrate(shards, config.metadata))

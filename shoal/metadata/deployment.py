@@ -25,7 +25,9 @@ def embedded_server(config: Config) -> EmbeddedPostgres:
 
 
 @contextlib.contextmanager
-def shard_configs(config: Config, *, create: bool = False) -> Iterator[list[ShardConfig]]:
+def shard_configs(
+    config: Config, *, create: bool = False, owner: bool = False
+) -> Iterator[list[ShardConfig]]:
     """The shards to use for the duration of one command: those of the configuration, then
     those `shoal shard add` added (from the catalog, their DSNs unsealed with the
     credentials key).
@@ -33,7 +35,8 @@ def shard_configs(config: Config, *, create: bool = False) -> Iterator[list[Shar
     Embedded: the server under the data directory is started for the command unless it already
     runs (beside `shoal serve`), and its shard databases are created if missing. Only with
     `create` (`serve`, `db migrate`) is a server made where none is: any other command on a
-    mistyped data directory raises NoInstance and leaves nothing behind.
+    mistyped data directory raises NoInstance and leaves nothing behind. The `owner`
+    (`serve`) stops the embedded server at the end even if it found it running.
     """
     if not config.metadata.embedded:
         configured = list(config.metadata.shards)
@@ -42,7 +45,7 @@ def shard_configs(config: Config, *, create: bool = False) -> Iterator[list[Shar
     if not create:
         require_instance(config)
     server = embedded_server(config)
-    with server.running():
+    with server.running(owner=owner):
         configured = embedded_shards(server, config.metadata.embedded_shards)
         yield configured + added_shards(config, configured)
 

@@ -247,11 +247,14 @@ class EmbeddedPostgres:
                 self.start(port=self.port)
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[EmbeddedPostgres]:
-        """Use the server, starting it if needed; stop it afterwards only if we started it.
+    def running(self, *, owner: bool = False) -> Iterator[EmbeddedPostgres]:
+        """Use the server, starting it if needed; stop it afterwards only if we started it,
+        or if we are its `owner`.
 
         So that `shoal db status` works both beside a running `shoal serve` (which owns the
-        server) and alone (which starts the server for the one command).
+        server) and alone (which starts the server for the one command). `serve` is the
+        owner: it holds the data directory, so a server it finds running was left by a
+        `serve` that died, and must not outlive this one.
         """
         with self._lock():
             started_here = not self.is_running()
@@ -260,7 +263,7 @@ class EmbeddedPostgres:
         try:
             yield self
         finally:
-            if started_here:
+            if started_here or owner:
                 with self._lock():
                     self.stop()
 

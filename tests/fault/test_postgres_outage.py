@@ -171,6 +171,26 @@ def _checkpoint(dsn: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+def test_a_serve_that_adopts_its_postgres_left_by_a_crash_stops_it_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    with own_serve(tmp_path) as crashed:
+        postmaster = _postmaster_pid(crashed.data_dir)
+        os.kill(crashed.pid, signal.SIGKILL)  # serve's PostgreSQL outlives it
+    assert _alive(postmaster)
+    with own_serve(tmp_path) as adopting:
+        assert _postmaster_pid(adopting.data_dir) == postmaster  # found running, used
+    wait_until(lambda: not _alive(postmaster), 30)  # and stopped with the serve that used it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _postmaster_pid(data_dir: Path) -> int:
     return int((data_dir / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
 
