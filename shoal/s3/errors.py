@@ -313,7 +313,7 @@ class RequestTimeTooSkewed(
     pass
 
 
-class ServiceUnavailable(S3Error, status=503, message="Please reduce your request rate."):
+class ServiceUnavailable(S3Error, status=503, message="Service is unable to handle request."):
     pass
 
 
