@@ -14,16 +14,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
+import psutil
 import psycopg
 import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
-from tests.fault.proxy import cutting_proxy
+from tests.fault.proxy import CuttingProxy, cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
 from tests.fixtures.admin import admin_get
 from tests.fixtures.postgres import create_databases
@@ -177,18 +179,11 @@ def test_a_serve_that_adopts_its_postgres_left_by_a_crash_stops_it_when_it_stops
     with own_serve(tmp_path) as crashed:
         postmaster = _postmaster_pid(crashed.data_dir)
         os.kill(crashed.pid, signal.SIGKILL)  # serve's PostgreSQL outlives it
-    assert _alive(postmaster)
+    assert psutil.pid_exists(postmaster)
     with own_serve(tmp_path) as adopting:
         assert _postmaster_pid(adopting.data_dir) == postmaster  # found running, used
-    wait_until(lambda: not _alive(postmaster), 30)  # and stopped with the serve that used it
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    # And stopped with the serve that used it.
+    wait_until(lambda: not psutil.pid_exists(postmaster), 30)
 
 
 def _postmaster_pid(data_dir: Path) -> int:
@@ -203,35 +198,23 @@ def test_a_shard_that_hangs_costs_only_the_buckets_it_holds(admin_dsn: str, tmp_
     """Of two shards, the second stops answering (connections accepted, nothing answered):
     within a few seconds the gateway refuses its buckets' requests at once with 503, serves
     the first shard's buckets as before, and serves both again once it answers."""
-    catalog, other = create_databases(admin_dsn, 2)
-    with cutting_proxy(other.dsn) as proxy:
-        config = (
-            "[s3]\nworkers = 1\n\n[gc]\nenabled = false\n\n"
-            f'[[metadata.shards]]\nname = "{catalog.name}"\ndsn = "{catalog.dsn}"\n\n'
-            f'[[metadata.shards]]\nname = "{other.name}"\ndsn = "{proxy.dsn}"\n'
+    with _second_shard_behind_a_proxy(admin_dsn, tmp_path) as (served, proxy, other):
+        client = served.raw_client(served.root, retries={"total_max_attempts": 1}, read_timeout=10)
+        body = os.urandom(1024)
+        buckets = _buckets_of_one_object(client, "spread", body)
+        proxy.freeze()
+        wait_until(lambda: _shards_not_answering(served) == [other], HANG_FOUND_SECONDS)
+        answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
+        proxy.thaw()
+        served_buckets = [b for b, (status, _) in answers.items() if status == 200]
+        refused = [b for b, (status, _) in answers.items() if status == 503]
+        assert sorted(served_buckets + refused) == buckets, answers
+        assert served_buckets and refused, answers  # 16 buckets over 2 shards: both
+        assert max(seconds for _, seconds in answers.values()) < FAST_503_SECONDS, answers
+        wait_until(
+            lambda: all(_timed_get(client, b, body)[0] == 200 for b in refused),
+            RECOVERY_SECONDS + 2,
         )
-        with own_serve(tmp_path, config) as served:
-            client = served.raw_client(
-                served.root, retries={"total_max_attempts": 1}, read_timeout=10
-            )
-            body = os.urandom(1024)
-            buckets = [f"spread-{n:02d}" for n in range(16)]
-            for bucket in buckets:
-                client.create_bucket(Bucket=bucket)
-                client.put_object(Bucket=bucket, Key="k", Body=body)
-            proxy.freeze()
-            wait_until(lambda: _shards_not_answering(served) == [other.name], HANG_FOUND_SECONDS)
-            answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
-            proxy.thaw()
-            served_buckets = [b for b, (status, _) in answers.items() if status == 200]
-            refused = [b for b, (status, _) in answers.items() if status == 503]
-            assert sorted(served_buckets + refused) == buckets, answers
-            assert served_buckets and refused, answers  # 16 buckets over 2 shards: both
-            assert max(seconds for _, seconds in answers.values()) < FAST_503_SECONDS, answers
-            wait_until(
-                lambda: all(_timed_get(client, b, body)[0] == 200 for b in refused),
-                RECOVERY_SECONDS + 2,
-            )
 
 
 def test_a_shard_that_hangs_under_load_refuses_new_requests_at_once(
@@ -240,6 +223,50 @@ def test_a_shard_that_hangs_under_load_refuses_new_requests_at_once(
     """Writers keep both of a shard's write batches busy when it hangs, so its writes stay
     stuck until it answers again. The requests that come after the gateway found it silent
     must not queue behind them: each is 503 at once (or served, on the other shard)."""
+    with _second_shard_behind_a_proxy(admin_dsn, tmp_path) as (served, proxy, other):
+        client = served.raw_client(served.root, retries={"total_max_attempts": 1}, read_timeout=10)
+        body = os.urandom(1024)
+        buckets = _buckets_of_one_object(client, "busy", body)
+        stop = threading.Event()
+
+        def write() -> None:  # until stopped; stuck while the shard hangs
+            writer = served.raw_client(
+                served.root, retries={"total_max_attempts": 1}, read_timeout=120
+            )
+            while not stop.is_set():
+                for bucket in buckets:
+                    with contextlib.suppress(botocore.exceptions.ClientError):
+                        writer.put_object(Bucket=bucket, Key="load", Body=body)
+
+        writers = [threading.Thread(target=write) for _ in range(6)]
+        for thread in writers:
+            thread.start()
+        try:
+            time.sleep(1)
+            proxy.freeze()
+            wait_until(lambda: _shards_not_answering(served) == [other], HANG_FOUND_SECONDS)
+            time.sleep(1)  # the writers are stuck on the hung shard by now
+            answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
+            puts = {bucket: _timed_put(client, bucket, body) for bucket in buckets}
+        finally:
+            proxy.thaw()
+            stop.set()
+            for thread in writers:
+                thread.join(timeout=150)
+        refused = [b for b, (status, _) in answers.items() if status == 503]
+        assert refused and len(refused) < len(buckets), answers
+        assert all(status in (200, 503) for status, _ in answers.values()), answers
+        assert [b for b, (status, _) in puts.items() if status == 503] == refused, puts
+        slowest = max(seconds for _, seconds in [*answers.values(), *puts.values()])
+        assert slowest < FAST_503_SECONDS, (answers, puts)
+
+
+@contextlib.contextmanager
+def _second_shard_behind_a_proxy(
+    admin_dsn: str, folder: Path
+) -> Iterator[tuple[Served, CuttingProxy, str]]:
+    """A serve (one gateway process, no GC) of two shards, the second reached through a
+    proxy that can stop answering; and that shard's name."""
     catalog, other = create_databases(admin_dsn, 2)
     with cutting_proxy(other.dsn) as proxy:
         config = (
@@ -247,49 +274,17 @@ def test_a_shard_that_hangs_under_load_refuses_new_requests_at_once(
             f'[[metadata.shards]]\nname = "{catalog.name}"\ndsn = "{catalog.dsn}"\n\n'
             f'[[metadata.shards]]\nname = "{other.name}"\ndsn = "{proxy.dsn}"\n'
         )
-        with own_serve(tmp_path, config) as served:
-            client = served.raw_client(
-                served.root, retries={"total_max_attempts": 1}, read_timeout=10
-            )
-            body = os.urandom(1024)
-            buckets = [f"busy-{n:02d}" for n in range(16)]
-            for bucket in buckets:
-                client.create_bucket(Bucket=bucket)
-                client.put_object(Bucket=bucket, Key="k", Body=body)
-            stop = threading.Event()
+        with own_serve(folder, config) as served:
+            yield served, proxy, other.name
 
-            def write() -> None:  # until stopped; stuck while the shard hangs
-                writer = served.raw_client(
-                    served.root, retries={"total_max_attempts": 1}, read_timeout=120
-                )
-                while not stop.is_set():
-                    for bucket in buckets:
-                        with contextlib.suppress(botocore.exceptions.ClientError):
-                            writer.put_object(Bucket=bucket, Key="load", Body=body)
 
-            writers = [threading.Thread(target=write) for _ in range(6)]
-            for thread in writers:
-                thread.start()
-            try:
-                time.sleep(1)
-                proxy.freeze()
-                wait_until(
-                    lambda: _shards_not_answering(served) == [other.name], HANG_FOUND_SECONDS
-                )
-                time.sleep(1)  # the writers are stuck on the hung shard by now
-                answers = {bucket: _timed_get(client, bucket, body) for bucket in buckets}
-                puts = {bucket: _timed_put(client, bucket, body) for bucket in buckets}
-            finally:
-                proxy.thaw()
-                stop.set()
-                for thread in writers:
-                    thread.join(timeout=150)
-            refused = [b for b, (status, _) in answers.items() if status == 503]
-            assert refused and len(refused) < len(buckets), answers
-            assert all(status in (200, 503) for status, _ in answers.values()), answers
-            assert [b for b, (status, _) in puts.items() if status == 503] == refused, puts
-            slowest = max(seconds for _, seconds in [*answers.values(), *puts.values()])
-            assert slowest < FAST_503_SECONDS, (answers, puts)
+def _buckets_of_one_object(client: Any, prefix: str, body: bytes) -> list[str]:
+    """16 buckets, spread over the shards, each holding `k` = `body`."""
+    buckets = [f"{prefix}-{n:02d}" for n in range(16)]
+    for bucket in buckets:
+        client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key="k", Body=body)
+    return buckets
 
 
 def _timed_put(client: Any, bucket: str, body: bytes) -> tuple[int, float]:
