@@ -74,7 +74,7 @@ from shoal.metadata.partitions import (
     window_end,
     window_width,
 )
-from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.ring import MOVED_COPY_PREFIX, Ring, vnode_schema
 from shoal.metadata.schema import SHARD_MIGRATIONS, VNODE_MIGRATIONS
 from shoal.metadata.shards import RING_POLL_SECONDS, read_ring
 from shoal.sealing import seal
@@ -771,7 +771,7 @@ def _replication_name(move: MoveRecord) -> str:
 
 def _moved_schema(move: MoveRecord) -> str:
     """What the fence renames the source's vnode schema to."""
-    return f"moved_{vnode_schema(move.vnode)}_m{move.id}"
+    return f"{MOVED_COPY_PREFIX}{vnode_schema(move.vnode)}_m{move.id}"
 
 
 def _fault(step: str) -> None:

@@ -49,9 +49,15 @@ def initial_ring(shards: Sequence[str], vnodes: int) -> Ring:
     return Ring(version=1, assignment=tuple(shards[v % len(shards)] for v in range(vnodes)))
 
 
+VNODE_SCHEMA_PREFIX = "manta_bucket_"
+# What a moved vnode's old copy on its source shard is renamed to, before this: it stays
+# there, unused, for the move's grace period (moves.py).
+MOVED_COPY_PREFIX = "moved_"
+
+
 def vnode_schema(vnode: int) -> str:
     """The PostgreSQL schema of a vnode, as RFD 149's example names it (manta_bucket_0)."""
-    return f"manta_bucket_{vnode}"
+    return f"{VNODE_SCHEMA_PREFIX}{vnode}"
 
 
 def vnode_of_schema(schema: str) -> int:

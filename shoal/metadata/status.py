@@ -15,7 +15,7 @@ from shoal.metadata import queries
 from shoal.metadata.errors import SchemaError
 from shoal.metadata.migrate import applied_versions
 from shoal.metadata.nodes import StorageNode
-from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.ring import MOVED_COPY_PREFIX, VNODE_SCHEMA_PREFIX, Ring, vnode_schema
 from shoal.metadata.shards import first_line, read_ring, scalar
 
 VNODE_TABLES = (
@@ -103,9 +103,15 @@ async def _shard_status(config: ShardConfig, ring: Ring, with_catalog: bool) -> 
 
 
 def summarize_versions(versions: dict[str, int]) -> dict[str, int]:
-    """Shard and catalog versions as they are; vnode schemas as their lowest version."""
-    summary = {k: v for k, v in versions.items() if not k.startswith("manta_bucket_")}
-    vnode_versions = [v for k, v in versions.items() if k.startswith("manta_bucket_")]
+    """Shard and catalog versions as they are; vnode schemas as their lowest version. The
+    old copies a vnode move leaves until its grace period ends (`moved_manta_bucket_*`) are
+    left out: no statement uses them, and `shoal ring status` lists them."""
+    summary = {
+        k: v
+        for k, v in versions.items()
+        if not k.startswith((VNODE_SCHEMA_PREFIX, MOVED_COPY_PREFIX))
+    }
+    vnode_versions = [v for k, v in versions.items() if k.startswith(VNODE_SCHEMA_PREFIX)]
     if vnode_versions:
         summary["vnode"] = min(vnode_versions)
     return summary

@@ -5,7 +5,8 @@ from collections import Counter
 
 import pytest
 
-from shoal.metadata.ring import Ring, initial_ring, vnode_schema
+from shoal.metadata.ring import MOVED_COPY_PREFIX, Ring, initial_ring, vnode_schema
+from shoal.metadata.status import summarize_versions
 
 
 def test_initial_ring_deals_vnodes_round_robin() -> None:
@@ -44,3 +45,15 @@ def test_ring_refuses_impossible_layouts() -> None:
 
 def test_vnode_schema_matches_rfd_149() -> None:
     assert vnode_schema(0) == "manta_bucket_0"
+
+
+def test_a_summary_of_schema_versions_leaves_out_the_old_copies_of_moved_vnodes() -> None:
+    versions = {
+        "shard": 3,
+        "catalog": 12,
+        vnode_schema(0): 6,
+        vnode_schema(1): 5,
+        f"{MOVED_COPY_PREFIX}{vnode_schema(1)}_m7": 5,
+        f"{MOVED_COPY_PREFIX}{vnode_schema(2)}_m8": 4,
+    }
+    assert summarize_versions(versions) == {"shard": 3, "catalog": 12, "vnode": 5}
