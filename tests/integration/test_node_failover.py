@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from datetime import timedelta
 from typing import Any
@@ -132,6 +133,37 @@ def test_readiness_needs_the_shards_and_enough_nodes_to_write(
     assert not default.ready
     cluster.restart(cluster.nodes[0], run)
     assert run(default.confirm())  # checked again at once, not at the next round
+
+
+def test_a_node_that_hangs_is_marked_at_its_first_missed_check_and_given_up_at_its_second(
+    cluster: StorageCluster, run: Any
+) -> None:
+    directory = RegistryDirectory(cluster.store, HEARTBEAT_DEADLINE, cluster.client)
+    path = DataPath(cluster.client, directory, block_size=MiB)
+    readiness = Readiness(
+        cluster.store, cluster.client, timedelta(seconds=30), None, node_silent=path.node_silent
+    )
+    hung = cluster.nodes[0]
+    data = os.urandom(2 * MiB)
+    version = uuid7()
+    written = run(path.write(version, one_chunk(data)))
+    assert len(written.sharks) == 2  # each of the two blocks is read first from another node
+    blocks = BlockRun(version, len(data), MiB, written.sharks)
+
+    async def read_while_checked() -> tuple[bytes, float]:
+        started = time.monotonic()
+        reading = asyncio.ensure_future(collect(path, blocks))
+        await readiness.refresh()  # the first missed check: marked, its request left waiting
+        assert directory.unreachable(hung.shark) and not reading.done()
+        await readiness.refresh()  # the second: the request waiting on it is given up
+        return await asyncio.wait_for(reading, 10), time.monotonic() - started
+
+    hung.process.send_signal(signal.SIGSTOP)
+    try:
+        got, seconds = run(read_while_checked())
+    finally:
+        hung.process.send_signal(signal.SIGCONT)
+    assert got == data and seconds < 10  # not the node client's 60 s
 
 
 def test_a_worker_takes_connections_once_ready_or_stopping(
