@@ -56,6 +56,8 @@ ABANDON_WAIT_SECONDS = 10
 THREAD_THRESHOLD_BYTES = 64 * 1024
 # Health checks in a row a node must miss before the requests waiting on it are given up.
 SILENT_CHECKS_TO_GIVE_UP = 2
+# How long a node marked unreachable is given to answer its /status before a delete.
+STATUS_SECONDS = 1.0
 # glibc's mallopt parameters (malloc.h), and how much freed memory a process may keep.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -341,8 +343,10 @@ class DataPath:
     async def delete_names(self, names: Mapping[str, Sequence[str]]) -> DeleteOutcome:
         """Delete the named blocks from each node (node -> block names on it): all nodes at
         once, each in requests of DELETE_BATCH names, DELETES_IN_FLIGHT at a time. A node
-        that fails a request is asked nothing more: its names wait for the next pass, and a
-        node that hangs costs one request's time-out, not one for each batch."""
+        that fails a request is asked nothing more: its names wait for the next pass. One
+        that did not answer is marked unreachable, and while it is, its /status is asked
+        first (a second at most): a node that hangs costs a run one request's time-out and
+        a second a call, not a time-out for each batch."""
         outcome = DeleteOutcome()
         await asyncio.gather(
             *(self._delete_on(shark, share, outcome) for shark, share in names.items())
@@ -355,6 +359,10 @@ class DataPath:
             outcome.failed_nodes.append(shark)
             outcome.reasons[shark] = "the node is not in the registry"
             return
+        if self.directory.unreachable(shark) and not await self._answers(url):
+            outcome.failed_nodes.append(shark)
+            outcome.reasons[shark] = "the node did not answer lately, nor its /status now"
+            return
         gate = asyncio.Semaphore(DELETES_IN_FLIGHT)
 
         async def request(batch: Sequence[str]) -> None:
@@ -364,6 +372,8 @@ class DataPath:
                 try:
                     deleted = await self.client.delete_blocks(url, batch)
                 except NodeError as exc:
+                    if isinstance(exc, NodeUnreachable):
+                        self.directory.mark_unreachable(shark)
                     if shark not in outcome.reasons:
                         log.warning("block delete failed on %s: %s", shark, exc)
                         outcome.failed_nodes.append(shark)
@@ -376,6 +386,15 @@ class DataPath:
         for answer in await asyncio.gather(*map(request, batches), return_exceptions=True):
             if isinstance(answer, BaseException):
                 raise answer
+
+    async def _answers(self, url: str) -> bool:
+        """Whether the node at `url` answers its /status within STATUS_SECONDS."""
+        try:
+            async with asyncio.timeout(STATUS_SECONDS):
+                await self.client.status(url)
+        except Exception:  # refused, timed out, anything: not answering
+            return False
+        return True
 
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from shoal.ids import uuid7
+from shoal.pipeline.jobs.rebalance import FixedDirectory
 from shoal.storage import (
     BlockClient,
     BlockRun,
@@ -278,16 +279,6 @@ def test_a_version_is_read_where_its_properties_say(cluster: StorageCluster, run
         read_version(path, row({"inline": True}, None))
 
 
-class _OneNode:
-    """The registry as the data path sees it, of one node at `url`."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    async def url_of(self, shark: str) -> str | None:
-        return self.url
-
-
 def test_a_node_that_fails_a_delete_request_is_asked_nothing_more(run: Any) -> None:
     requests = 0
 
@@ -301,7 +292,7 @@ def test_a_node_that_fails_a_delete_request_is_asked_nothing_more(run: Any) -> N
         client = BlockClient(b"s" * 32)
         try:
             async with node_answering(failing) as url:
-                path = DataPath(client, _OneNode(url))  # type: ignore[arg-type]
+                path = DataPath(client, FixedDirectory({"dc:n1": url}, []))
                 names = [f"{uuid7()}.0" for _ in range(DELETE_BATCH * (DELETES_IN_FLIGHT + 3))]
                 return await path.delete_names({"dc:n1": names})
         finally:
@@ -312,3 +303,21 @@ def test_a_node_that_fails_a_delete_request_is_asked_nothing_more(run: Any) -> N
     assert outcome.deleted == 0
     # The requests already out when the first failed, not one for each of the 7 batches.
     assert requests <= DELETES_IN_FLIGHT
+
+
+def test_a_node_that_did_not_answer_a_delete_is_skipped_until_it_answers(run: Any) -> None:
+    async def delete_twice() -> tuple[Any, Any, bool]:
+        client = BlockClient(b"s" * 32)
+        directory = FixedDirectory({"dc:n1": "http://127.0.0.1:1"}, [])  # nothing listens
+        path = DataPath(client, directory)
+        try:
+            names = {"dc:n1": [f"{uuid7()}.0"]}
+            first = await path.delete_names(names)
+            marked = directory.unreachable("dc:n1")
+            return first, await path.delete_names(names), marked
+        finally:
+            await client.close()
+
+    first, second, marked = run(delete_twice())
+    assert first.failed_nodes == ["dc:n1"] and marked
+    assert second.failed_nodes == ["dc:n1"] and "nor its /status now" in second.reasons["dc:n1"]
