@@ -9,7 +9,8 @@ The flow, for every request:
    string of a presigned URL, and checks everything that needs no secret: the algorithm, the
    credential scope (``AKID/YYYYMMDD/region/s3/aws4_request``; any region is accepted, the
    service must be ``s3``), the request time against ``now`` (clock skew, presigned expiry) and
-   the payload mode announced in ``x-amz-content-sha256``. It returns `Credentials`, whose
+   the payload mode announced in ``x-amz-content-sha256``, and that every ``x-amz-*`` header
+   is among the signed ones (an unsigned one is AccessDenied). It returns `Credentials`, whose
    ``access_key_id`` tells the gateway which secret to look up.
 2. `verify(credentials, request, secret_key)` rebuilds the canonical request the way S3 does
    (no path normalisation, no double encoding), derives the signing key
@@ -75,6 +76,8 @@ __all__ = [
 
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SCOPE_DATE = re.compile(r"[0-9]{8}")
+# x-amz-* headers that need not be listed in SignedHeaders: the signature binds them anyway.
+_BOUND_UNLISTED = frozenset({"x-amz-date", "x-amz-content-sha256"})
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _CHUNK_SIZE = re.compile(r"[0-9a-fA-F]{1,16}")
 _DIGITS = re.compile(r"[0-9]{1,19}")
@@ -356,6 +359,7 @@ def _parse_header_auth(request: SignedRequest, authorization: str, now: datetime
     fields = _authorization_fields(rest)
     access_key_id, scope_date, region = _parse_credential(fields["Credential"], code)
     signed_headers = _parse_signed_headers(fields["SignedHeaders"], code)
+    _refuse_unsigned_amz_headers(request.headers, signed_headers)
     signature = _parse_signature(fields["Signature"], code)
     request_time, stamp = _header_request_time(request.headers)
     _check_scope_date(scope_date, stamp, code)
@@ -391,6 +395,7 @@ def _parse_query_auth(request: SignedRequest, now: datetime) -> Credentials:
         raise SigV4Error(code, 'X-Amz-Algorithm only supports "AWS4-HMAC-SHA256"')
     access_key_id, scope_date, region = _parse_credential(params["X-Amz-Credential"], code)
     signed_headers = _parse_signed_headers(params["X-Amz-SignedHeaders"], code)
+    _refuse_unsigned_amz_headers(request.headers, signed_headers)
     signature = _parse_signature(params["X-Amz-Signature"], code)
     request_time = _parse_amz_date(params["X-Amz-Date"])
     if request_time is None:
@@ -510,6 +515,25 @@ def _parse_signed_headers(value: str, code: str) -> tuple[str, ...]:
     if "host" not in names:
         raise SigV4Error(code, "SignedHeaders must include the host header.")
     return names
+
+
+def _refuse_unsigned_amz_headers(headers: Mapping[str, str], signed: tuple[str, ...]) -> None:
+    """As S3: every x-amz-* header of a request is signed. One left out could change what the
+    request does without its signer's say: a presigned PUT, which signs only its host, would
+    otherwise become a copy of another object (x-amz-copy-source), made public (x-amz-acl).
+    x-amz-date and x-amz-content-sha256 are bound without being listed (the string to sign
+    holds the date, the canonical request the payload's hash)."""
+    unsigned = sorted(
+        name
+        for name in headers
+        if name.startswith("x-amz-") and name not in signed and name not in _BOUND_UNLISTED
+    )
+    if unsigned:
+        raise SigV4Error(
+            "AccessDenied",
+            "There were headers present in the request which were not signed",
+            {"HeadersNotSigned": ", ".join(unsigned)},
+        )
 
 
 def _parse_signature(value: str, code: str) -> str:

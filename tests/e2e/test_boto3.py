@@ -376,6 +376,37 @@ def test_presigned_get_and_put(s3: Any, bucket: str) -> None:
         assert response.read() == b"presigned body"
 
 
+def test_a_presigned_put_cannot_be_turned_into_another_request_by_unsigned_headers(
+    s3: Any, bucket: str
+) -> None:
+    s3.put_object(Bucket=bucket, Key="private", Body=b"confidential")
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "upload"})
+    added = [
+        {"x-amz-copy-source": f"/{bucket}/private"},  # a copy of another object
+        {"x-amz-acl": "public-read"},
+        {"x-amz-tagging": "owner=mallory"},
+        {"x-amz-meta-evil": "1"},
+    ]
+    for headers in added:
+        request = urllib.request.Request(url, data=b"", headers=headers, method="PUT")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request)
+        body = refused.value.read().decode()
+        refused.value.close()
+        assert refused.value.code == 403 and "<Code>AccessDenied</Code>" in body, headers
+        assert f"<HeadersNotSigned>{next(iter(headers))}</HeadersNotSigned>" in body
+    assert error_code(s3.head_object, Bucket=bucket, Key="upload") == "404"
+    # Signed with the URL, the same header is the signer's to give.
+    signed = s3.generate_presigned_url(
+        "put_object", Params={"Bucket": bucket, "Key": "upload", "ACL": "public-read"}
+    )
+    request = urllib.request.Request(
+        signed, data=b"mine", headers={"x-amz-acl": "public-read"}, method="PUT"
+    )
+    with urllib.request.urlopen(request) as response:
+        assert response.status == 200
+
+
 def test_buckets(served: Served, s3: Any) -> None:
     name = unique("bk")
     s3.create_bucket(Bucket=name)

@@ -790,14 +790,22 @@ def test_request_level_refusals() -> None:
     for bad_date in ("2025-01-01T12:00:00Z", "20251301T120000Z", "20250431T120000Z"):
         assert code(header_request(GOOD_AUTH, **{"x-amz-date": bad_date})) == "AccessDenied"
     assert code(header_request(GOOD_AUTH, **{"x-amz-security-token": "t"})) == "InvalidArgument"
+    signs_length = GOOD_AUTH.replace("x-amz-date,", "x-amz-date;x-amz-decoded-content-length,")
+    assert signs_length != GOOD_AUTH
     chunked = header_request(
-        GOOD_AUTH,
+        signs_length,
         **{
             "x-amz-content-sha256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
             "x-amz-decoded-content-length": "12x",
         },
     )
     assert code(chunked) == "InvalidArgument"
+    # Every x-amz-* header is signed (the date and the payload's hash are bound anyway).
+    unsigned = header_request(GOOD_AUTH, **{"x-amz-acl": "public-read", "x-amz-meta-a": "1"})
+    with pytest.raises(SigV4Error) as refused:
+        parse(unsigned, T0)
+    assert refused.value.code == "AccessDenied"
+    assert refused.value.details == {"HeadersNotSigned": "x-amz-acl, x-amz-meta-a"}
     credentials = parse(header_request(GOOD_AUTH), T0)
     assert credentials.access_key_id == AKID and credentials.signature == "ab" * 32
 
