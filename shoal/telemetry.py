@@ -38,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
 
+from shoal.keyfiles import fresh_private_folder
 from shoal.loop import in_background
 
 log = logging.getLogger("shoal")
@@ -81,27 +82,28 @@ def folder_for(root: Path, service: str) -> Path:
     return Path(tempfile.gettempdir()) / f"shoal-{service}-metrics-{os.getuid()}-{digest}"
 
 
-def share_between_processes(folder: Path) -> None:
+def share_between_processes(folder: Path) -> Path:
     """In a service's first process, before any metric is made: keep this process's metrics,
     and those of every process it starts from now on, in `folder`, emptied first (what a
-    previous run left there would be counted again)."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(mode=0o700, parents=True)
+    previous run left there would be counted again); or, where another user took that name
+    first, in a new folder beside it. Returns the folder used."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder = fresh_private_folder(folder)
     os.environ[FOLDER_VARIABLE] = str(folder)
     # prometheus_client chose its value class when it was imported; choose it again.
     values.ValueClass = values.MultiProcessValue()
+    return folder
 
 
 @contextlib.contextmanager
 def sharing(folder: Path) -> Iterator[None]:
     """share_between_processes(folder) for the duration of the block, the folder removed at
     its end (a service killed outright leaves it to its next start, which empties it)."""
-    share_between_processes(folder)
+    used = share_between_processes(folder)
     try:
         yield
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(used, ignore_errors=True)
 
 
 def shared() -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import importlib.util
 import logging
 import os
@@ -33,6 +32,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from shoal.keyfiles import is_private_folder
 from shoal.metadata.errors import MetadataError
 from shoal.ports import free_port, port_is_free
 
@@ -86,11 +86,37 @@ class EmbeddedPostgres:
 
     @property
     def socket_dir(self) -> Path:
+        """Where the server's Unix socket is: `run` under the server's folder, or, when that
+        path is too long for a socket's, the folder noted in `socket_dir` there (made by
+        `_start_on`). That one must be Shoal's alone: a folder another user made, or could
+        write to, could put another server behind the socket, and take the password."""
         local = self.root / "run"
         if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH:
             return local
-        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"shoal-pg-{digest}"
+        noted = self.root / "socket_dir"
+        if not noted.exists():
+            raise EmbeddedPostgresError(f"{noted} is missing: start the server again")
+        folder = Path(noted.read_text().strip())
+        if not is_private_folder(folder):
+            raise EmbeddedPostgresError(
+                f"the socket folder {folder} is not this user's alone: start the server again"
+            )
+        return folder
+
+    def _own_socket_dir(self) -> Path:
+        """The socket folder for a start, made if need be. Beside a long data directory: a
+        new folder in the temporary directory, of a name nobody can guess (mkdtemp makes it
+        this user's alone), unless the one noted is still this user's alone."""
+        local = self.root / "run"
+        if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH:
+            local.mkdir(parents=True, exist_ok=True)
+            local.chmod(0o700)
+            return local
+        with contextlib.suppress(EmbeddedPostgresError):
+            return self.socket_dir
+        folder = Path(tempfile.mkdtemp(prefix="shoal-pg-"))
+        _write_private(self.root / "socket_dir", f"{folder}\n")
+        return folder
 
     def dsn(self, dbname: str = "postgres") -> str:
         """A connection string by the Unix socket: the embedded server is always local, and
@@ -160,9 +186,7 @@ class EmbeddedPostgres:
 
     def _start_on(self, port: int) -> None:
         logged_before = self.log_file.stat().st_size if self.log_file.exists() else 0
-        socket_dir = self.socket_dir
-        socket_dir.mkdir(parents=True, exist_ok=True)
-        socket_dir.chmod(0o700)
+        socket_dir = self._own_socket_dir()
         options = " ".join(
             [
                 "-c listen_addresses=127.0.0.1",

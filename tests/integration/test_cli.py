@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import psutil
 import psycopg
 import pytest
 
-from shoal.metadata.embedded import EmbeddedPostgres, postgres_bin_dir
+from shoal.metadata.embedded import EmbeddedPostgres, EmbeddedPostgresError, postgres_bin_dir
 from shoal.workers import listening_socket
 from tests.fixtures.postgres import create_databases
 
@@ -107,6 +109,32 @@ def test_embedded_postgres_started_on_a_port_taken_meanwhile_starts_on_another(
             assert server.port != port
             with psycopg.connect(server.dsn("postgres"), connect_timeout=10) as conn:
                 assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_deep_data_dir_s_socket_folder_is_unguessable_and_shoal_s_alone(tmp_path: Path) -> None:
+    """A data directory too deep for a Unix socket's path puts the socket in a folder of the
+    temporary directory: of a name nobody can make beforehand, this user's alone, and
+    refused when it stops being so."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    server = EmbeddedPostgres(deep / "postgres")
+    server.initialize()
+    with server.running():
+        folder = server.socket_dir
+        assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("shoal-pg-")
+        assert stat.S_IMODE(folder.lstat().st_mode) == 0o700
+        assert folder.lstat().st_uid == os.geteuid()
+        with psycopg.connect(server.dsn("postgres"), connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        folder.chmod(0o777)  # another user could now put a socket of theirs there
+        with pytest.raises(EmbeddedPostgresError, match="not this user's alone"):
+            server.dsn("postgres")
+        folder.chmod(0o700)
+    with server.running():  # the next start uses the noted folder again
+        assert server.socket_dir == folder
+    shutil.rmtree(folder)
+    with server.running():  # and one where it went away makes another
+        assert server.socket_dir != folder
+        assert server.socket_dir.name.startswith("shoal-pg-")
 
 
 def test_embedded_postgres_loosens_no_permission_outside_the_data_dir(tmp_path: Path) -> None:
