@@ -31,13 +31,13 @@ from shoal.storage import BlockRun, block_runs
 # delete to finish streaming, and for an operator to notice a mistaken delete.
 DEFAULT_LEEWAY = timedelta(hours=24)
 
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_DURATION = re.compile(r"(\d+)(s|m|h|d)")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def parse_leeway(text: str) -> timedelta:
     """`0s`, `90s`, `15m`, `24h`, `7d`."""
-    match = _DURATION.match(text.strip())
+    match = _DURATION.fullmatch(text.strip())
     if not match:
         raise ValueError(f"leeway {text!r} is not a duration like 0s, 15m, 24h or 7d")
     return timedelta(**{_UNITS[match[2]]: int(match[1])})

@@ -12,13 +12,13 @@ from shoal.metadata.base import Component
 from shoal.metadata.errors import AccountNotFound, InvalidName
 from shoal.metadata.models import Account
 
-_ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Accounts(Component):
     async def create(self, name: str) -> Account:
         """A new account; names are unique."""
-        if not _ACCOUNT_NAME.match(name):
+        if not _ACCOUNT_NAME.fullmatch(name):
             raise InvalidName(
                 f"invalid account name {name!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
             )

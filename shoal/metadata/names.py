@@ -8,14 +8,14 @@ import re
 from shoal.metadata.errors import InvalidName
 
 MAX_OBJECT_NAME_BYTES = 1024
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _RESERVED_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 
 
 def check_bucket_name(name: str) -> None:
     """S3's general-purpose bucket naming rules."""
-    if not isinstance(name, str) or not _BUCKET_NAME.match(name):
+    if not isinstance(name, str) or not _BUCKET_NAME.fullmatch(name):
         raise InvalidName(
             f"invalid bucket name {name!r}: use 3 to 63 lowercase letters, digits, dots and "
             "hyphens, starting and ending with a letter or digit"

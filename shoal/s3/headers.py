@@ -42,7 +42,7 @@ RESPONSE_OVERRIDES = {
 }
 # What no header value may hold: control characters but the tab (RFC 9110, section 5.5).
 _NOT_IN_A_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 # A range bound of more digits than this is past the end of any object, and is read as this
 # (Python will not even parse an int of over 4300 digits): a Range header of 10,000 digits
 # is then what S3 makes of it, 416 past the end or the rest of the object.
@@ -242,7 +242,7 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     """[start, end) of a Range header; None for the whole object (absent or multi-range)."""
     if header is None:
         return None
-    match = _RANGE.match(header.strip())
+    match = _RANGE.fullmatch(header.strip())
     if not match:
         return None  # S3 ignores ranges it does not understand, such as several ranges
     first, last = match.groups()

@@ -36,7 +36,7 @@ SCHEME = "Shoal-Token"
 TOKEN_LIFETIME_SECONDS = 15
 # How far ahead of the node's clock a signer's may be (NTP keeps a cluster within far less).
 CLOCK_SKEW_SECONDS = 15
-_NONCE = re.compile(r"^[0-9a-f]{32}$")
+_NONCE = re.compile(r"[0-9a-f]{32}")
 # What a node answers (401) for a token it read after its expiry.
 EXPIRED = "expired token"
 _EMPTY_SHA256 = sha256(b"").hexdigest()
@@ -130,7 +130,7 @@ def verify(
         expires = int(expires_text)
     except ValueError:
         raise InvalidToken("malformed token") from None
-    if not _NONCE.match(nonce):
+    if not _NONCE.fullmatch(nonce):
         raise InvalidToken("malformed token")
     now = time.time() if now is None else now
     if expires < now:

@@ -78,7 +78,7 @@ PRIVATE_FILE = 0o600
 # Over TLS a range is read and sent in pieces of this size (sendfile would bypass TLS).
 TLS_SEND_BYTES = 256 * 1024
 _BLOCK_NAME = re.compile(
-    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|[1-9][0-9]{0,8})$"
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.(0|[1-9][0-9]{0,8})"
 )
 
 
@@ -134,7 +134,7 @@ def parse_block_name(name: str) -> tuple[uuid.UUID, int]:
 
 def check_block_name(name: str) -> None:
     """Only `<uuid>.<index>`: no '/', '..', NUL or absolute paths can reach the disk."""
-    if not isinstance(name, str) or not _BLOCK_NAME.match(name):
+    if not isinstance(name, str) or not _BLOCK_NAME.fullmatch(name):
         raise InvalidBlockName(f"invalid block name {name[:80]!r}")
 
 

@@ -81,8 +81,8 @@ MAX_HEADERS = 64
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
 # A client that closed its connection, or stalled past IDLE_SECONDS (EAGAIN), or broke TLS.
 _GONE = (ConnectionError, TimeoutError, BlockingIOError, ssl.SSLError)
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-_CHECKSUM = re.compile(r"^[0-9a-f]{32}$")
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_CHECKSUM = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -386,7 +386,7 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def _put_block(self, name: str) -> None:
         checksum = self.headers.get(CHECKSUM_HEADER.lower(), "")
-        if not _CHECKSUM.match(checksum):
+        if not _CHECKSUM.fullmatch(checksum):
             raise Refused(400, f"{CHECKSUM_HEADER} must be 32 hex digits")
         if self.body.length is None:
             raise Refused(411, "Content-Length is required")
@@ -584,7 +584,7 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int]:
     if header is None:
         return 0, size
     unsatisfiable = Refused(416, "range not satisfiable", {"Content-Range": f"bytes */{size}"})
-    match = _RANGE.match(header.strip())
+    match = _RANGE.fullmatch(header.strip())
     if not match or match.groups() == ("", ""):
         raise unsatisfiable
     first, last = match.groups()

@@ -84,6 +84,7 @@ def read(store: BlockStore, name: str, start: int, end: int) -> bytes:
         A_BLOCK_ID,
         f"{A_BLOCK_ID}.0/..",
         f"{A_BLOCK_ID}.-1",
+        f"{A_BLOCK_ID}.0\n",  # `$` would let a final line break through
     ],
 )
 def test_only_uuid_dot_index_names_are_blocks(name: str) -> None:

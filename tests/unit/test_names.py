@@ -29,6 +29,7 @@ def test_valid_bucket_names(name: str) -> None:
         "name-s3alias",
         "sp ace",
         "",
+        "bucket\n",  # `$` would let a final line break through
     ],
 )
 def test_invalid_bucket_names(name: str) -> None:
