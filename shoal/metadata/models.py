@@ -44,6 +44,11 @@ class ObjectWrite:
     # re-replication before its row commits (metadata/replicas.py).
     under_replicated: bool = False
 
+    @property
+    def etag(self) -> str:
+        parts = self.properties.get("parts")
+        return etag(self.content_md5, None if parts is None else len(parts))
+
 
 @dataclass(frozen=True)
 class ObjectVersion:

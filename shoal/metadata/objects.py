@@ -58,9 +58,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PutResult:
+    """What a put committed: the version as written (what its answer tells, whatever a later
+    write of the key does), and the version it replaced."""
+
     id: uuid.UUID
     created: datetime
+    modified: datetime
     replaced: uuid.UUID | None  # the version this put replaced, now a deletion record
+    written: ObjectWrite
+
+
+def put_result(write: ObjectWrite, row: dict[str, Any]) -> PutResult:
+    """The PutResult of `write`, from the row its statement returned."""
+    return PutResult(write.id, row["created"], row["modified"], row["old_id"], write)
 
 
 class Objects(Component):
@@ -94,7 +104,7 @@ class Objects(Component):
             if if_match is not None and not await self._exists(vnode, owner, bucket_id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
             raise PreconditionFailed(f"precondition failed for {name!r}")
-        return PutResult(id=write.id, created=rows[0]["created"], replaced=rows[0]["old_id"])
+        return put_result(write, rows[0])
 
     async def get(
         self, owner: uuid.UUID, bucket: str, name: str, *, with_data: bool = True

@@ -37,6 +37,7 @@ from shoal.metadata.objects import (
     WriteCondition,
     check_version_id,
     conditional_statement,
+    put_result,
 )
 from shoal.metadata.shards import render, render_arms
 
@@ -275,7 +276,7 @@ class Uploads(Component):
                     raise PreconditionFailed(f"precondition failed for {name!r}")
                 keep = [p.part_number for p in parts]
                 await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": keep})
-                return PutResult(id=write.id, created=put[0]["created"], replaced=put[0]["old_id"])
+                return put_result(write, put[0])
 
         return await self.retrying_window(vnode, attempt)
 

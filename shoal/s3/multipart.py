@@ -13,6 +13,7 @@ from shoal.metadata import (
     MetadataError,
     ObjectNotFound,
     ObjectVersion,
+    ObjectWrite,
     PartWrite,
     Upload,
     UploadNotFound,
@@ -240,9 +241,10 @@ async def complete_multipart_upload(call: Call) -> http.Response:
     if not chosen:
         raise MalformedXML("CompleteMultipartUpload names no parts")
     completing = upload_id(call)
+    made: ObjectWrite | ObjectVersion
     try:
         checksums = await _completed_checksums(call, completing, chosen, claimed_checksums)
-        await call.store.uploads.complete(
+        completed = await call.store.uploads.complete(
             call.account,
             call.bucket,
             call.key,
@@ -251,6 +253,8 @@ async def complete_multipart_upload(call: Call) -> http.Response:
             **conditional_write(call),
             properties=checksums,
         )
+        # The answer is the version this made, whatever a write of the key does next.
+        made = completed.written
     except UploadNotFound:
         # A second Complete with the same parts (S3 answers it as the first, for a while), or
         # the retry of a completion whose answer was lost (CommitUnknown, a 503): the upload
@@ -258,16 +262,16 @@ async def complete_multipart_upload(call: Call) -> http.Response:
         version = await _live_version(call)
         if version is None or not _completed_as(version, completing, chosen):
             raise
-    version = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
+        made = version
     body = s3xml.document(
         "CompleteMultipartUploadResult",
         {
             "Location": f"/{call.bucket}/{call.key}",
             "Bucket": call.bucket,
             "Key": call.key,
-            "ETag": f'"{version.etag}"',
-            **checksum_elements(version.properties.get("checksums", {})),
-            "ChecksumType": version.properties.get("checksum_type"),
+            "ETag": f'"{made.etag}"',
+            **checksum_elements(made.properties.get("checksums", {})),
+            "ChecksumType": made.properties.get("checksum_type"),
         },
     )
     return http.Response(body=body, content_type=XML)

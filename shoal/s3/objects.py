@@ -17,7 +17,7 @@ from shoal.metadata import (
     ObjectWrite,
 )
 from shoal.metadata.names import MAX_OBJECT_NAME_BYTES, check_object_name
-from shoal.metadata.objects import ANY_VERSION, WriteCondition
+from shoal.metadata.objects import ANY_VERSION, PutResult, WriteCondition
 from shoal.s3 import headers as h
 from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
@@ -153,7 +153,7 @@ def _object_write(
     )
 
 
-async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> None:
+async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> PutResult:
     """Commit the row that makes the stored blocks visible.
 
     The blocks are dropped only when the row is known not to have committed: the metadata
@@ -162,7 +162,7 @@ async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> Non
     them, and dropping them would leave a row whose every GET fails: they stay, and
     `shoal pipeline orphans` finds them if no row names them."""
     try:
-        await call.store.objects.put(
+        return await call.store.objects.put(
             call.account, call.bucket, call.key, write, **conditional_write(call)
         )
     except MetadataError as exc:
@@ -366,13 +366,15 @@ async def copy_object(call: Call) -> http.Response:
             checksums,
             call.gateway.config.inline_max_bytes,
         )
-        await _commit(call, _object_write(stored, content_type, kept, tag_set, acl), stored)
-        copied = await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
+        copied = await _commit(
+            call, _object_write(stored, content_type, kept, tag_set, acl), stored
+        )
+        # The answer is the version this copy made, whatever a write of the key does next.
         return s3xml.document(
             "CopyObjectResult",
             {
                 "LastModified": copied.modified,
-                "ETag": f'"{copied.etag}"',
+                "ETag": f'"{copied.written.etag}"',
                 **{f"Checksum{k.upper()}": v for k, v in stored.checksums.items()},
                 "ChecksumType": "FULL_OBJECT" if stored.checksums else None,
             },

@@ -308,3 +308,43 @@ def test_delete_objects_of_many_keys(s3: Any, bucket: str) -> None:
     assert sorted(d["Key"] for d in answer["Deleted"]) == sorted([*keys, "never-there"])
     assert [(e["Key"], e["Code"]) for e in answer["Errors"]] == [("d/0000", "NoSuchKey")]
     assert s3.list_objects_v2(Bucket=bucket).get("Contents", []) == []
+
+
+def test_complete_and_copy_answer_the_version_they_made_whatever_follows(
+    s3: Any, bucket: str
+) -> None:
+    """A Complete or a CopyObject racing a delete or an overwrite of its key: its answer is
+    the version it made (never NoSuchKey, never the other write's ETag)."""
+    s3.put_object(Bucket=bucket, Key="source", Body=b"copied bytes")
+    source_etag = s3.head_object(Bucket=bucket, Key="source")["ETag"]
+    part = b"the only part"
+    completed_etag = f'"{hashlib.md5(hashlib.md5(part).digest()).hexdigest()}-1"'
+
+    def complete(upload: str, etag: str) -> str:
+        done = s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="raced",
+            UploadId=upload,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+        )
+        return str(done["ETag"])
+
+    def copy() -> str:
+        done = s3.copy_object(Bucket=bucket, Key="raced", CopySource=f"{bucket}/source")
+        return str(done["CopyObjectResult"]["ETag"])
+
+    with ThreadPoolExecutor(2) as pool:
+        for round_ in range(24):
+            upload = s3.create_multipart_upload(Bucket=bucket, Key="raced")["UploadId"]
+            etag = s3.upload_part(
+                Bucket=bucket, Key="raced", UploadId=upload, PartNumber=1, Body=part
+            )["ETag"]
+            if round_ % 2:  # the other write: a delete of the key, or an overwrite
+                other = pool.submit(s3.delete_object, Bucket=bucket, Key="raced")
+            else:
+                other = pool.submit(s3.put_object, Bucket=bucket, Key="raced", Body=b"x")
+            assert complete(upload, etag) == completed_etag, round_
+            other.result()
+            racing = pool.submit(s3.put_object, Bucket=bucket, Key="raced", Body=b"y")
+            assert copy() == source_etag, round_
+            racing.result()
