@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.types.json import Jsonb
 
-from shoal.metadata import prepared
-from shoal.metadata.errors import BucketNotFound, VnodeMoved
+from shoal.metadata import prepared, queries
+from shoal.metadata.errors import BucketNotFound, CommitUnknown, VnodeMoved
 from shoal.metadata.metrics import metadata as metrics
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
@@ -27,6 +27,10 @@ T = TypeVar("T")
 # How long a statement refused by a vnode's old shard waits for the ring to name the new one:
 # longer than a move's write pause, shorter than a client's patience.
 MOVE_WAIT_SECONDS = 2.0
+# How long a DeleteBucket's mark holds writes back: one left by a delete that died stops
+# holding them after this. A delete that could not finish well within it gives up
+# (Buckets.delete: DELETE_CHECK_SECONDS).
+DELETING_MARK_SECONDS = 120
 
 
 class Component:
@@ -177,6 +181,27 @@ class Component:
             for written in (vnode, *more_vnodes):
                 await ensure_window_for_now(conn, written, self.window)
         return await attempt()
+
+    async def check_bucket_takes_writes(
+        self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID
+    ) -> None:
+        """After an object write committed into incarnation `bucket_id`: CommitUnknown (a
+        503) unless it still takes writes, read afresh. A DeleteBucket marks the bucket
+        before it checks that it is empty; a write that finds no mark was committed before
+        it, so that check sees the write and the delete is refused. One that finds the mark
+        (or no bucket) may have landed in an incarnation being deleted, and must not be
+        acknowledged: it stays, or goes with the bucket (Buckets.delete)."""
+        vnode = self.shards.ring.vnode_for_bucket(owner, name)
+        params = {
+            "owner": owner,
+            "name": name,
+            "id": bucket_id,
+            "mark_lifetime": f"{DELETING_MARK_SECONDS} seconds",
+        }
+        if not await self.read_rows(vnode, queries.BUCKET_TAKES_WRITES, params):
+            raise CommitUnknown(
+                f"bucket {name!r} is being deleted: a write into it may go with it; try again"
+            )
 
     async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:
         """The live incarnation of a bucket, or BucketNotFound (see bucket_cache.py)."""

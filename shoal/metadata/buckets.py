@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
+import time
 import uuid
 from typing import Any
 
@@ -15,13 +17,15 @@ from psycopg.types.json import Jsonb
 
 from shoal.metadata import queries
 from shoal.metadata.accounts import Accounts
-from shoal.metadata.base import Component
+from shoal.metadata.base import DELETING_MARK_SECONDS, Component
 from shoal.metadata.errors import (
     BucketAlreadyExists,
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
     BucketNotFound,
     InvalidName,
+    MetadataError,
+    MetadataUnavailable,
 )
 from shoal.metadata.listing import key_range
 from shoal.metadata.models import Bucket
@@ -30,6 +34,9 @@ from shoal.metadata.shards import render_arms
 
 # S3's largest ListBuckets page and one more, for the gateway to tell whether another follows.
 MAX_BUCKETS_PER_PAGE = 10_001
+# How long a DeleteBucket may take from its mark to its last step: far inside the mark's
+# lifetime, so that no write can find the mark lapsed while the delete still goes on.
+DELETE_CHECK_SECONDS = DELETING_MARK_SECONDS / 12
 
 # A bucket's lifecycle or CORS rules, as stored: JSON documents checked by the gateway.
 Rules = list[dict[str, Any]]
@@ -98,12 +105,24 @@ class Buckets(Component):
         """
         self.forget_bucket(owner, name)
         bucket = await self.bucket(owner, name)
-        if not force and await self.has_objects(owner, bucket.id):
-            raise BucketNotEmpty(f"bucket {name!r} is not empty")
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
-        gone = await self.rows(
-            vnode, queries.DELETE_BUCKET, {"owner": owner, "name": name, "id": bucket.id}
-        )
+        key = {"owner": owner, "name": name, "id": bucket.id}
+        # Marked first: a write that commits from now on finds the mark and is not
+        # acknowledged (check_bucket_takes_writes); one acknowledged committed before it,
+        # and the emptiness check below sees it.
+        marked = time.monotonic()
+        if not await self.rows(vnode, queries.MARK_BUCKET_DELETING, key):
+            raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
+        try:
+            if not force and await self.has_objects(owner, bucket.id):
+                raise BucketNotEmpty(f"bucket {name!r} is not empty")
+            if time.monotonic() - marked > DELETE_CHECK_SECONDS:  # the mark must still hold
+                raise MetadataUnavailable(f"deleting bucket {name!r} took too long; try again")
+        except BaseException:
+            with contextlib.suppress(MetadataError):  # else the mark lapses by itself
+                await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
+            raise
+        gone = await self.rows(vnode, queries.DELETE_BUCKET, key)
         if not gone:
             raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
         self.forget_bucket(owner, name)

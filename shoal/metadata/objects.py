@@ -104,6 +104,7 @@ class Objects(Component):
             if if_match is not None and not await self._exists(vnode, owner, bucket_id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
             raise PreconditionFailed(f"precondition failed for {name!r}")
+        await self.check_bucket_takes_writes(owner, bucket, bucket_id)
         return put_result(write, rows[0])
 
     async def get(

@@ -103,8 +103,36 @@ WITH gone AS (
 ), record AS (
     INSERT INTO {schema}.manta_bucket_deleted_bucket (id, owner, name, created)
     SELECT id, owner, name, created FROM gone
+), unmarked AS (
+    DELETE FROM {schema}.manta_bucket_deleting d USING gone
+    WHERE d.owner = gone.owner AND d.name = gone.name
 )
 SELECT id FROM gone
+"""
+
+# DeleteBucket's first step: writes that commit from now on are not acknowledged.
+MARK_BUCKET_DELETING = """
+INSERT INTO {schema}.manta_bucket_deleting (owner, name, id)
+SELECT owner, name, id FROM {schema}.manta_bucket
+WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
+ON CONFLICT (owner, name) DO UPDATE SET id = EXCLUDED.id, since = current_timestamp
+RETURNING id
+"""
+
+UNMARK_BUCKET_DELETING = """
+DELETE FROM {schema}.manta_bucket_deleting
+WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
+"""
+
+# Read by every object write after its commit: whether the incarnation it wrote into still
+# takes writes. A mark older than %(mark_lifetime)s was left by a delete that died.
+BUCKET_TAKES_WRITES = """
+SELECT 1 FROM {schema}.manta_bucket b
+WHERE b.owner = %(owner)s AND b.name = %(name)s AND b.id = %(id)s
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.manta_bucket_deleting d
+      WHERE d.owner = b.owner AND d.name = b.name AND d.id = b.id
+        AND d.since > current_timestamp - %(mark_lifetime)s::interval)
 """
 
 # One arm per vnode of a shard, joined with UNION ALL; the outer query merges them.

@@ -714,6 +714,23 @@ ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_remove
 DROP TABLE {schema}.manta_bucket_prefix;
 """,
     ),
+    Migration(
+        6,
+        "a bucket being deleted",
+        """
+-- The buckets a DeleteBucket is deleting: marked before it checks that the bucket is empty,
+-- and a write that finds its bucket marked after its own commit is not acknowledged
+-- (buckets.py, Buckets.delete). A table of its own, beside RFD 149's manta_bucket.
+CREATE TABLE {schema}.manta_bucket_deleting (
+    owner uuid NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    id uuid NOT NULL,
+    since timestamptz DEFAULT current_timestamp NOT NULL,
+
+    PRIMARY KEY (owner, name)
+);
+""",
+    ),
 )
 
 # The two RFD 149 tables partitioned by deleted_at, in windows (see partitions.py).

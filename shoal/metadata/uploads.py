@@ -278,7 +278,9 @@ class Uploads(Component):
                 await cur.execute(render(queries.RETIRE_PARTS, vnode), {**key, "keep": keep})
                 return put_result(write, put[0])
 
-        return await self.retrying_window(vnode, attempt)
+        completed = await self.retrying_window(vnode, attempt)
+        await self.check_bucket_takes_writes(owner, bucket, bucket_id)
+        return completed
 
     async def abort(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> int:
         """End an upload; every part becomes a deletion record. Returns the number of parts."""

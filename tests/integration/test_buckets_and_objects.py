@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -15,6 +16,7 @@ from shoal.metadata import (
     BucketAlreadyOwnedByYou,
     BucketNotEmpty,
     BucketNotFound,
+    CommitUnknown,
     InvalidName,
     MetadataStore,
     ObjectNotFound,
@@ -143,6 +145,46 @@ def test_delete_refuses_a_bucket_with_objects_not_one_with_only_uploads(
     run(store.garbage.remove_bucket_contents(owner, found.id, left))
     run(store.garbage.remove_bucket_uploads(owner, found.id))
     assert not run(store.buckets.has_content(owner, found.id))
+
+
+def test_a_delete_racing_writes_never_loses_one_it_acknowledged(
+    store: MetadataStore, run: Any, owner: uuid.UUID
+) -> None:
+    """Writes into a bucket while it is deleted: each round, either the delete is refused
+    and every acknowledged write reads back, or the delete succeeds and no write was
+    acknowledged (it would be lost with the bucket)."""
+
+    async def put(bucket: str, name: str) -> bool:
+        try:
+            await store.objects.put(owner, bucket, name, blob(name.encode()))
+        except (BucketNotFound, CommitUnknown):
+            return False
+        return True
+
+    async def delete(bucket: str) -> bool:
+        try:
+            await store.buckets.delete(owner, bucket)
+        except BucketNotEmpty:
+            return False
+        return True
+
+    async def round_(bucket: str) -> tuple[bool, list[str]]:
+        names = [f"k{n}" for n in range(8)]
+        answers = await asyncio.gather(delete(bucket), *(put(bucket, n) for n in names))
+        return answers[0], [n for n, ok in zip(names, answers[1:], strict=True) if ok]
+
+    deleted_rounds = 0
+    for _ in range(30):
+        bucket = unique("race")
+        run(store.buckets.create(owner, bucket))
+        deleted, acknowledged = run(round_(bucket))
+        if deleted:
+            deleted_rounds += 1
+            assert acknowledged == [], acknowledged  # acknowledged, then lost with the bucket
+        for name in acknowledged:
+            found = run(store.objects.get(owner, bucket, name))
+            assert found.content_md5 == blob(name.encode()).content_md5
+    assert deleted_rounds  # the race ran both ways
 
 
 def test_forced_delete_records_the_incarnation_and_leaves_objects_to_gc(
