@@ -13,7 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from shoal.metadata import prepared, queries
-from shoal.metadata.errors import BucketNotFound, CommitUnknown, VnodeMoved
+from shoal.metadata.errors import BucketNotFound, CommitUnknown, MetadataError, VnodeMoved
 from shoal.metadata.metrics import metadata as metrics
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
@@ -198,7 +198,15 @@ class Component:
             "id": bucket_id,
             "mark_lifetime": f"{DELETING_MARK_SECONDS} seconds",
         }
-        if not await self.read_rows(vnode, queries.BUCKET_TAKES_WRITES, params):
+        try:
+            takes_writes = await self.read_rows(vnode, queries.BUCKET_TAKES_WRITES, params)
+        except MetadataError as exc:
+            # The write committed: whatever stops this read must not pass for a write that
+            # did not (its caller would drop the blocks the row names).
+            raise CommitUnknown(
+                f"bucket {name!r} could not be read after a write into it: {exc}"
+            ) from exc
+        if not takes_writes:
             raise CommitUnknown(
                 f"bucket {name!r} is being deleted: a write into it may go with it; try again"
             )

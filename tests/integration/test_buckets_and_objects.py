@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from shoal.metadata import (
@@ -185,6 +186,48 @@ def test_a_delete_racing_writes_never_loses_one_it_acknowledged(
             found = run(store.objects.get(owner, bucket, name))
             assert found.content_md5 == blob(name.encode()).content_md5
     assert deleted_rounds  # the race ran both ways
+
+
+def test_a_write_whose_bucket_cannot_be_read_after_its_commit_is_commit_unknown(
+    store: MetadataStore, run: Any, owner: uuid.UUID, admin_dsn: str
+) -> None:
+    """The read of the bucket after a write's commit fails (its shard went down): the write
+    committed, so the caller is told CommitUnknown (it keeps the blocks the row names), never
+    an error that says nothing was written."""
+
+    def bucket_shard_of(name: str) -> Any:
+        return store.shards.of_vnode(store.ring.vnode_for_bucket(owner, name))
+
+    # Not on the catalog shard, whose connections carry the bucket cache's notices.
+    bucket = next(
+        name
+        for name in (unique("down") for _ in range(100))
+        if bucket_shard_of(name) is not store.shards.catalog
+    )
+    found = run(store.buckets.create(owner, bucket))
+    bucket_shard = bucket_shard_of(bucket)
+    name = next(
+        f"k{n}"
+        for n in range(1000)
+        if store.shards.of_vnode(store.ring.vnode_for_object(owner, found.id, f"k{n}"))
+        is not bucket_shard
+    )
+    database = psycopg.conninfo.conninfo_to_dict(bucket_shard.pool.conninfo)["dbname"]
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        run(store.objects.put(owner, bucket, "warm", blob(b"x")))  # its id, cached for 1 s
+        # Then at once the bucket's shard goes away: its connections cut, new ones refused.
+        admin.execute(f'ALTER DATABASE "{database}" WITH ALLOW_CONNECTIONS false')
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            [database],
+        )
+        try:
+            with pytest.raises(CommitUnknown):
+                run(store.objects.put(owner, bucket, name, blob(b"committed")))
+        finally:
+            admin.execute(f'ALTER DATABASE "{database}" WITH ALLOW_CONNECTIONS true')
+    committed = blob(b"committed").content_md5
+    assert run(store.objects.get(owner, bucket, name)).content_md5 == committed
 
 
 def test_forced_delete_records_the_incarnation_and_leaves_objects_to_gc(
