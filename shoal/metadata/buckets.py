@@ -11,7 +11,7 @@ import builtins
 import contextlib
 import time
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from psycopg.types.json import Jsonb
 
@@ -106,7 +106,13 @@ class Buckets(Component):
         self.forget_bucket(owner, name)
         bucket = await self.bucket(owner, name)
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
-        key = {"owner": owner, "name": name, "id": bucket.id}
+        key = {
+            "owner": owner,
+            "name": name,
+            "id": bucket.id,
+            "token": uuid.uuid4(),  # this delete's mark, apart from any other's
+            "mark_lifetime": f"{DELETING_MARK_SECONDS} seconds",
+        }
         # Marked first: a write that commits from now on finds the mark and is not
         # acknowledged (check_bucket_takes_writes); one acknowledged committed before it,
         # and the emptiness check below sees it.
@@ -123,14 +129,23 @@ class Buckets(Component):
                 await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
             raise
         gone = await self.rows(vnode, queries.DELETE_BUCKET, key)
-        if not gone:
-            raise BucketNotFound(f"no bucket {name!r} for owner {owner}")
+        if not gone:  # gone meanwhile (another delete), or its mark lapsed: not deleted here
+            with contextlib.suppress(MetadataError):
+                await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
+            await self._refuse_undeleted(owner, name)
         self.forget_bucket(owner, name)
         async with self.shards.catalog.pool.connection() as conn:
             await conn.execute(
                 queries.RELEASE_BUCKET_NAME, {"owner": owner, "name": name, "id": bucket.id}
             )
         return bucket
+
+    async def _refuse_undeleted(self, owner: uuid.UUID, name: str) -> NoReturn:
+        """Why a delete whose last step deleted nothing failed: the bucket went meanwhile
+        (BucketNotFound), or is still there and its mark lapsed (MetadataUnavailable)."""
+        self.forget_bucket(owner, name)
+        await self.bucket(owner, name)  # BucketNotFound if another delete took it
+        raise MetadataUnavailable(f"deleting bucket {name!r} took too long; try again")
 
     async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: Rules) -> None:
         """Store a bucket's lifecycle rules (already validated by the caller)."""

@@ -95,10 +95,16 @@ WHERE owner = %(owner)s AND name = %(name)s
 """
 
 # Moves exactly the incarnation that was checked (id) into the deleted-bucket table.
+# Only while the delete's own mark still holds back writes (none can have been acknowledged
+# since the emptiness check); with the bucket go all its marks.
 DELETE_BUCKET = """
 WITH gone AS (
-    DELETE FROM {schema}.manta_bucket
-    WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
+    DELETE FROM {schema}.manta_bucket b
+    WHERE b.owner = %(owner)s AND b.name = %(name)s AND b.id = %(id)s
+      AND EXISTS (
+          SELECT 1 FROM {schema}.manta_bucket_deleting d
+          WHERE d.owner = b.owner AND d.name = b.name AND d.token = %(token)s
+            AND d.since > current_timestamp - %(mark_lifetime)s::interval)
     RETURNING id, owner, name, created
 ), record AS (
     INSERT INTO {schema}.manta_bucket_deleted_bucket (id, owner, name, created)
@@ -112,16 +118,16 @@ SELECT id FROM gone
 
 # DeleteBucket's first step: writes that commit from now on are not acknowledged.
 MARK_BUCKET_DELETING = """
-INSERT INTO {schema}.manta_bucket_deleting (owner, name, id)
-SELECT owner, name, id FROM {schema}.manta_bucket
+INSERT INTO {schema}.manta_bucket_deleting (owner, name, id, token)
+SELECT owner, name, id, %(token)s FROM {schema}.manta_bucket
 WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
-ON CONFLICT (owner, name) DO UPDATE SET id = EXCLUDED.id, since = current_timestamp
 RETURNING id
 """
 
+# A delete removes its own mark only: another delete of the bucket may be under way.
 UNMARK_BUCKET_DELETING = """
 DELETE FROM {schema}.manta_bucket_deleting
-WHERE owner = %(owner)s AND name = %(name)s AND id = %(id)s
+WHERE owner = %(owner)s AND name = %(name)s AND token = %(token)s
 """
 
 # Read by every object write after its commit: whether the incarnation it wrote into still

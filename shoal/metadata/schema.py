@@ -721,13 +721,15 @@ DROP TABLE {schema}.manta_bucket_prefix;
 -- The buckets a DeleteBucket is deleting: marked before it checks that the bucket is empty,
 -- and a write that finds its bucket marked after its own commit is not acknowledged
 -- (buckets.py, Buckets.delete). A table of its own, beside RFD 149's manta_bucket.
+-- One row a delete under way (two may run at once: a client retrying one), by its token.
 CREATE TABLE {schema}.manta_bucket_deleting (
     owner uuid NOT NULL,
     name text COLLATE "C" NOT NULL,
     id uuid NOT NULL,
+    token uuid NOT NULL,
     since timestamptz DEFAULT current_timestamp NOT NULL,
 
-    PRIMARY KEY (owner, name)
+    PRIMARY KEY (owner, name, token)
 );
 """,
     ),

@@ -165,14 +165,18 @@ def test_a_delete_racing_writes_never_loses_one_it_acknowledged(
     async def delete(bucket: str) -> bool:
         try:
             await store.buckets.delete(owner, bucket)
-        except BucketNotEmpty:
+        except (BucketNotEmpty, BucketNotFound):  # not empty, or deleted by the other
             return False
         return True
 
     async def round_(bucket: str) -> tuple[bool, list[str]]:
+        # Two deletes at once (a client retrying one), each with its own mark.
         names = [f"k{n}" for n in range(8)]
-        answers = await asyncio.gather(delete(bucket), *(put(bucket, n) for n in names))
-        return answers[0], [n for n, ok in zip(names, answers[1:], strict=True) if ok]
+        answers = await asyncio.gather(
+            delete(bucket), delete(bucket), *(put(bucket, n) for n in names)
+        )
+        deleted = answers[0] or answers[1]
+        return deleted, [n for n, ok in zip(names, answers[2:], strict=True) if ok]
 
     deleted_rounds = 0
     for _ in range(30):
@@ -186,6 +190,52 @@ def test_a_delete_racing_writes_never_loses_one_it_acknowledged(
             found = run(store.objects.get(owner, bucket, name))
             assert found.content_md5 == blob(name.encode()).content_md5
     assert deleted_rounds  # the race ran both ways
+
+
+def test_a_refused_delete_leaves_the_mark_of_another_delete_under_way(
+    store: MetadataStore, run: Any, owner: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deletes of one bucket (a client retrying one): the first has checked that the
+    bucket is empty and is slow to go on; a write comes, the retry is refused as not empty.
+    The first delete's mark must still hold back the writes that follow, or one of them is
+    acknowledged and then deleted with the bucket."""
+    bucket = unique("twice")
+    run(store.buckets.create(owner, bucket))
+    checked, go_on = asyncio.Event(), asyncio.Event()
+    has_objects = store.buckets.has_objects
+    first = True
+
+    async def slow_first_check(owner_: uuid.UUID, bucket_id: uuid.UUID) -> bool:
+        nonlocal first
+        found = await has_objects(owner_, bucket_id)
+        if first:
+            first = False
+            checked.set()
+            await go_on.wait()
+        return found
+
+    monkeypatch.setattr(store.buckets, "has_objects", slow_first_check)
+
+    async def scenario() -> list[str]:
+        acknowledged = []
+        slow = asyncio.create_task(store.buckets.delete(owner, bucket))
+        await checked.wait()
+        for name in ("before the retry", "after the retry"):
+            try:
+                await store.objects.put(owner, bucket, name, blob(name.encode()))
+                acknowledged.append(name)
+            except CommitUnknown:
+                pass
+            if name == "before the retry":
+                with pytest.raises(BucketNotEmpty):  # the retry sees the first write
+                    await store.buckets.delete(owner, bucket)
+        go_on.set()
+        await slow
+        return acknowledged
+
+    assert run(scenario()) == []  # every write into the bucket being deleted was a 503
+    with pytest.raises(BucketNotFound):
+        run(store.buckets.get(owner, bucket))
 
 
 def test_a_write_whose_bucket_cannot_be_read_after_its_commit_is_commit_unknown(
