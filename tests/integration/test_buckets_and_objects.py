@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -276,6 +277,10 @@ def test_a_write_whose_bucket_cannot_be_read_after_its_commit_is_commit_unknown(
                 run(store.objects.put(owner, bucket, name, blob(b"committed")))
         finally:
             admin.execute(f'ALTER DATABASE "{database}" WITH ALLOW_CONNECTIONS true')
+    deadline = time.monotonic() + 30
+    while bucket_shard.pool.down_since is not None:  # until its pool finds it back
+        assert time.monotonic() < deadline, "the shard was not found back"
+        run(asyncio.sleep(0.1))
     committed = blob(b"committed").content_md5
     assert run(store.objects.get(owner, bucket, name)).content_md5 == committed
 
