@@ -154,7 +154,10 @@ class BlockClient:
             after = page["next"]
 
     async def status(self, url: str) -> NodeStatus:
-        async with self._request("GET", url, "/status") as response:
+        """The node's /status, on a connection of its own: a health check must not wait
+        behind the block transfers that hold the node's connections (a busy node would be
+        taken for a silent one)."""
+        async with self._request("GET", url, "/status", apart=True) as response:
             return NodeStatus(**(await response.json()))
 
     def abandon(self, url: str, reason: str) -> None:
@@ -174,6 +177,8 @@ class BlockClient:
         body: bytes | bytearray = b"",
         headers: dict[str, str] | None = None,
         query: str = "",
+        *,
+        apart: bool = False,
     ) -> _Call:
         headers = headers or {}
         pool = self._pool(url)
@@ -187,7 +192,9 @@ class BlockClient:
             range=headers.get("Range", ""),
         )
         target = f"{path}?{query}" if query else path
-        return _Call(pool, method, target, body, headers, lambda: auth.sign(self.secret, signed))
+        return _Call(
+            pool, method, target, body, headers, lambda: auth.sign(self.secret, signed), apart=apart
+        )
 
     def _pool(self, url: str) -> _Pool:
         loop = asyncio.get_running_loop()
@@ -238,6 +245,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._drained: asyncio.Future[None] | None = None
         self.abandoned = False  # given up by the client: its request is not sent again
+        self.apart = False  # outside the pool's count, for one request (_Pool.acquire)
 
     @classmethod
     async def open(cls, host: str, port: int, tls: ssl.SSLContext | None) -> _Connection:
@@ -392,9 +400,16 @@ class _Pool:
         self._busy: set[_Connection] = set()
         self._slots = asyncio.Semaphore(size)
 
-    async def acquire(self, fresh: bool) -> tuple[_Connection, bool]:
+    async def acquire(self, fresh: bool, apart: bool = False) -> tuple[_Connection, bool]:
         """A connection (a new one if `fresh`), and whether it was used before (and so may
-        have been closed by the node)."""
+        have been closed by the node). `apart`: a new connection outside the pool's count,
+        closed after its one request, that waits for no other."""
+        if apart:
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                connection = await _Connection.open(self.host, self.port, self.tls)
+            connection.apart = True
+            self._busy.add(connection)
+            return connection, False
         await self._slots.acquire()
         try:
             connection, reused = await self._take(fresh)
@@ -416,6 +431,9 @@ class _Pool:
 
     def release(self, connection: _Connection, reusable: bool) -> None:
         self._busy.discard(connection)
+        if connection.apart:
+            connection.close()
+            return
         if reusable and not connection.abandoned:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
@@ -501,6 +519,8 @@ class _Call:
         body: bytes | bytearray,
         headers: dict[str, str],
         authorize: Callable[[], str],
+        *,
+        apart: bool = False,
     ) -> None:
         self.pool = pool
         self.method = method
@@ -509,12 +529,13 @@ class _Call:
         self.headers = headers
         self.authorize = authorize
         self.response: _Response | None = None
+        self.apart = apart  # on a connection of its own (_Pool.acquire)
 
     async def __aenter__(self) -> _Response:
         fresh = False
         while True:
             try:
-                connection, reused = await self.pool.acquire(fresh)
+                connection, reused = await self.pool.acquire(fresh, self.apart)
             except OSError as exc:  # refused, unreachable, timed out
                 raise self._unavailable(exc) from None
             try:

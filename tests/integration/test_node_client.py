@@ -179,3 +179,50 @@ def test_a_token_the_node_read_after_its_expiry_is_an_unreachable_node(run: Any)
 
     with pytest.raises(NodeUnreachable, match="read too late"):
         run(get_from(late))
+
+
+def test_a_status_check_does_not_wait_behind_the_node_s_busy_connections(run: Any) -> None:
+    """Every pooled connection to the node is held by a transfer that goes on: a /status
+    still gets an answer, on a connection of its own."""
+    status = (
+        b'{"name": "n1", "datacenter": "dc", "shark": "dc:n1", "capacity_bytes": 1,'
+        b' "free_bytes": 1, "block_count": 0}'
+    )
+
+    async def slow_or_status(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The head was read: a GET /status is answered, anything else is held.
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(status), status))
+        await writer.drain()
+
+    async def scenario() -> Any:
+        client = BlockClient(SECRET, connections_per_node=1)
+        held = asyncio.Event()
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.set()
+            await reader.read()  # a transfer that does not end while the test runs
+
+        first = True
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal first
+            if first:
+                first = False
+                await hold(reader, writer)
+            else:
+                await slow_or_status(reader, writer)
+
+        try:
+            async with node_answering(answer) as url:
+                busy = asyncio.ensure_future(
+                    client.get_block(url, "01a20000-0000-7000-8000-000000000000.0")
+                )
+                await held.wait()  # the node's one pooled connection is taken
+                answered = await asyncio.wait_for(client.status(url), 5)
+                client.abandon(url, "the test is over")
+                await asyncio.gather(busy, return_exceptions=True)
+                return answered
+        finally:
+            await client.close()
+
+    assert run(scenario()).shark == "dc:n1"
