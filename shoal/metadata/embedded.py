@@ -90,8 +90,8 @@ class EmbeddedPostgres:
         path is too long for a socket's, the folder noted in `socket_dir` there (made by
         `_start_on`). That one must be Shoal's alone: a folder another user made, or could
         write to, could put another server behind the socket, and take the password."""
-        local = self.root / "run"
-        if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH:
+        local = self._local_socket_dir()
+        if local is not None:
             return local
         noted = self.root / "socket_dir"
         if not noted.exists():
@@ -107,8 +107,8 @@ class EmbeddedPostgres:
         """The socket folder for a start, made if need be. Beside a long data directory: a
         new folder in the temporary directory, of a name nobody can guess (mkdtemp makes it
         this user's alone), unless the one noted is still this user's alone."""
-        local = self.root / "run"
-        if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH:
+        local = self._local_socket_dir()
+        if local is not None:
             local.mkdir(parents=True, exist_ok=True)
             local.chmod(0o700)
             return local
@@ -117,6 +117,11 @@ class EmbeddedPostgres:
         folder = Path(tempfile.mkdtemp(prefix="shoal-pg-"))
         _write_private(self.root / "socket_dir", f"{folder}\n")
         return folder
+
+    def _local_socket_dir(self) -> Path | None:
+        """`run` under the server's folder, unless a socket's path there would be too long."""
+        local = self.root / "run"
+        return local if len(str(local / f".s.PGSQL.{65535}")) <= MAX_SOCKET_PATH else None
 
     def dsn(self, dbname: str = "postgres") -> str:
         """A connection string by the Unix socket: the embedded server is always local, and
