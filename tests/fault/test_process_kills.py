@@ -20,6 +20,7 @@ from tests.fault.load import MixedLoad, iter_failures, statuses, wait_until
 from tests.fault.serve_tree import ServeTree, wait_for_new_process
 from tests.fixtures.admin import wait_until_ready
 from tests.fixtures.postgres import create_databases, unique
+from tests.fixtures.processes import stop
 from tests.fixtures.serve import RawResponse, raw_request
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def test_a_killed_gateway_worker_costs_only_its_requests_in_flight(tree: ServeTr
     try:
         load.wait_for_requests(100)
         # Stopped, it accepts no connection more: what it holds is counted exactly.
-        os.kill(worker.pid, signal.SIGSTOP)
+        stop(worker.pid)
         held = _clients_of(worker, tree.port)
         os.kill(worker.pid, signal.SIGKILL)
         assert held, "the worker held none of the clients' connections"
@@ -163,7 +164,7 @@ def test_a_hung_storage_node_costs_seconds_and_no_errors(tree: ServeTree) -> Non
     with load:
         load.wait_for_requests(100)
         stopped_at = time.monotonic()
-        node.send_signal(signal.SIGSTOP)
+        stop(node.pid)
         try:
             time.sleep(HUNG_NODE_SECONDS)
         finally:
@@ -181,7 +182,7 @@ def test_a_gateway_whose_nodes_stop_answering_says_503_fast(tree: ServeTree) -> 
     nodes = [tree.storage_node("node0"), tree.storage_node("node1")]
     client = tree.client(connect_timeout=5, read_timeout=10)
     for node in nodes:
-        node.send_signal(signal.SIGSTOP)
+        stop(node.pid)
     served = tree.served
     assert served is not None
     answers: list[RawResponse] = []

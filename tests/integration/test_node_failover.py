@@ -24,6 +24,7 @@ from shoal.storage import (
     ReplicasUnreachable,
     StorageUnavailable,
 )
+from tests.fixtures.processes import stop
 from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster, start_node
 
 MiB = 1024 * 1024
@@ -158,7 +159,7 @@ def test_a_node_that_hangs_is_marked_at_its_first_missed_check_and_given_up_at_i
         await readiness.refresh()  # the second: the request waiting on it is given up
         return await asyncio.wait_for(reading, 10), time.monotonic() - started
 
-    hung.process.send_signal(signal.SIGSTOP)
+    stop(hung.process.pid)  # every thread stopped: it answers nothing sent from now on
     try:
         got, seconds = run(read_while_checked())
     finally:
