@@ -162,11 +162,7 @@ class RegistryDirectory:
         url = self._urls.get(shark)
         if url is None:  # gone from the registry: nothing to offer it anyway
             return shark, True
-        try:
-            async with asyncio.timeout(PROBE_SECONDS):
-                return shark, (await self.client.status(url)).shark == shark
-        except Exception:  # any failure is a node that does not answer yet
-            return shark, False
+        return shark, await self.client.status_within(url, PROBE_SECONDS, shark) is not None
 
     async def _refresh(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._read_at < REGISTRY_REFRESH_SECONDS:

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from shoal.metadata import MetadataStore
 from shoal.metadata.nodes import ACTIVE, DEAD, DRAINING, StorageNode
-from shoal.storage import BlockClient, NodeError
+from shoal.storage import BlockClient
 from shoal.units import byte_size
 
 # How long `node list` and `node remove` wait for a node to say how many blocks it holds.
@@ -47,12 +47,8 @@ async def list_nodes(
 
 async def block_count(client: BlockClient, node: StorageNode) -> int | None:
     """How many blocks the node says it holds; None when it does not answer in time."""
-    try:
-        async with asyncio.timeout(STATUS_SECONDS):
-            status = await client.status(node.url)
-    except (NodeError, TimeoutError, OSError):
-        return None
-    return status.block_count if status.shark == node.shark else None
+    status = await client.status_within(node.url, STATUS_SECONDS, node.shark)
+    return None if status is None else status.block_count
 
 
 async def find(store: MetadataStore, name: str, deadline: timedelta) -> StorageNode:

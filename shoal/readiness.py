@@ -204,13 +204,7 @@ async def answering_nodes(client: BlockClient, nodes: Sequence[StorageNode]) -> 
     A fresh heartbeat is not enough after a restart: the registry still holds the previous
     run's nodes, alive by the deadline, at ports nobody (or something else) listens on.
     """
-
-    async def answers(node: StorageNode) -> bool:
-        try:
-            async with asyncio.timeout(ANSWER_SECONDS):
-                return (await client.status(node.url)).shark == node.shark
-        except Exception:  # refused, timed out, an address it cannot use: not answering
-            return False
-
-    answered = await asyncio.gather(*(answers(n) for n in nodes))
-    return [node for node, yes in zip(nodes, answered, strict=True) if yes]
+    answered = await asyncio.gather(
+        *(client.status_within(n.url, ANSWER_SECONDS, n.shark) for n in nodes)
+    )
+    return [node for node, status in zip(nodes, answered, strict=True) if status is not None]

@@ -362,6 +362,7 @@ class ShardPool(LastInFirstOutPool):
         self._when_down: list[Callable[[], None]] = []
         self._prober: asyncio.Task[None] | None = None
         self._replacing: asyncio.Task[None] | None = None
+        self._pinger: psycopg.AsyncConnection[Any] | None = None
         # Drains so far: a batcher lets go of a connection it took before the last one.
         self.drains = 0
 
@@ -400,6 +401,27 @@ class ShardPool(LastInFirstOutPool):
             log.warning(
                 "shard %s: replacing idle connections failed: %r", self.shard, task.exception()
             )
+
+    async def ping(self) -> bool:
+        """Whether the shard answers a trivial statement, sent on a connection kept apart
+        from the pool's: a pool whose connections are all busy must not make a busy shard
+        look silent. A kept connection that fails (the server restarted since) is replaced
+        by a fresh one, whose answer decides."""
+        conn, self._pinger = self._pinger, None
+        if conn is not None and not await _pinged(conn):
+            conn = None
+        if conn is None:
+            try:
+                conninfo, kwargs = self._probe_with
+                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+            except (psycopg.Error, OSError):
+                return False
+            if not await _pinged(conn):
+                return False
+        if self._pinger is not None:  # another ping's, kept while this one ran
+            await self._pinger.close()
+        self._pinger = conn
+        return True
 
     def when_down(self, refuse: Callable[[], None]) -> None:
         """Call `refuse` each time the shard is marked down: a batcher fails the statements
@@ -522,7 +544,22 @@ class ShardPool(LastInFirstOutPool):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._pinger is not None:
+            await self._pinger.close()
         await super().close(timeout)
+
+
+async def _pinged(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether `conn` answers a trivial statement; it is closed if not. A ping cancelled
+    midway (its caller stopped waiting) closes it too: its state is then unknown."""
+    try:
+        await conn.execute(queries.PING)
+    except BaseException as exc:
+        await conn.close()  # no round trip: the socket is closed
+        if isinstance(exc, psycopg.Error | OSError):
+            return False
+        raise
+    return True
 
 
 async def open_pool(config: ShardConfig, max_size: int) -> ShardPool:

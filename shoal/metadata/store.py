@@ -15,14 +15,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
 
-import psycopg
-from psycopg_pool import PoolTimeout
-
 from shoal.config import ShardConfig
-from shoal.metadata import queries
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
-from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.garbage import Garbage, GarbageBook
 from shoal.metadata.inventories import Inventories
 from shoal.metadata.keys import Keys
@@ -32,7 +27,7 @@ from shoal.metadata.partitions import ensure_windows, window_width
 from shoal.metadata.pipeline_runs import PipelineBook
 from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
-from shoal.metadata.shards import Shard, ShardSet
+from shoal.metadata.shards import ShardSet
 from shoal.metadata.sharks import Sharks
 from shoal.metadata.uploads import Uploads
 
@@ -87,7 +82,8 @@ class MetadataStore:
         return created
 
     async def silent_shards(self, timeout: float) -> list[str]:
-        """The shards that do not answer a trivial statement within `timeout` seconds.
+        """The shards that do not answer a trivial statement within `timeout` seconds, each
+        asked on a connection of its own (ShardPool.ping).
 
         A ping that has not answered in time is cancelled but not waited for: psycopg then
         asks the server to cancel the statement and waits up to seconds for it, which on a
@@ -99,7 +95,7 @@ class MetadataStore:
             self.shards.catalog,
             *(s for s in self.shards.placed() if s is not self.shards.catalog),
         ]
-        pings = [asyncio.ensure_future(_answers_ping(shard)) for shard in shards]
+        pings = [asyncio.ensure_future(shard.pool.ping()) for shard in shards]
         await asyncio.wait(pings, timeout=timeout)
         silent = []
         for shard, ping in zip(shards, pings, strict=True):
@@ -124,19 +120,6 @@ class MetadataStore:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-async def _answers_ping(shard: Shard) -> bool:
-    try:
-        async with shard.statement_connection() as conn:
-            await conn.execute(queries.PING)
-        return True
-    except MetadataUnavailable as exc:
-        # Down already, or no connection free within the pool's wait: a shard that is busy
-        # answers (it is not silent).
-        return isinstance(exc.__cause__, PoolTimeout)
-    except (psycopg.Error, PoolTimeout, OSError):
-        return False
 
 
 def _forget(ping: asyncio.Future[bool]) -> None:

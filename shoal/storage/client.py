@@ -160,6 +160,19 @@ class BlockClient:
         async with self._request("GET", url, "/status", apart=True) as response:
             return NodeStatus(**(await response.json()))
 
+    async def status_within(
+        self, url: str, seconds: float, shark: str | None = None
+    ) -> NodeStatus | None:
+        """The node's /status if it answers within `seconds` (as node `shark`, when given:
+        after a restart another process may listen at a node's old address), else None.
+        Refused, timed out, anything else: it does not answer."""
+        try:
+            async with asyncio.timeout(seconds):
+                status = await self.status(url)
+        except Exception:
+            return None
+        return status if shark is None or status.shark == shark else None
+
     def abandon(self, url: str, reason: str) -> None:
         """Give up every request waiting on the node at `url` (each raises NodeUnreachable
         now, and is not sent again) and close its connections: a node found silent, which

@@ -359,7 +359,8 @@ class DataPath:
             outcome.failed_nodes.append(shark)
             outcome.reasons[shark] = "the node is not in the registry"
             return
-        if self.directory.unreachable(shark) and not await self._answers(url):
+        silent = self.directory.unreachable(shark)
+        if silent and await self.client.status_within(url, STATUS_SECONDS, shark) is None:
             outcome.failed_nodes.append(shark)
             outcome.reasons[shark] = "the node did not answer lately, nor its /status now"
             return
@@ -386,15 +387,6 @@ class DataPath:
         for answer in await asyncio.gather(*map(request, batches), return_exceptions=True):
             if isinstance(answer, BaseException):
                 raise answer
-
-    async def _answers(self, url: str) -> bool:
-        """Whether the node at `url` answers its /status within STATUS_SECONDS."""
-        try:
-            async with asyncio.timeout(STATUS_SECONDS):
-                await self.client.status(url)
-        except Exception:  # refused, timed out, anything: not answering
-            return False
-        return True
 
     async def _fetch(self, run: BlockRun, index: int) -> bytearray:
         name = block_name(run.id, index)

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from shoal.config import ShardConfig
 from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache, prepared
@@ -204,3 +205,30 @@ def test_prepared_statement_names_are_never_reused_on_a_connection(
         return answers
 
     assert run(calls()) == [1, 2, 3, 1, 4, 5, 6, 3]
+
+
+def test_a_shard_whose_pooled_connections_are_all_busy_is_not_silent(
+    make_store: MakeStore, admin_dsn: str, run: Any
+) -> None:
+    """The health check (silent_shards, the gateway's readiness each second) asks on a
+    connection of its own: a pool busy past the check's wait is a busy shard, not a silent
+    one (which the gateway would mark down, failing the statements queued for it)."""
+    store = make_store(shards=1, vnodes=2, pool_max_size=2, full_pools=True)
+    pool = store.shards.catalog.pool
+
+    async def check_while_the_pool_is_held() -> list[str]:
+        held = [await pool.getconn() for _ in range(2)]
+        try:
+            return await store.silent_shards(0.5)
+        finally:
+            for conn in held:
+                await pool.putconn(conn)
+
+    assert run(check_while_the_pool_is_held()) == []
+    # The check's own connection, broken as a server restart breaks it, is replaced at once.
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            [conninfo_to_dict(pool.conninfo)["dbname"]],
+        )
+    assert run(store.silent_shards(2.0)) == []
