@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from shoal.ids import uuid7
 from shoal.metadata import queries
-from shoal.metadata.base import Component, write_params
+from shoal.metadata.base import Component, object_from_row, write_params
 from shoal.metadata.errors import (
     EntityTooSmall,
     InvalidName,
@@ -30,7 +30,14 @@ from shoal.metadata.errors import (
     UploadNotFound,
 )
 from shoal.metadata.listing import common_prefix, successor
-from shoal.metadata.models import CommonPrefix, ObjectWrite, Part, PartWrite, Upload
+from shoal.metadata.models import (
+    CommonPrefix,
+    ObjectVersion,
+    ObjectWrite,
+    Part,
+    PartWrite,
+    Upload,
+)
 from shoal.metadata.names import check_listing_text, check_object_name
 from shoal.metadata.objects import (
     PutResult,
@@ -281,6 +288,35 @@ class Uploads(Component):
         completed = await self.retrying_window(vnode, attempt)
         await self.check_bucket_takes_writes(owner, bucket, bucket_id)
         return completed
+
+    async def made_by(
+        self,
+        owner: uuid.UUID,
+        bucket: str,
+        name: str,
+        upload_id: uuid.UUID,
+        chosen: builtins.list[tuple[int, bytes]],
+    ) -> ObjectVersion | None:
+        """The live version of `name` if completing `upload_id` with the `chosen` parts made
+        it (a Complete sent again: its answer was lost, or a client repeats it), else None:
+        S3 answers such a Complete as the first, and one with other parts NoSuchUpload.
+
+        A completion answered CommitUnknown because its bucket was being deleted may go
+        with the bucket: the version is answered only while the bucket still takes writes
+        (check_bucket_takes_writes; CommitUnknown again if not)."""
+        check_object_name(name)
+        bucket_id, vnode, key = await self.locate_object(owner, bucket, name)
+        rows = await self.read_rows(vnode, queries.SELECT_OBJECT, key)
+        if not rows:
+            return None
+        version = object_from_row(rows[0])
+        if version.properties.get("upload_id") != str(upload_id):
+            return None
+        parts = [(p["part_number"], bytes.fromhex(p["md5"])) for p in version.properties["parts"]]
+        if parts != chosen:
+            return None
+        await self.check_bucket_takes_writes(owner, bucket, bucket_id)
+        return version
 
     async def abort(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> int:
         """End an upload; every part becomes a deletion record. Returns the number of parts."""

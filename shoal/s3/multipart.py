@@ -11,7 +11,6 @@ from shoal.metadata import (
     CommitUnknown,
     CommonPrefix,
     MetadataError,
-    ObjectNotFound,
     ObjectVersion,
     ObjectWrite,
     PartWrite,
@@ -259,10 +258,12 @@ async def complete_multipart_upload(call: Call) -> http.Response:
         # A second Complete with the same parts (S3 answers it as the first, for a while), or
         # the retry of a completion whose answer was lost (CommitUnknown, a 503): the upload
         # is gone and the live object is what it made. Same answer again.
-        version = await _live_version(call)
-        if version is None or not _completed_as(version, completing, chosen):
+        again = await call.store.uploads.made_by(
+            call.account, call.bucket, call.key, completing, chosen
+        )
+        if again is None:
             raise
-        made = version
+        made = again
     body = s3xml.document(
         "CompleteMultipartUploadResult",
         {
@@ -361,24 +362,6 @@ def _upload_checksum_elements(properties: Mapping[str, str]) -> dict[str, str]:
 def checksum_elements(checksums: Mapping[str, str]) -> dict[str, str]:
     """Checksums in S3 form as the XML elements ChecksumCRC32, ChecksumSHA256, ..."""
     return {_CHECKSUM_TAGS[name]: value for name, value in sorted(checksums.items())}
-
-
-async def _live_version(call: Call) -> ObjectVersion | None:
-    try:
-        return await call.store.objects.get(call.account, call.bucket, call.key, with_data=False)
-    except ObjectNotFound:
-        return None
-
-
-def _completed_as(
-    version: ObjectVersion, upload: uuid.UUID, chosen: list[tuple[int, bytes]]
-) -> bool:
-    """Did completing `upload` with the `chosen` parts (number, MD5) make `version`? A
-    Complete of a completed upload with other parts is NoSuchUpload, as in S3."""
-    if version.properties.get("upload_id") != str(upload):
-        return False
-    made = [(p["part_number"], bytes.fromhex(p["md5"])) for p in version.properties["parts"]]
-    return made == chosen
 
 
 @handles(Endpoint.AbortMultipartUpload)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from shoal.metadata import (
+    BucketNotEmpty,
+    CommitUnknown,
     CommonPrefix,
     EntityTooSmall,
     InvalidPart,
@@ -296,3 +298,49 @@ def test_complete_checks_if_match_any_and_if_none_match_an_etag(
         run(complete(owner, bucket, "cond", again.id, chosen, if_none_match=etag))
     done = run(complete(owner, bucket, "cond", again.id, chosen, if_match=ANY_VERSION))
     assert done.replaced == first.id
+
+
+def test_a_complete_sent_again_is_answered_only_while_its_bucket_takes_writes(
+    store: MetadataStore,
+    run: Any,
+    where: tuple[uuid.UUID, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """made_by: a Complete sent again after its answer was lost gets the version the first
+    made, unless other parts are named; and not while a DeleteBucket is under way, which the
+    version may go with (the first Complete was answered 503 for that very reason)."""
+    owner, bucket = where
+    upload = run(store.uploads.create(owner, bucket, "again"))
+    parts = [part(1), part(2, size=MiB)]
+    for p in parts:
+        run(store.uploads.put_part(owner, bucket, "again", upload.id, p))
+    chosen = [(p.part_number, p.content_md5) for p in parts]
+    completed = run(store.uploads.complete(owner, bucket, "again", upload.id, chosen))
+
+    made = run(store.uploads.made_by(owner, bucket, "again", upload.id, chosen))
+    assert made is not None and made.id == completed.id
+    assert run(store.uploads.made_by(owner, bucket, "again", upload.id, chosen[:1])) is None
+    assert run(store.uploads.made_by(owner, bucket, "again", uuid.uuid4(), chosen)) is None
+
+    checking, go_on = asyncio.Event(), asyncio.Event()
+    has_objects = store.buckets.has_objects
+
+    async def slow_check(owner_: uuid.UUID, bucket_id: uuid.UUID) -> bool:
+        checking.set()
+        await go_on.wait()
+        return await has_objects(owner_, bucket_id)
+
+    monkeypatch.setattr(store.buckets, "has_objects", slow_check)
+
+    async def sent_again_during_a_delete() -> None:
+        deleting = asyncio.create_task(store.buckets.delete(owner, bucket))
+        await checking.wait()  # the bucket is marked
+        try:
+            with pytest.raises(CommitUnknown):
+                await store.uploads.made_by(owner, bucket, "again", upload.id, chosen)
+        finally:
+            go_on.set()
+            with pytest.raises(BucketNotEmpty):
+                await deleting
+
+    run(sent_again_during_a_delete())
