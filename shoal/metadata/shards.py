@@ -406,11 +406,14 @@ class ShardPool(LastInFirstOutPool):
         """Whether the shard answers a trivial statement, sent on a connection kept apart
         from the pool's: a pool whose connections are all busy must not make a busy shard
         look silent. A kept connection that fails (the server restarted since) is replaced
-        by a fresh one, whose answer decides."""
+        by a fresh one, whose answer decides; one that connects and answers ends an outage
+        the pool was marked down for, as its prober's connect would."""
         conn, self._pinger = self._pinger, None
         if conn is not None and not await _pinged(conn):
             conn = None
         if conn is None:
+            if self.closed:
+                return False
             try:
                 conninfo, kwargs = self._probe_with
                 conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
@@ -418,6 +421,10 @@ class ShardPool(LastInFirstOutPool):
                 return False
             if not await _pinged(conn):
                 return False
+            self._reachable()
+        if self.closed:  # closed while this ping ran: nobody would close the connection
+            await conn.close()
+            return False
         if self._pinger is not None:  # another ping's, kept while this one ran
             await self._pinger.close()
         self._pinger = conn
@@ -601,6 +608,7 @@ async def open_pool(config: ShardConfig, max_size: int) -> ShardPool:
         open=False,
     )
     await pool.open(wait=True)
+    await pool.ping()  # its health-check connection, open before the first check needs it
     return pool
 
 

@@ -96,7 +96,12 @@ class MetadataStore:
             *(s for s in self.shards.placed() if s is not self.shards.catalog),
         ]
         pings = [asyncio.ensure_future(shard.pool.ping()) for shard in shards]
-        await asyncio.wait(pings, timeout=timeout)
+        try:
+            await asyncio.wait(pings, timeout=timeout)
+        except BaseException:  # cancelled itself (its process stopping): so are they
+            for ping in pings:
+                ping.cancel()
+            raise
         silent = []
         for shard, ping in zip(shards, pings, strict=True):
             if not ping.done():

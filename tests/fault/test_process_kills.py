@@ -164,8 +164,8 @@ def test_a_hung_storage_node_costs_seconds_and_no_errors(tree: ServeTree) -> Non
     with load:
         load.wait_for_requests(100)
         stopped_at = time.monotonic()
-        stop(node.pid)
         try:
+            stop(node.pid)
             time.sleep(HUNG_NODE_SECONDS)
         finally:
             node.send_signal(signal.SIGCONT)
@@ -181,8 +181,6 @@ def test_a_hung_storage_node_costs_seconds_and_no_errors(tree: ServeTree) -> Non
 def test_a_gateway_whose_nodes_stop_answering_says_503_fast(tree: ServeTree) -> None:
     nodes = [tree.storage_node("node0"), tree.storage_node("node1")]
     client = tree.client(connect_timeout=5, read_timeout=10)
-    for node in nodes:
-        stop(node.pid)
     served = tree.served
     assert served is not None
     answers: list[RawResponse] = []
@@ -194,6 +192,8 @@ def test_a_gateway_whose_nodes_stop_answering_says_503_fast(tree: ServeTree) -> 
         return all(a.status == 503 for a in answers) and head_status(client) == 503
 
     try:
+        for node in nodes:
+            stop(node.pid)
         wait_until(refused, 10)
         for answer in answers:
             assert answer.headers["Retry-After"] == "1"

@@ -159,8 +159,8 @@ def test_a_node_that_hangs_is_marked_at_its_first_missed_check_and_given_up_at_i
         await readiness.refresh()  # the second: the request waiting on it is given up
         return await asyncio.wait_for(reading, 10), time.monotonic() - started
 
-    stop(hung.process.pid)  # every thread stopped: it answers nothing sent from now on
     try:
+        stop(hung.process.pid)  # every thread stopped: it answers nothing sent from now on
         got, seconds = run(read_while_checked())
     finally:
         hung.process.send_signal(signal.SIGCONT)
