@@ -75,7 +75,12 @@ class InvalidPartOrder(MetadataError):
 
 
 class EntityTooSmall(MetadataError):
-    pass
+    def __init__(self, part_number: int, size: int, minimum: int) -> None:
+        super().__init__(
+            f"part {part_number} is {size} bytes; every part but the last must be at least "
+            f"{minimum}"
+        )
+        self.part_number, self.size, self.minimum = part_number, size, minimum
 
 
 class SchemaError(MetadataError):

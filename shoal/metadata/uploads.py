@@ -353,10 +353,7 @@ def _chosen_parts(
         parts.append(part)
     for part in parts[:-1]:
         if part.content_length < min_part_size:
-            raise EntityTooSmall(
-                f"part {part.part_number} is {part.content_length} bytes; every part but the "
-                f"last must be at least {min_part_size}"
-            )
+            raise EntityTooSmall(part.part_number, part.content_length, min_part_size)
     return parts
 
 

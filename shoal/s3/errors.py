@@ -91,7 +91,7 @@ class EntityTooLarge(S3Error, message="Your proposed upload exceeds the maximum 
 
 
 class EntityTooSmall(
-    S3Error, message=("Your proposed upload is smaller than the minimum allowed object size.")
+    S3Error, message="Your proposed upload is smaller than the minimum allowed size"
 ):
     pass
 
@@ -300,7 +300,7 @@ class NotImplementedByShoal(
 
 
 class PreconditionFailed(
-    S3Error, status=412, message=("At least one of the preconditions you specified did not hold.")
+    S3Error, status=412, message="At least one of the pre-conditions you specified did not hold"
 ):
     pass
 
@@ -371,10 +371,22 @@ def from_domain(error: Exception) -> S3Error | None:
     for kind in type(error).__mro__:
         if kind in _DOMAIN:
             s3_error = _DOMAIN[kind]
-            # Domain messages are written for people; keep them unless they'd leak internals.
-            keep = s3_error not in (InternalError, ServiceUnavailable, AccessDenied)
-            return s3_error(str(error) if keep else None)
+            # S3's own words for the codes that have them (clients show them as S3 wrote
+            # them); the domain's, which say why, for a bare InvalidArgument.
+            message = str(error) if s3_error is InvalidArgument else None
+            return s3_error(message, **_fields(error))
     return None
+
+
+def _fields(error: Exception) -> dict[str, str]:
+    """The elements of S3's error body that a domain error has the facts for."""
+    if isinstance(error, metadata.EntityTooSmall):
+        return {
+            "ProposedSize": str(error.size),
+            "MinSizeAllowed": str(error.minimum),
+            "PartNumber": str(error.part_number),
+        }
+    return {}
 
 
 def by_code(code: str, message: str) -> S3Error:

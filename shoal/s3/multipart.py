@@ -26,7 +26,6 @@ from shoal.s3.errors import (
     BadDigest,
     InvalidArgument,
     InvalidPart,
-    InvalidRange,
     InvalidRequest,
     MalformedXML,
     NoSuchUpload,
@@ -50,6 +49,8 @@ from shoal.storage.checksums import (
 
 XML = "application/xml"
 MAX_COMPLETE_BODY = 4 * 1024 * 1024
+# The largest part-number-marker S3 takes (a signed 32-bit integer).
+MAX_MARKER = 2**31 - 1
 CHECKSUM_TYPES = ("COMPOSITE", "FULL_OBJECT")
 _CHECKSUM_TAGS = {name: f"Checksum{name.upper()}" for name in S3_CHECKSUMS}
 
@@ -209,7 +210,8 @@ def _copy_range(header: str | None, size: int) -> tuple[int, int]:
         )
     first, last = h.range_number(match[1]), h.range_number(match[2])
     if first > last or last >= size:
-        raise InvalidRange(ActualObjectSize=str(size))
+        # Not a GET's 416: a copy must have every byte it names (S3 answers the same).
+        raise InvalidArgument(f"Range specified is not valid for source object of size: {size}")
     return first, last + 1
 
 
@@ -377,7 +379,13 @@ async def list_parts(call: Call) -> http.Response:
     try:
         after = int(call.query.get("part-number-marker", "0"))
     except ValueError:
-        raise InvalidArgument("part-number-marker must be an integer") from None
+        after = -1
+    if not 0 <= after <= MAX_MARKER:
+        raise InvalidArgument(
+            f"Argument part-number-marker must be an integer between 0 and {MAX_MARKER}",
+            ArgumentName="part-number-marker",
+            ArgumentValue=call.query.get("part-number-marker", ""),
+        )
     limit = max_keys(call, "max-parts")
     upload = await call.store.uploads.get(call.account, call.bucket, call.key, upload_id(call))
     parts = await call.store.uploads.list_parts(

@@ -29,6 +29,7 @@ from shoal.s3.errors import (
     KeyTooLongError,
     MalformedXML,
     NoSuchKey,
+    NotImplementedByShoal,
     PreconditionFailed,
     S3Error,
     from_domain,
@@ -85,7 +86,10 @@ def conditional_write(call: Call) -> WriteConditions:
     try:
         unless = _write_condition(if_none_match)
     except PreconditionFailed:
-        unless = None  # not an ETag Shoal makes: no version matches it, so the write goes on
+        # Neither `*` nor an ETag (`true`, a typo): S3 takes only `*` on a write and answers
+        # any other value 501. Shoal also takes an ETag, but never writes past a condition
+        # it cannot read.
+        raise NotImplementedByShoal(Header="If-None-Match") from None
     return {
         "if_match": _write_condition(call.request.headers.get("If-Match")),
         "if_none_match": unless,

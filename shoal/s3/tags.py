@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from urllib.parse import parse_qsl
 
 from shoal.s3 import xml as s3xml
-from shoal.s3.errors import InvalidArgument, InvalidTag, MalformedXML
+from shoal.s3.errors import BadRequest, InvalidArgument, InvalidTag, MalformedXML
 
 MAX_OBJECT_TAGS = 10
 MAX_BUCKET_TAGS = 50
@@ -34,7 +34,7 @@ def checked(pairs: list[tuple[str, str]], limit: int) -> Tags:
     if len(pairs) > limit:
         if limit == MAX_BUCKET_TAGS:
             raise InvalidTag(f"Bucket tag count cannot be greater than {limit}")
-        raise InvalidTag(f"Object tags cannot be greater than {limit}")
+        raise BadRequest(f"Object tags cannot be greater than {limit}")  # S3's code for it
     tags: Tags = {}
     for key, value in pairs:
         if len(key) > MAX_KEY_CHARS:

@@ -289,6 +289,21 @@ def test_upload_part_copy(s3: Any, bucket: str) -> None:
         CopySource={"Bucket": bucket, "Key": "src"},
         CopySourceRange=f"bytes={5 * MiB}-{6 * MiB - 1}",
     )
+    for past_the_source in (f"bytes=0-{6 * MiB}", f"bytes={6 * MiB}-{6 * MiB + 1}", "bytes=2-1"):
+        with pytest.raises(ClientError) as refused:
+            s3.upload_part_copy(
+                Bucket=bucket,
+                Key="dst",
+                UploadId=upload,
+                PartNumber=3,
+                CopySource={"Bucket": bucket, "Key": "src"},
+                CopySourceRange=past_the_source,
+            )
+        error = refused.value.response["Error"]
+        assert (error["Code"], error["Message"]) == (
+            "InvalidArgument",
+            f"Range specified is not valid for source object of size: {6 * MiB}",
+        )
     etags = [first["CopyPartResult"]["ETag"], second["CopyPartResult"]["ETag"]]
     complete_upload(s3, bucket, "dst", upload, etags)
     assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == body

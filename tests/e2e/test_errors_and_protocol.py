@@ -176,3 +176,54 @@ def test_other_accounts_see_nothing_of_mine(served: Served, bucket: str) -> None
         o["Key"] for o in served.client().list_objects_v2(Bucket=bucket)["Contents"]
     ]
     assert "intruder" not in names
+
+
+def test_errors_say_s3_s_words_and_carry_s3_s_elements(served: Served, bucket: str) -> None:
+    """Clients show an error's Message as S3 wrote it; the metadata tier's own words (which
+    name internal ids) never reach them, and the elements S3 adds to a code are there."""
+    s3 = served.client()
+
+    def error_of(call: Any, **kwargs: Any) -> dict[str, str]:
+        with pytest.raises(ClientError) as refused:
+            call(**kwargs)
+        return dict(refused.value.response["Error"])
+
+    assert error_of(s3.get_object, Bucket=bucket, Key="missing")["Message"] == (
+        "The specified key does not exist."
+    )
+    assert error_of(s3.list_objects_v2, Bucket=unique("absent"))["Message"] == (
+        "The specified bucket does not exist"
+    )
+    stale = '"' + "0" * 32 + '"'
+    failed = error_of(s3.put_object, Bucket=bucket, Key="k", Body=b"v", IfMatch=stale)
+    assert (failed["Code"], failed["Message"]) == (
+        "PreconditionFailed",
+        "At least one of the pre-conditions you specified did not hold",
+    )
+
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="parts")["UploadId"]
+    etags = [
+        s3.upload_part(Bucket=bucket, Key="parts", UploadId=upload, PartNumber=n, Body=b"small")[
+            "ETag"
+        ]
+        for n in (1, 2)
+    ]
+    parts = [{"PartNumber": n, "ETag": etag} for n, etag in zip((1, 2), etags, strict=True)]
+    small = error_of(
+        s3.complete_multipart_upload,
+        Bucket=bucket,
+        Key="parts",
+        UploadId=upload,
+        MultipartUpload={"Parts": parts},
+    )
+    assert small == {
+        "Resource": f"/{bucket}/parts",
+        "Code": "EntityTooSmall",
+        "Message": "Your proposed upload is smaller than the minimum allowed size",
+        "ProposedSize": "5",
+        "MinSizeAllowed": str(5 * 1024 * 1024),
+        "PartNumber": "1",
+    }
+    marker = raw_request(served, "GET", f"/{bucket}/parts?uploadId={upload}&part-number-marker=-1")
+    assert (marker.status, code_of(marker.body)) == (400, "InvalidArgument")
+    assert b"<ArgumentName>part-number-marker</ArgumentName>" in marker.body

@@ -60,9 +60,13 @@ def test_if_match_any_needs_the_key_and_if_none_match_an_etag_refuses_only_it(
     )
     s3.put_object(Bucket=bucket, Key="k", Body=b"4", IfNoneMatch=first["ETag"])
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"4"
-    # A value that is no ETag at all matches nothing: the write goes on.
-    s3.put_object(Bucket=bucket, Key="k", Body=b"5", IfNoneMatch='"not-an-etag"')
-    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"5"
+    # A value that is neither `*` nor an ETag is refused as S3 refuses it, never ignored.
+    for garbage in ('"not-an-etag"', "true"):
+        assert (
+            error_code(s3.put_object, Bucket=bucket, Key="k", Body=b"5", IfNoneMatch=garbage)
+            == "NotImplemented"
+        )
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"4"
 
 
 def test_racing_conditional_puts_let_exactly_one_win(served: Served, bucket: str) -> None:

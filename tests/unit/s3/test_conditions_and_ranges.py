@@ -214,8 +214,12 @@ def test_a_part_copy_s_source_range(header: str | None, expected: tuple[int, int
 
 @pytest.mark.parametrize("header", ["bytes=0-100", "bytes=10-9", "bytes=100-100"])
 def test_a_part_copy_s_source_range_must_lie_within_the_source(header: str) -> None:
-    with pytest.raises(InvalidRange):
+    with pytest.raises(InvalidArgument) as refused:
         _copy_range(header, SIZE)
+    assert refused.value.status == 400
+    assert (
+        refused.value.message == f"Range specified is not valid for source object of size: {SIZE}"
+    )
 
 
 @pytest.mark.parametrize("header", ["bytes=0-", "bytes=-10", "bytes=0-1,2-3", "0-9"])
