@@ -36,6 +36,7 @@ from shoal.s3.errors import (
     IncompleteBody,
     InternalError,
     MaxMessageLengthExceeded,
+    PreconditionFailed,
     RequestTimeout,
     S3Error,
     ServiceUnavailable,
@@ -346,6 +347,12 @@ def _error_response(request: http.Request, request_id: str, error: S3Error) -> h
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     if error.status == 416 and "ActualObjectSize" in error.fields:
         headers["Content-Range"] = f"bytes */{error.fields['ActualObjectSize']}"
+    if isinstance(error, PreconditionFailed) and "Condition" not in error.fields:
+        # A write's or a delete's condition, which the metadata tier checked: the request
+        # carries one of the two at most.
+        sent = [name for name in ("If-Match", "If-None-Match") if name in request.headers]
+        if sent:
+            error.fields["Condition"] = sent[0]
     if request.method == "HEAD":
         return http.Response(status=error.status, headers=headers)
     body = s3xml.error_document(error.code, error.message, request.path, request_id, error.fields)

@@ -182,15 +182,19 @@ def check_conditions(version: ObjectVersion, headers: Mapping[str, str], prefix:
     modified = version.modified.replace(microsecond=0)
     if if_match is not None:
         if not etag_matches(version.etag, if_match):
-            raise PreconditionFailed()
+            raise PreconditionFailed(Condition=prefix + "If-Match")
     elif unmodified_since is not None and modified > unmodified_since:
-        raise PreconditionFailed()
-    not_modified = PreconditionFailed() if prefix else NotModified()
+        raise PreconditionFailed(Condition=prefix + "If-Unmodified-Since")
     if if_none_match is not None:
         if etag_matches(version.etag, if_none_match):
-            raise not_modified
+            raise _not_modified(prefix, "If-None-Match")
     elif modified_since is not None and modified <= modified_since:
-        raise not_modified
+        raise _not_modified(prefix, "If-Modified-Since")
+
+
+def _not_modified(prefix: str, condition: str) -> Exception:
+    """A failed If-None-Match or If-Modified-Since: 304 on a read, 412 on a copy's source."""
+    return PreconditionFailed(Condition=prefix + condition) if prefix else NotModified()
 
 
 def if_range_holds(version: ObjectVersion, header: str | None) -> bool:

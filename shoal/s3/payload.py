@@ -10,6 +10,7 @@ go into the metadata row (docs/s3.md, "Small objects").
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import uuid
@@ -129,8 +130,7 @@ async def store_body(
     try:
         if length is not None and result.size != length:
             raise IncompleteBody()
-        if expected_md5 is not None and expected_md5 != result.md5:
-            raise BadDigest()
+        check_md5(expected_md5, result.md5)
         verify_checksums(result.checksums, {**dict(headers), **dict(trailers)})
     except BaseException:
         await discard(data, version_id, result)
@@ -184,9 +184,19 @@ def check_small_body(headers: Mapping[str, str], trailers: Mapping[str, str], bo
     expected_md5 = h.content_md5(sent)
     digests = Digests(requested_checksums(sent))
     digests.update(body)
-    if expected_md5 is not None and expected_md5 != digests.md5:
-        raise BadDigest()
+    check_md5(expected_md5, digests.md5)
     verify_checksums(digests.s3_values(), sent)
+
+
+def check_md5(expected: bytes | None, calculated: bytes) -> None:
+    """BadDigest unless a body's MD5 is the one its Content-MD5 named (if it named one),
+    with the two digests as S3 gives them: the expected one in hex, the one calculated in
+    base64."""
+    if expected is not None and expected != calculated:
+        raise BadDigest(
+            ExpectedDigest=expected.hex(),
+            CalculatedDigest=base64.b64encode(calculated).decode(),
+        )
 
 
 def digest_sent(headers: Mapping[str, str], trailers: Mapping[str, str]) -> bool:

@@ -449,9 +449,14 @@ def test_missing_things(s3: Any, bucket: str) -> None:
 
 def test_bad_content_md5(s3: Any, bucket: str) -> None:
     wrong = base64.b64encode(hashlib.md5(b"other").digest()).decode()
-    assert (
-        error_code(s3.put_object, Bucket=bucket, Key="m", Body=b"data", ContentMD5=wrong)
-        == "BadDigest"
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=bucket, Key="m", Body=b"data", ContentMD5=wrong)
+    error = refused.value.response["Error"]
+    # The two digests as S3 names them: the expected one in hex, the one received in base64.
+    assert (error["Code"], error["ExpectedDigest"], error["CalculatedDigest"]) == (
+        "BadDigest",
+        hashlib.md5(b"other").hexdigest(),
+        base64.b64encode(hashlib.md5(b"data").digest()).decode(),
     )
     assert (
         error_code(s3.put_object, Bucket=bucket, Key="m", Body=b"data", ContentMD5="bm90LW1kNQ==")

@@ -196,9 +196,23 @@ def test_errors_say_s3_s_words_and_carry_s3_s_elements(served: Served, bucket: s
     )
     stale = '"' + "0" * 32 + '"'
     failed = error_of(s3.put_object, Bucket=bucket, Key="k", Body=b"v", IfMatch=stale)
-    assert (failed["Code"], failed["Message"]) == (
+    assert (failed["Code"], failed["Message"], failed["Condition"]) == (
         "PreconditionFailed",
         "At least one of the pre-conditions you specified did not hold",
+        "If-Match",
+    )
+    read = error_of(s3.get_object, Bucket=bucket, Key="k", IfUnmodifiedSince=datetime(2000, 1, 1))
+    assert (read["Code"], read["Condition"]) == ("PreconditionFailed", "If-Unmodified-Since")
+    copied = error_of(
+        s3.copy_object,
+        Bucket=bucket,
+        Key="copy",
+        CopySource={"Bucket": bucket, "Key": "k"},
+        CopySourceIfNoneMatch="*",
+    )
+    assert (copied["Code"], copied["Condition"]) == (
+        "PreconditionFailed",
+        "x-amz-copy-source-If-None-Match",
     )
 
     upload = s3.create_multipart_upload(Bucket=bucket, Key="parts")["UploadId"]
