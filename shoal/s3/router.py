@@ -207,6 +207,30 @@ _CONFIGURATIONS = {
 }
 
 
+# The sub-resources of a bucket and of an object that name an operation of their own, with
+# the methods that have one. Any other method on them is 405: a DELETE /bucket?uploads is
+# never a DeleteBucket, nor a PUT /bucket/key?uploads a PutObject.
+_BUCKET_SUBRESOURCE_METHODS = {
+    "location": {"GET"},
+    "versioning": {"GET", "PUT"},
+    "versions": {"GET"},
+    "uploads": {"GET"},
+    "list-type": {"GET"},
+    "delete": {"POST"},
+}
+_OBJECT_SUBRESOURCE_METHODS = {
+    "uploads": {"POST"},
+    "attributes": {"GET"},
+    "partNumber": {"GET", "HEAD", "PUT"},
+}
+
+
+def _check_method(method: str, query: Mapping[str, str], allowed: Mapping[str, set[str]]) -> None:
+    for resource, methods in allowed.items():
+        if resource in query and method not in methods:
+            raise MethodNotAllowed()
+
+
 def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
     if "acl" in query:
         return _tagging_endpoint(method, _BUCKET_ACL)
@@ -223,6 +247,7 @@ def _bucket_endpoint(method: str, query: Mapping[str, str]) -> Endpoint:
             if method not in endpoints:
                 raise MethodNotAllowed()
             return endpoints[method]
+    _check_method(method, query, _BUCKET_SUBRESOURCE_METHODS)
     if method == "HEAD":
         return Endpoint.HeadBucket
     if method == "GET":
@@ -250,6 +275,7 @@ def _object_endpoint(method: str, query: Mapping[str, str], copy_source: bool) -
         return _tagging_endpoint(method, _OBJECT_ACL)
     if "tagging" in query:
         return _tagging_endpoint(method, _OBJECT_TAGGING)
+    _check_method(method, query, _OBJECT_SUBRESOURCE_METHODS)
     upload = "uploadId" in query
     if method == "GET":
         if "attributes" in query:

@@ -241,3 +241,19 @@ def test_errors_say_s3_s_words_and_carry_s3_s_elements(served: Served, bucket: s
     marker = raw_request(served, "GET", f"/{bucket}/parts?uploadId={upload}&part-number-marker=-1")
     assert (marker.status, code_of(marker.body)) == (400, "InvalidArgument")
     assert b"<ArgumentName>part-number-marker</ArgumentName>" in marker.body
+
+
+def test_a_sub_resource_with_a_method_it_lacks_is_refused_never_the_plain_operation(
+    served: Served, bucket: str
+) -> None:
+    """DELETE /bucket?uploads once deleted the bucket, DELETE /bucket/key?uploads the key."""
+    s3 = served.client()
+    for method, path in [
+        ("DELETE", f"/{bucket}?uploads"),
+        ("DELETE", f"/{bucket}?versions"),
+        ("DELETE", f"/{bucket}/k?uploads"),
+        ("PUT", f"/{bucket}/k?uploads"),
+    ]:
+        answer = raw_request(served, method, path)
+        assert (answer.status, code_of(answer.body)) == (405, "MethodNotAllowed"), path
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"value"

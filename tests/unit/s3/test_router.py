@@ -276,6 +276,15 @@ def test_buckets_cannot_be_made_versioned() -> None:
         ("HEAD", BUCKET, {"tagging": ""}),
         ("POST", OBJECT, {"tagging": ""}),
         ("DELETE", OBJECT, {"acl": ""}),
+        # A sub-resource with the wrong method is never the plain operation: a DELETE
+        # /bucket?uploads deleted the bucket, a DELETE /bucket/key?uploads the object.
+        *(("DELETE", BUCKET, {r: ""}) for r in ("uploads", "versions", "location", "delete")),
+        ("DELETE", BUCKET, {"list-type": "2"}),
+        *(("PUT", BUCKET, {r: ""}) for r in ("uploads", "versions", "location", "delete")),
+        ("POST", BUCKET, {"uploads": ""}),
+        ("DELETE", OBJECT, {"uploads": ""}),
+        ("PUT", OBJECT, {"uploads": ""}),
+        ("DELETE", OBJECT, {"partNumber": "1"}),
     ],
 )
 def test_a_method_an_operation_does_not_have_is_not_allowed(
