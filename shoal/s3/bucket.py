@@ -81,10 +81,17 @@ def encode_token(marker: str | None) -> str | None:
 
 
 def decode_token(token: str) -> str:
+    """The marker a continuation token names (encode_token's). Strict: b64decode would skip
+    bytes outside the alphabet, and a damaged token would restart the listing."""
     try:
-        return base64.urlsafe_b64decode(token.encode()).decode("utf-8")
+        raw = base64.b64decode(token.encode(), altchars=b"-_", validate=True)
+        return raw.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgument("The continuation token provided is incorrect") from None
+        raise InvalidArgument(
+            "The continuation token provided is incorrect",
+            ArgumentName="continuation-token",
+            ArgumentValue=token,
+        ) from None
 
 
 @handles(Endpoint.CreateBucket)

@@ -20,12 +20,10 @@ MAX_KEYS = 1000
 
 def max_keys(call: Call, parameter: str = "max-keys") -> int:
     raw = call.query.get(parameter, str(MAX_KEYS))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(
-            f"Provided {parameter} not an integer or within integer range"
-        ) from None
+    # ASCII digits and a sign only: int() would also take "1_0", " 5" and other scripts' digits.
+    if re.fullmatch(r"-?[0-9]+", raw) is None:
+        raise InvalidArgument(f"Provided {parameter} not an integer or within integer range")
+    value = int(raw)
     if value < 0:
         raise InvalidArgument(f"{parameter} must not be negative")
     return min(value, MAX_KEYS)

@@ -30,7 +30,7 @@ from shoal.s3.errors import (
     MalformedXML,
     NoSuchUpload,
 )
-from shoal.s3.listing import max_keys
+from shoal.s3.listing import encoder, max_keys
 from shoal.s3.objects import (
     MAX_PART_NUMBER,
     check_key,
@@ -424,6 +424,7 @@ async def list_parts(call: Call) -> http.Response:
 
 @handles(Endpoint.ListMultipartUploads)
 async def list_multipart_uploads(call: Call) -> http.Response:
+    encode = encoder(call)  # encoding-type=url: keys, prefixes and markers percent-encoded
     limit = max_keys(call, "max-uploads")
     prefix = call.query.get("prefix", "")
     delimiter = call.query.get("delimiter", "")
@@ -449,17 +450,18 @@ async def list_multipart_uploads(call: Call) -> http.Response:
         "ListMultipartUploadsResult",
         {
             "Bucket": call.bucket,
-            "KeyMarker": key_marker,
+            "KeyMarker": encode(key_marker),
             "UploadIdMarker": id_marker or "",
-            "NextKeyMarker": _entry_key(last) if last is not None else None,
+            "NextKeyMarker": encode(_entry_key(last)) if last is not None else None,
             "NextUploadIdMarker": str(last.id) if isinstance(last, Upload) else None,
-            "Delimiter": delimiter or None,
-            "Prefix": prefix,
+            "Delimiter": encode(delimiter or None),
+            "Prefix": encode(prefix),
             "MaxUploads": limit,
             "IsTruncated": truncated,
+            "EncodingType": call.query.get("encoding-type"),
             "Upload": [
                 {
-                    "Key": u.name,
+                    "Key": encode(u.name),
                     "UploadId": str(u.id),
                     "Initiator": owner_tree(call),
                     "Owner": owner_tree(call),
@@ -471,7 +473,7 @@ async def list_multipart_uploads(call: Call) -> http.Response:
                 if isinstance(u, Upload)
             ],
             "CommonPrefixes": [
-                {"Prefix": p.prefix} for p in entries if isinstance(p, CommonPrefix)
+                {"Prefix": encode(p.prefix)} for p in entries if isinstance(p, CommonPrefix)
             ],
         },
     )

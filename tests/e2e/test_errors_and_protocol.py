@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from botocore.auth import S3SigV4QueryAuth
@@ -257,3 +258,26 @@ def test_a_sub_resource_with_a_method_it_lacks_is_refused_never_the_plain_operat
         answer = raw_request(served, method, path)
         assert (answer.status, code_of(answer.body)) == (405, "MethodNotAllowed"), path
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"value"
+
+
+def test_listing_parameters_are_read_as_s3_reads_them(served: Served, bucket: str) -> None:
+    """A damaged continuation token is refused (it never restarts the listing), max-keys is
+    ASCII digits only, and ListMultipartUploads percent-encodes what it names when asked."""
+    s3 = served.client()
+    for token in ("%21%21%21", "a", "a" * 5):  # "!!!", and lengths base64 never has
+        answer = raw_request(served, "GET", f"/{bucket}?list-type=2&continuation-token={token}")
+        assert (answer.status, code_of(answer.body)) == (400, "InvalidArgument"), token
+        assert b"<ArgumentName>continuation-token</ArgumentName>" in answer.body
+    for count in ("1_0", "%2B5", "%D9%A1"):  # 1_0, +5, an Arabic-Indic one
+        answer = raw_request(served, "GET", f"/{bucket}?list-type=2&max-keys={count}")
+        assert (answer.status, code_of(answer.body)) == (400, "InvalidArgument"), count
+    key = "up/a b%+é"
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    try:
+        answer = raw_request(served, "GET", f"/{bucket}?uploads=&encoding-type=url&prefix=up%2F")
+        assert b"<Key>up/a%20b%25%2B%C3%A9</Key>" in answer.body
+        assert b"<EncodingType>url</EncodingType>" in answer.body
+        listed = s3.list_multipart_uploads(Bucket=bucket, Prefix="up/", EncodingType="url")
+        assert [unquote(u["Key"]) for u in listed["Uploads"]] == [key]
+    finally:
+        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
