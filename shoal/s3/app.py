@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 from shoal import logs
 from shoal.config import S3Config
@@ -111,6 +111,15 @@ class Call:
     def key(self) -> str:
         assert self.where.key is not None
         return self.where.key
+
+    @property
+    def object_url(self) -> str:
+        """The object's URL, addressed as this request addressed it (an answer's
+        `Location`): its key percent-encoded, as S3 gives it."""
+        host = self.request.host or "localhost"
+        if self.where.virtual:
+            return f"http://{host}/{quote(self.key)}"
+        return f"http://{host}/{quote(self.bucket)}/{quote(self.key)}"
 
     @property
     def store(self) -> MetadataStore:

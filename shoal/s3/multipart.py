@@ -269,7 +269,7 @@ async def complete_multipart_upload(call: Call) -> http.Response:
     body = s3xml.document(
         "CompleteMultipartUploadResult",
         {
-            "Location": f"/{call.bucket}/{call.key}",
+            "Location": call.object_url,
             "Bucket": call.bucket,
             "Key": call.key,
             "ETag": f'"{made.etag}"',

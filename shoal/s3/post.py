@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from shoal.s3 import formdata, http, payload, sigv4, tags
 from shoal.s3 import headers as h
@@ -290,7 +290,7 @@ async def _with_limit(source: AsyncIterator[bytes], high: int) -> AsyncIterator[
 
 
 def _answer(call: Call, form: PostedForm, etag: str) -> http.Response:
-    headers = {"ETag": etag, "Location": _location(call)}
+    headers = {"ETag": etag, "Location": call.object_url}
     redirect = form.fields.get("success_action_redirect") or form.fields.get("redirect")
     if redirect:
         parts = urlsplit(redirect)
@@ -307,11 +307,3 @@ def _answer(call: Call, form: PostedForm, etag: str) -> http.Response:
         {"Location": headers["Location"], "Bucket": call.bucket, "Key": call.key, "ETag": etag},
     )
     return http.Response(status=201, headers=headers, body=body, content_type="application/xml")
-
-
-def _location(call: Call) -> str:
-    host = call.request.host or "localhost"
-    scheme = "http"
-    if call.where.virtual:
-        return f"{scheme}://{host}/{quote(call.key)}"
-    return f"{scheme}://{host}/{quote(call.bucket)}/{quote(call.key)}"

@@ -8,6 +8,7 @@ import base64
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 from botocore.exceptions import ClientError
 
@@ -352,3 +353,17 @@ def test_complete_and_copy_answer_the_version_they_made_whatever_follows(
             racing = pool.submit(s3.put_object, Bucket=bucket, Key="raced", Body=b"y")
             assert copy() == source_etag, round_
             racing.result()
+
+
+def test_a_completed_upload_s_location_is_its_url(served: Served, s3: Any, bucket: str) -> None:
+    """CompleteMultipartUpload's Location is an absolute URL, its key percent-encoded."""
+    key = "mp loc/é+%"
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"x")["ETag"]
+    done = s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )
+    assert done["Location"] == f"{served.endpoint}/{bucket}/{quote(key)}"
