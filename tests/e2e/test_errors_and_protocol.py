@@ -242,6 +242,7 @@ def test_errors_say_s3_s_words_and_carry_s3_s_elements(served: Served, bucket: s
     marker = raw_request(served, "GET", f"/{bucket}/parts?uploadId={upload}&part-number-marker=-1")
     assert (marker.status, code_of(marker.body)) == (400, "InvalidArgument")
     assert b"<ArgumentName>part-number-marker</ArgumentName>" in marker.body
+    s3.abort_multipart_upload(Bucket=bucket, Key="parts", UploadId=upload)
 
 
 def test_a_sub_resource_with_a_method_it_lacks_is_refused_never_the_plain_operation(
@@ -249,15 +250,16 @@ def test_a_sub_resource_with_a_method_it_lacks_is_refused_never_the_plain_operat
 ) -> None:
     """DELETE /bucket?uploads once deleted the bucket, DELETE /bucket/key?uploads the key."""
     s3 = served.client()
+    s3.put_object(Bucket=bucket, Key="kept", Body=b"kept")
     for method, path in [
         ("DELETE", f"/{bucket}?uploads"),
         ("DELETE", f"/{bucket}?versions"),
-        ("DELETE", f"/{bucket}/k?uploads"),
-        ("PUT", f"/{bucket}/k?uploads"),
+        ("DELETE", f"/{bucket}/kept?uploads"),
+        ("PUT", f"/{bucket}/kept?uploads"),
     ]:
         answer = raw_request(served, method, path)
         assert (answer.status, code_of(answer.body)) == (405, "MethodNotAllowed"), path
-    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"value"
+    assert s3.get_object(Bucket=bucket, Key="kept")["Body"].read() == b"kept"
 
 
 def test_listing_parameters_are_read_as_s3_reads_them(served: Served, bucket: str) -> None:
