@@ -11,6 +11,7 @@ from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import InvalidArgument
+from shoal.s3.listing import whole_number
 from shoal.s3.multipart import checksum_elements
 from shoal.s3.objects import MAX_PART_NUMBER, check_key, check_null_version
 from shoal.s3.router import Endpoint
@@ -85,11 +86,8 @@ def _header_number(call: Call, header: str, default: int) -> int:
     raw = call.request.headers.get(header)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_PART_NUMBER:
+    value = whole_number(raw)
+    if value is None or not 0 <= value <= MAX_PART_NUMBER:
         raise InvalidArgument(f"{header} must be an integer between 0 and {MAX_PART_NUMBER}")
     return value
 

@@ -18,12 +18,16 @@ XML = "application/xml"
 MAX_KEYS = 1000
 
 
+def whole_number(raw: str) -> int | None:
+    """The integer a query parameter or header gives (ASCII digits, perhaps a minus), or
+    None: int() would also take "1_0", " 5" and other scripts' digits."""
+    return int(raw) if re.fullmatch(r"-?[0-9]+", raw) else None
+
+
 def max_keys(call: Call, parameter: str = "max-keys") -> int:
-    raw = call.query.get(parameter, str(MAX_KEYS))
-    # ASCII digits and a sign only: int() would also take "1_0", " 5" and other scripts' digits.
-    if re.fullmatch(r"-?[0-9]+", raw) is None:
+    value = whole_number(call.query.get(parameter, str(MAX_KEYS)))
+    if value is None:
         raise InvalidArgument(f"Provided {parameter} not an integer or within integer range")
-    value = int(raw)
     if value < 0:
         raise InvalidArgument(f"{parameter} must not be negative")
     return min(value, MAX_KEYS)

@@ -30,7 +30,7 @@ from shoal.s3.errors import (
     MalformedXML,
     NoSuchUpload,
 )
-from shoal.s3.listing import encoder, max_keys
+from shoal.s3.listing import encoder, max_keys, whole_number
 from shoal.s3.objects import (
     MAX_PART_NUMBER,
     check_key,
@@ -376,11 +376,8 @@ async def abort_multipart_upload(call: Call) -> http.Response:
 @handles(Endpoint.ListParts)
 async def list_parts(call: Call) -> http.Response:
     check_key(call.key)
-    try:
-        after = int(call.query.get("part-number-marker", "0"))
-    except ValueError:
-        after = -1
-    if not 0 <= after <= MAX_MARKER:
+    after = whole_number(call.query.get("part-number-marker", "0"))
+    if after is None or not 0 <= after <= MAX_MARKER:
         raise InvalidArgument(
             f"Argument part-number-marker must be an integer between 0 and {MAX_MARKER}",
             ArgumentName="part-number-marker",
