@@ -630,7 +630,9 @@ def delete_blocks(
     """(shark, url, block name, record key) -> one BatchOutcome per request of <= 1,000 names.
 
     A node that fails a batch marks its blocks not gone, so their records stay for a later
-    run. A block already missing counts as gone.
+    run, and is sent none of its later batches (they fail with its reason): a node that
+    hangs costs a task seconds once, not for each batch. A block already missing counts as
+    gone.
     """
     by_node: dict[tuple[str, str], list[tuple[str, Any]]] = {}
     for shark, url, name, key in rows:
@@ -639,9 +641,15 @@ def delete_blocks(
     calls = 0
     for (shark, url), blocks in by_node.items():
         batches = [blocks[i : i + DELETE_BATCH] for i in range(0, len(blocks), DELETE_BATCH)]
+        failed = ""  # why the node failed a batch: its later batches are not sent
         for first in range(0, len(batches), DELETES_IN_FLIGHT):
             group = batches[first : first + DELETES_IN_FLIGHT]
-            deleted = run_async(_delete_batches(access, url, [[n for n, _ in b] for b in group]))
+            if failed:
+                for batch in group:
+                    yield [key for _, key in batch], False, 0, shark, failed
+                continue
+            names = [[n for n, _ in b] for b in group]
+            deleted = run_async(_delete_batches(access, shark, url, names))
             for batch, count in zip(group, deleted, strict=True):
                 calls += 1
                 if fault_after is not None and calls >= fault_after:
@@ -650,15 +658,17 @@ def delete_blocks(
                     os._exit(3)  # fault injection: a crash after K delete requests
                 keys = [key for _, key in batch]
                 if isinstance(count, str):
+                    failed = failed or count
                     yield keys, False, 0, shark, count
                 else:
                     yield keys, True, count, shark, ""
 
 
 async def _delete_batches(
-    access: ClientSettings, url: str, batches: list[list[str]]
+    access: ClientSettings, shark: str, url: str, batches: list[list[str]]
 ) -> list[int | str]:
-    """Send the batches to one node at once; per batch the node's count, or why it failed."""
+    """Send the batches to one node at once; per batch the node's count, or why it failed.
+    A node that hangs fails them within seconds (BlockClient.while_answering)."""
     from shoal.storage import NodeError
 
     if not url:
@@ -672,7 +682,8 @@ async def _delete_batches(
             return str(exc) or type(exc).__name__
 
     try:
-        return list(await asyncio.gather(*(one(names) for names in batches)))
+        sending = asyncio.gather(*(one(names) for names in batches))
+        return list(await client.while_answering(url, sending, shark))
     finally:
         await client.close()
 

@@ -16,10 +16,10 @@ import ctypes
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode, urlsplit
 
 from shoal.storage import auth
@@ -35,6 +35,15 @@ KEEP_IDLE_SECONDS = 15
 MAX_HEAD_BYTES = 64 * 1024
 # The largest body read whole: a block (blockfile.MAX_BLOCK_BYTES) or a page of inventory.
 MAX_BODY_BYTES = MAX_BLOCK_BYTES + 1024 * 1024
+# A node is asked its /status this often while calls to it run under `while_answering`, as
+# the gateway's readiness check asks every node; each check gives it this long to answer.
+WATCH_SECONDS = 1.0
+WATCH_ANSWER_SECONDS = 1.0
+# Checks in a row a node must miss before the calls waiting on it are given up: one missed
+# check alone is a node busy for a moment.
+SILENT_CHECKS_TO_GIVE_UP = 2
+
+T = TypeVar("T")
 
 # CPython's constructor of a bytearray from a pointer and a length: with no pointer, it
 # leaves the new bytearray's bytes as its memory held them.
@@ -172,6 +181,33 @@ class BlockClient:
         except Exception:
             return None
         return status if shark is None or status.shark == shark else None
+
+    async def while_answering(self, url: str, work: Awaitable[T], shark: str | None = None) -> T:
+        """`work` (calls to the node at `url`), with the node asked its /status every
+        WATCH_SECONDS meanwhile. Once it misses SILENT_CHECKS_TO_GIVE_UP checks in a row, the
+        calls waiting on it are given up (`abandon`: each raises NodeUnreachable), so that a
+        node that hangs costs the work a few seconds, not READ_TIMEOUT_SECONDS a call. For
+        work that no readiness check watches (GC, the pipeline's tasks); a call that ends
+        within WATCH_SECONDS costs no check."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=WATCH_SECONDS)
+                missed = 0
+                while (
+                    not task.done()
+                    and await self.status_within(url, WATCH_ANSWER_SECONDS, shark) is None
+                ):
+                    missed += 1
+                    if missed >= SILENT_CHECKS_TO_GIVE_UP:
+                        self.abandon(url, f"storage node {url} did not answer {missed} checks")
+                        break
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def abandon(self, url: str, reason: str) -> None:
         """Give up every request waiting on the node at `url` (each raises NodeUnreachable

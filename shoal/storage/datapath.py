@@ -35,7 +35,12 @@ from typing import Any, Protocol
 from shoal.storage import placement
 from shoal.storage.blockfile import block_name, checksum_of, in_thread
 from shoal.storage.checksums import S3_CHECKSUMS, Digests
-from shoal.storage.client import BlockClient, NodeError, NodeUnreachable
+from shoal.storage.client import (
+    SILENT_CHECKS_TO_GIVE_UP,
+    BlockClient,
+    NodeError,
+    NodeUnreachable,
+)
 from shoal.storage.placement import Node
 
 log = logging.getLogger("shoal.storage")
@@ -54,8 +59,6 @@ DELETES_IN_FLIGHT = 4
 ABANDON_WAIT_SECONDS = 10
 # Digest work below this size is cheaper in the event loop than a hop to a thread.
 THREAD_THRESHOLD_BYTES = 64 * 1024
-# Health checks in a row a node must miss before the requests waiting on it are given up.
-SILENT_CHECKS_TO_GIVE_UP = 2
 # How long a node marked unreachable is given to answer its /status before a delete.
 STATUS_SECONDS = 1.0
 # glibc's mallopt parameters (malloc.h), and how much freed memory a process may keep.
@@ -343,10 +346,12 @@ class DataPath:
     async def delete_names(self, names: Mapping[str, Sequence[str]]) -> DeleteOutcome:
         """Delete the named blocks from each node (node -> block names on it): all nodes at
         once, each in requests of DELETE_BATCH names, DELETES_IN_FLIGHT at a time. A node
-        that fails a request is asked nothing more: its names wait for the next pass. One
-        that did not answer is marked unreachable, and while it is, its /status is asked
-        first (a second at most): a node that hangs costs a run one request's time-out and
-        a second a call, not a time-out for each batch."""
+        that fails a request is asked nothing more: its names wait for the next pass. While
+        requests are out, the node is asked its /status every second, and those waiting on
+        a node that missed two checks are given up (BlockClient.while_answering). One that
+        did not answer is marked unreachable, and while it is, its /status is asked first
+        (a second at most): a node that hangs costs a run about three seconds, then a
+        second a call, never a request's time-out."""
         outcome = DeleteOutcome()
         await asyncio.gather(
             *(self._delete_on(shark, share, outcome) for shark, share in names.items())
@@ -384,7 +389,8 @@ class DataPath:
             outcome.missing += len(batch) - deleted
 
         batches = [names[i : i + DELETE_BATCH] for i in range(0, len(names), DELETE_BATCH)]
-        for answer in await asyncio.gather(*map(request, batches), return_exceptions=True):
+        sending = asyncio.gather(*map(request, batches), return_exceptions=True)
+        for answer in await self.client.while_answering(url, sending, shark):
             if isinstance(answer, BaseException):
                 raise answer
 

@@ -18,10 +18,11 @@ import pytest
 
 from tests.fault.load import MixedLoad, iter_failures, statuses, wait_until
 from tests.fault.serve_tree import ServeTree, wait_for_new_process
+from tests.fault.serving import block_versions
 from tests.fixtures.admin import wait_until_ready
 from tests.fixtures.postgres import create_databases, unique
 from tests.fixtures.processes import stop
-from tests.fixtures.serve import RawResponse, raw_request
+from tests.fixtures.serve import SHOAL, RawResponse, raw_request
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,9 @@ HUNG_NODE_SECONDS = 20
 # the node silent twice in about two seconds and gives up what waits on it (DataPath.
 # node_silent); the rest is the machine's load.
 HUNG_NODE_WAIT_SECONDS = 8
+# The longest `shoal gc run` may take with one node stopped: its start, and a few seconds of
+# checks before the node's deletes are given up (not the node client's 60 s time-out).
+GC_HUNG_NODE_SECONDS = 30
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +180,52 @@ def test_a_hung_storage_node_costs_seconds_and_no_errors(tree: ServeTree) -> Non
     assert slowest.seconds < HUNG_NODE_WAIT_SECONDS, slowest
     assert any(o.op == "PUT" and o.started > stopped_at + 5 for o in during)
     load.verify(tree.client())
+
+
+def test_gc_run_gives_up_a_hung_node_in_seconds_and_reclaims_its_blocks_once_it_answers(
+    tree: ServeTree,
+) -> None:
+    """`shoal gc run` has no readiness check watching the nodes: with one node stopped, the
+    run asks it its /status while its deletes wait, fails that node's records within
+    seconds (exit 1), and keeps them; once the node answers, the next run reclaims them."""
+    assert tree.served is not None
+    wait_until_ready(tree.served)
+    client, bucket = tree.client(), unique("gc-hung")
+    client.create_bucket(Bucket=bucket)
+    body = os.urandom(256 * 1024)  # stored in blocks on both nodes, not in its row
+    keys = [f"k{n}" for n in range(4)]
+    for key in keys:
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+    versions = block_versions(tree.folder / "data")
+    for key in keys:
+        client.delete_object(Bucket=bucket, Key=key)
+    node = tree.storage_node("node1")
+
+    def gc_run() -> tuple[subprocess.CompletedProcess[str], float]:
+        started = time.monotonic()
+        done = subprocess.run(
+            [SHOAL, "gc", "run", "--leeway", "0s", "--config", str(tree.config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done, time.monotonic() - started
+
+    try:
+        stop(node.pid)
+        hung, seconds = gc_run()
+        # Read before it wakes up: the deletes it was sent may still reach it, and a block
+        # of a record kept for the next run may go now (that run counts it as gone).
+        kept = versions & block_versions(tree.folder / "data")
+    finally:
+        node.send_signal(signal.SIGCONT)
+    assert hung.returncode == 1, hung.stderr
+    assert "failed" in hung.stdout and "Traceback" not in hung.stderr
+    assert seconds < GC_HUNG_NODE_SECONDS, f"gc run took {seconds:.1f} s"
+    assert kept == versions  # the hung node's copies, which only it had to delete
+    answered, _ = gc_run()
+    assert answered.returncode == 0, answered.stdout + answered.stderr
+    assert not versions & block_versions(tree.folder / "data")
 
 
 def test_a_gateway_whose_nodes_stop_answering_says_503_fast(tree: ServeTree) -> None:

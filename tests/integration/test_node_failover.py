@@ -16,13 +16,17 @@ import pytest
 
 from shoal.cluster import RegistryDirectory
 from shoal.ids import uuid7
+from shoal.pipeline import io
 from shoal.readiness import Readiness
 from shoal.storage import (
     BlockRun,
+    ClientSettings,
     DataPath,
     DataUnavailable,
     ReplicasUnreachable,
     StorageUnavailable,
+    block_name,
+    names_by_node,
 )
 from tests.fixtures.processes import stop
 from tests.fixtures.storage import HEARTBEAT_DEADLINE, MakeStorage, StorageCluster, start_node
@@ -165,6 +169,50 @@ def test_a_node_that_hangs_is_marked_at_its_first_missed_check_and_given_up_at_i
     finally:
         hung.process.send_signal(signal.SIGCONT)
     assert got == data and seconds < 10  # not the node client's 60 s
+
+
+def test_deletes_on_a_node_that_hangs_are_given_up_in_seconds(
+    cluster: StorageCluster, run: Any
+) -> None:
+    """What GC and the pipeline's tasks do, with no readiness check watching the nodes: the
+    node is asked its /status while their deletes are out, and a hung one fails them within
+    seconds (BlockClient.while_answering), not the node client's 60 s. The other node's
+    blocks go; the hung node's wait for a later pass. A second pass finds the node marked
+    and fails at once."""
+    directory = RegistryDirectory(cluster.store, HEARTBEAT_DEADLINE, cluster.client)
+    path = DataPath(cluster.client, directory, block_size=MiB, replicas=2)
+    hung, alive = cluster.nodes
+    versions = [uuid7() for _ in range(3)]
+    written = [run(path.write(v, one_chunk(os.urandom(MiB)))) for v in versions]
+    runs = [BlockRun(v, MiB, MiB, w.sharks) for v, w in zip(versions, written, strict=True)]
+    names = names_by_node(runs)
+    assert sorted(names) == sorted([hung.shark, alive.shark])
+    access = ClientSettings(cluster.secret)
+    rows = [(n.shark, n.url, name, name) for n in cluster.nodes for name in names[n.shark]]
+    # Enough names for three rounds of requests to the hung node: only the first is sent.
+    rows += [(hung.shark, hung.url, block_name(uuid7(), 0), None) for _ in range(9000)]
+
+    def timed(work: Any) -> tuple[Any, float]:
+        started = time.monotonic()
+        return work(), time.monotonic() - started
+
+    try:
+        stop(hung.process.pid)
+        first, first_seconds = timed(lambda: run(path.delete_names(names)))
+        again, again_seconds = timed(lambda: run(path.delete_names(names)))
+        # The pipeline's orphan deletes: a client of their own, no directory.
+        orphans, orphans_seconds = timed(lambda: list(io.delete_blocks(rows, access)))
+    finally:
+        hung.process.send_signal(signal.SIGCONT)
+    assert first.failed_nodes == [hung.shark] and first.deleted == 3
+    assert "did not answer 2 checks" in first.reasons[hung.shark]
+    assert first_seconds < 10  # two missed checks of a second each, and their wait
+    assert again.failed_nodes == [hung.shark] and again_seconds < 3
+    failed = [outcome for outcome in orphans if not outcome[1]]
+    assert {outcome[3] for outcome in failed} == {hung.shark} and len(failed) == 10
+    assert orphans_seconds < 6  # one round's checks, not three rounds'
+    assert run(path.delete_names(names)).complete  # once it answers, the rest go
+    assert hung.block_files() == []
 
 
 def test_a_worker_takes_connections_once_ready_or_stopping(
