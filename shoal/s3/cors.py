@@ -11,12 +11,13 @@ that time, and a request without `Origin` costs nothing more.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
 from xml.etree.ElementTree import Element
 
-from shoal.metadata import BucketNotFound, MetadataError, MetadataStore
+from shoal.metadata import Bucket, BucketNotFound, MetadataError, MetadataStore
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import ANONYMOUS, Call, handles
@@ -148,16 +149,13 @@ async def preflight(store: MetadataStore, request: http.Request, where: Address)
     if not origin:
         raise BadRequest("Insufficient information. Origin request header needed.")
     method = request.headers.get("access-control-request-method")
+    rules = None if where.bucket is None else await _rules(store, None, where.bucket)
+    if rules is None:
+        # S3 names the bucket as the resource here, even for an object's URL.
+        raise AccessForbidden(NOT_ENABLED, Method=method or "OPTIONS", ResourceType="BUCKET")
     if method not in METHODS:
         raise BadRequest(f"Invalid Access-Control-Request-Method: {method or 'null'}")
     fields = {"Method": method, "ResourceType": "OBJECT" if where.key else "BUCKET"}
-    rules = None
-    if where.bucket is not None:
-        owner = await store.buckets.owner_of(where.bucket)
-        if owner is not None:
-            rules = await _rules(store, owner, where.bucket)
-    if rules is None:
-        raise AccessForbidden(NOT_ENABLED, **fields)
     request.response_headers["Vary"] = VARY
     asked = _header_list(request.headers.get("access-control-request-headers", ""))
     rule = _first_match(rules, origin, method, asked)
@@ -174,17 +172,13 @@ async def preflight(store: MetadataStore, request: http.Request, where: Address)
 
 async def add_headers(call: Call) -> None:
     """The `Access-Control-*` headers of a request with an `Origin` header to a bucket whose
-    rules allow it, on its answer whatever it is (an error's too, as S3 does)."""
+    rules allow it, on its answer whatever it is (an error's too, as S3 does). The rules
+    are the bucket's, whoever asks: its owner, another account or an anonymous browser."""
     origin = call.request.headers.get("origin")
     if not origin or call.where.bucket is None:
         return
     try:
-        owner: uuid.UUID | None = call.account
-        if owner == ANONYMOUS:  # a browser reading a public-read object: its owner's rules
-            owner = await call.store.buckets.owner_of(call.where.bucket)
-        if owner is None:
-            return
-        rules = await _rules(call.store, owner, call.where.bucket)
+        rules = await _rules(call.store, call.account, call.where.bucket)
     except MetadataError:
         return  # the operation itself will say what is wrong
     if rules is None:
@@ -243,10 +237,11 @@ _rules_seen: dict[uuid.UUID, tuple[float, list[Rule] | None]] = {}
 MAX_RULES_SEEN = 10_000
 
 
-async def _rules(store: MetadataStore, owner: uuid.UUID, name: str) -> list[Rule] | None:
-    try:
-        bucket = await store.buckets.get(owner, name)
-    except BucketNotFound:
+async def _rules(store: MetadataStore, caller: uuid.UUID | None, name: str) -> list[Rule] | None:
+    """The rules of the bucket `name`, whoever asks (None: no configuration, or no such
+    bucket)."""
+    bucket = await _bucket_named(store, caller, name)
+    if bucket is None:
         return None
     seen = _rules_seen.get(bucket.id)
     if seen is not None and time.monotonic() < seen[0]:
@@ -256,6 +251,20 @@ async def _rules(store: MetadataStore, owner: uuid.UUID, name: str) -> list[Rule
         _rules_seen.clear()
     _rules_seen[bucket.id] = (time.monotonic() + RULES_KEEP_SECONDS, rules)
     return rules
+
+
+async def _bucket_named(store: MetadataStore, caller: uuid.UUID | None, name: str) -> Bucket | None:
+    """The bucket `name`: first as the caller's own (the usual case, from the bucket cache),
+    else as the bucket of whichever account holds the name."""
+    if caller is not None and caller != ANONYMOUS:
+        with contextlib.suppress(BucketNotFound):
+            return await store.buckets.get(caller, name)
+    owner = await store.buckets.owner_of(name)
+    if owner is None or owner == caller:
+        return None
+    with contextlib.suppress(BucketNotFound):
+        return await store.buckets.get(owner, name)
+    return None
 
 
 def _forget() -> None:

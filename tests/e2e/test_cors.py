@@ -100,6 +100,11 @@ def test_preflight_answers_from_the_first_matching_rule(
     wildcard = preflight(served, f"/{bucket}", "https://a.example.com", "GET")
     assert wildcard.status == 200
     assert lowered(wildcard)["access-control-allow-origin"] == "https://a.example.com"
+    # With rules, a preflight must name a method S3 knows.
+    for method, named in ((None, b"null"), ("TRACE", b"TRACE")):
+        refused = preflight(served, f"/{bucket}/k", PAGE, method)
+        assert refused.status == 400 and b"<Code>BadRequest</Code>" in refused.body
+        assert b"Invalid Access-Control-Request-Method: " + named in refused.body
     anyone = preflight(served, f"/{bucket}/k", "http://elsewhere", "HEAD")
     assert anyone.status == 200
     assert lowered(anyone)["access-control-allow-origin"] == "*"
@@ -134,9 +139,14 @@ def test_preflight_without_rules_or_bucket_or_origin(served: Served, bucket: str
         assert refused.status == 403
         assert b"<Code>AccessForbidden</Code>" in refused.body
         assert b"CORS is not enabled for this bucket" in refused.body
+        # S3 names the bucket as the resource, for an object's URL too.
+        assert b"<Method>GET</Method><ResourceType>BUCKET</ResourceType>" in refused.body
     assert preflight(served, f"/{bucket}/k", None, "GET").status == 400
-    assert preflight(served, f"/{bucket}/k", PAGE, None).status == 400
-    assert preflight(served, f"/{bucket}/k", PAGE, "TRACE").status == 400
+    # Without rules, a preflight that names no method is refused as any other, as OPTIONS.
+    for method in (None, "TRACE"):
+        refused = preflight(served, f"/{bucket}/k", PAGE, method)
+        assert refused.status == 403 and b"CORS is not enabled" in refused.body
+        assert f"<Method>{method or 'OPTIONS'}</Method>".encode() in refused.body
 
 
 def test_requests_with_an_origin_get_access_control_headers(
@@ -166,3 +176,10 @@ def test_requests_with_an_origin_get_access_control_headers(
     assert "Origin" in lowered(deleting)["vary"]
     without = raw_request(served, "GET", f"/{bucket}/nothing")
     assert "access-control-allow-origin" not in lowered(without)
+    # The bucket's rules hold for another account's request too (here refused: the bucket
+    # is private), as for its owner's and an anonymous browser's.
+    stranger = raw_request(
+        served, "GET", f"/{bucket}/k", headers={"Origin": PAGE}, keys=served.other
+    )
+    assert stranger.status == 403
+    assert lowered(stranger)["access-control-allow-origin"] == PAGE
