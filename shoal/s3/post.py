@@ -1,8 +1,9 @@
-"""POST Object: a browser form's upload to a bucket, signed by a SigV4 POST policy.
+"""POST Object: a browser form's upload to a bucket, signed by a POST policy.
 
-The form's fields before its `file` field carry the signature (x-amz-algorithm,
-x-amz-credential, x-amz-date, policy, x-amz-signature): the policy, a base64 JSON document of
-an expiration and conditions, is what is signed, and every field must meet its conditions.
+The form's fields before its `file` field carry the signature (SigV4: x-amz-algorithm,
+x-amz-credential, x-amz-date, policy, x-amz-signature; SigV2: AWSAccessKeyId, policy,
+signature): the policy, a base64 JSON document of an expiration and conditions, is what is
+signed, and every field must meet its conditions.
 The file is streamed to the storage nodes as a PutObject body is (docs/s3.md, "POST Object").
 """
 
@@ -12,6 +13,7 @@ import base64
 import binascii
 import hmac
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from shoal.s3 import formdata, http, payload, sigv4, tags
+from shoal.s3 import formdata, http, payload, sigv2, sigv4, tags
 from shoal.s3 import headers as h
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, Gateway, handles
@@ -37,9 +39,12 @@ from shoal.s3.refusals import canned_acl, refuse_what_cannot_be_stored
 from shoal.s3.router import Address, Endpoint
 
 ALGORITHM = "AWS4-HMAC-SHA256"
-# Fields no condition needs to cover (S3's rule); x-ignore-* too.
-UNCHECKED_FIELDS = frozenset({"x-amz-signature", "file", "policy"})
+V4_FIELDS = ("x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature")
+# Fields no condition needs to cover (S3's rule; a SigV2 form's key id and signature too);
+# x-ignore-* too.
+UNCHECKED_FIELDS = frozenset({"x-amz-signature", "file", "policy", "awsaccesskeyid", "signature"})
 SUCCESS_STATUSES = {"200": 200, "201": 201, "204": 204}
+EXPIRATION = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z", re.ASCII)
 
 
 @dataclass
@@ -100,12 +105,11 @@ async def authenticated_call(
 async def _verify_signature(
     gateway: Gateway, fields: Mapping[str, str]
 ) -> tuple[uuid.UUID, Policy]:
-    for name in ("policy", "x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature"):
-        if name not in fields:
-            raise InvalidArgument(
-                f"Bucket POST must contain a field named '{name}'.  If it is "
-                "specified, please check the order of the fields."
-            )
+    if "x-amz-algorithm" not in fields and ("awsaccesskeyid" in fields or "signature" in fields):
+        return await _verify_v2_signature(gateway, fields)
+    _require(
+        fields, "policy", "x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature"
+    )
     if fields["x-amz-algorithm"] != ALGORITHM:
         raise InvalidArgument(f"The algorithm must be {ALGORITHM}.")
     try:
@@ -124,6 +128,29 @@ async def _verify_signature(
     return account, _parse_policy(fields["policy"])
 
 
+async def _verify_v2_signature(
+    gateway: Gateway, fields: Mapping[str, str]
+) -> tuple[uuid.UUID, Policy]:
+    """A form signed with SigV2 (`AWSAccessKeyId`, `policy`, `signature`): what boto3's
+    generate_presigned_post makes for a client in us-east-1 without a signature_version.
+    Let in as SigV2 presigned URLs are (`[s3] signature_v2`)."""
+    sigv2.refuse_form_if_off(gateway.config.signature_v2)
+    _require(fields, "awsaccesskeyid", "policy", "signature")
+    account, secret = await gateway.credentials.secret_of(fields["awsaccesskeyid"])
+    if not sigv2.policy_signature_holds(secret, fields["policy"], fields["signature"]):
+        raise SignatureDoesNotMatch()
+    return account, _parse_policy(fields["policy"])
+
+
+def _require(fields: Mapping[str, str], *names: str) -> None:
+    for name in names:
+        if name not in fields:
+            raise InvalidArgument(
+                f"Bucket POST must contain a field named '{name}'.  If it is "
+                "specified, please check the order of the fields."
+            )
+
+
 def _parse_policy(encoded: str) -> Policy:
     try:
         document = json.loads(base64.b64decode(encoded, validate=True))
@@ -131,18 +158,17 @@ def _parse_policy(encoded: str) -> Policy:
         raise InvalidPolicyDocument("Invalid Policy: Invalid JSON.") from None
     if not isinstance(document, dict) or not isinstance(document.get("expiration"), str):
         raise InvalidPolicyDocument("Invalid Policy: Policy missing expiration.")
-    try:
-        expiration = datetime.fromisoformat(document["expiration"].replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidPolicyDocument("Invalid Policy: Invalid 'expiration' value.") from None
-    if expiration.tzinfo is None:
-        expiration = expiration.replace(tzinfo=UTC)
-    conditions = document.get("conditions")
+    expiration, conditions = _expiration(document["expiration"]), document.get("conditions")
     if not isinstance(conditions, list):
         raise InvalidPolicyDocument("Invalid Policy: Policy missing conditions.")
     policy = Policy(expiration, conditions)
     for condition in conditions:
-        if isinstance(condition, list) and condition and condition[0] == "content-length-range":
+        if isinstance(condition, dict) and len(condition) != 1:
+            raise InvalidPolicyDocument(
+                "Invalid Policy: Invalid Simple-Condition: "
+                "Simple-Conditions must have exactly one property specified."
+            )
+        if _operator(condition) == "content-length-range":
             policy.length_range = _length_range(condition)
         elif not _well_formed(condition):
             raise InvalidPolicyDocument(
@@ -151,24 +177,58 @@ def _parse_policy(encoded: str) -> Policy:
     return policy
 
 
+def _expiration(text: str) -> datetime:
+    """An ISO 8601 time in UTC, as S3 takes it: `2030-01-01T00:00:00Z`, with or without
+    fractions of a second."""
+    if not EXPIRATION.fullmatch(text):
+        raise InvalidPolicyDocument("Invalid Policy: Invalid 'expiration' value.")
+    try:
+        return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
+    except ValueError:  # a day or hour that does not exist
+        raise InvalidPolicyDocument("Invalid Policy: Invalid 'expiration' value.") from None
+
+
+def _operator(condition: object) -> str | None:
+    """A list condition's operator, in lowercase (S3 takes `StArTs-WiTh`)."""
+    if isinstance(condition, list) and condition and isinstance(condition[0], str):
+        return condition[0].lower()
+    return None
+
+
 def _well_formed(condition: object) -> bool:
     if isinstance(condition, dict):
-        return len(condition) == 1 and all(isinstance(v, str) for v in condition.values())
+        return all(isinstance(v, str) for v in condition.values())
     return (
-        isinstance(condition, list)
+        _operator(condition) in ("eq", "starts-with")
+        and isinstance(condition, list)
         and len(condition) == 3
-        and condition[0] in ("eq", "starts-with")
         and all(isinstance(part, str) for part in condition)
-        and condition[1].startswith("$")
     )
 
 
 def _length_range(condition: list[Any]) -> tuple[int, int]:
-    if len(condition) != 3 or not all(isinstance(n, int) and n >= 0 for n in condition[1:]):
+    """`["content-length-range", low, high]`: numbers, or strings of digits (S3 takes "5"); a
+    string that is not a number is a condition that fails."""
+    if len(condition) != 3 or not all(
+        isinstance(n, int | str) and not isinstance(n, bool) for n in condition[1:]
+    ):
         raise InvalidPolicyDocument(
             f"Invalid Policy: Invalid 'content-length-range' condition: {json.dumps(condition)}"
         )
-    return condition[1], condition[2]
+    low, high = (int(n) if isinstance(n, int) or _digits(n) else None for n in condition[1:])
+    if low is None or high is None or low < 0:
+        raise _failed(condition)
+    return low, high
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _failed(condition: object) -> AccessDenied:
+    return AccessDenied(
+        f"Invalid according to Policy: Policy Condition failed: {json.dumps(condition)}"
+    )
 
 
 def _check_conditions(policy: Policy, fields: Mapping[str, str], bucket: str, key: str) -> None:
@@ -177,18 +237,19 @@ def _check_conditions(policy: Policy, fields: Mapping[str, str], bucket: str, ke
     values = {**fields, "bucket": bucket, "key": key}
     covered = set()
     for condition in policy.conditions:
+        operator = _operator(condition)
         if isinstance(condition, dict):
             ((name, wanted),) = condition.items()
             operator, name = "eq", name.lower()
-        elif condition[0] == "content-length-range":
+        elif operator == "content-length-range":
             continue
+        elif not condition[1].startswith("$"):  # S3: a condition that fails, not a bad one
+            raise _failed(condition)
         else:
-            operator, name, wanted = condition[0], condition[1][1:].lower(), condition[2]
+            name, wanted = condition[1][1:].lower(), condition[2]
         covered.add(name)
-        if not _holds(operator, name, values.get(name, ""), wanted):
-            raise AccessDenied(
-                f"Invalid according to Policy: Policy Condition failed: {json.dumps(condition)}"
-            )
+        if not _holds(operator or "", name, values.get(name, ""), wanted):
+            raise _failed(condition)
     extra = [
         name
         for name in fields

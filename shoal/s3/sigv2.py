@@ -174,12 +174,28 @@ def refuse_if_off(request: SignedRequest, accepted: str) -> None:
     presigned = "authorization" not in request.headers
     if accepted == "all" or (accepted == "presigned" and presigned):
         return
-    form = "presigned URLs" if presigned else "the Authorization header"
-    raise SigV4Error(
+    raise _turned_off("presigned URLs" if presigned else "the Authorization header")
+
+
+def refuse_form_if_off(accepted: str) -> None:
+    """Refuse a POST form signed with SigV2 unless ``[s3] signature_v2`` lets presigned URLs
+    in: a form's policy is signed ahead of its use, as a presigned URL is."""
+    if accepted not in ("all", "presigned"):
+        raise _turned_off("POST forms")
+
+
+def _turned_off(form: str) -> SigV4Error:
+    return SigV4Error(
         "InvalidRequest",
         f"The authorization mechanism you have provided is not supported: Signature Version 2"
         f" in {form} is off on this server. Please use AWS4-HMAC-SHA256.",
     )
+
+
+def policy_signature_holds(secret_key: str, policy: str, signature: str) -> bool:
+    """Does ``signature`` sign a POST form's ``policy`` (the base64 text as sent)? SigV2's form
+    signature is base64(HMAC-SHA1(secret, policy)); compared in constant time."""
+    return hmac.compare_digest(_sign(utf8(secret_key), policy), utf8(signature))
 
 
 def parse(request: SignedRequest, now: datetime) -> V2Credentials:

@@ -1,4 +1,4 @@
-"""POST Object: browser form uploads signed by a SigV4 POST policy, as boto3's
+"""POST Object: browser form uploads signed by a SigV4 (or SigV2) POST policy, as boto3's
 generate_presigned_post makes them, posted as multipart/form-data by urllib3 against
 `shoal serve`, and by a real HTML form in headless Chromium (skipped without a `chromium`
 binary); each violated condition answers S3's code."""
@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+import boto3
 import pytest
 import urllib3
+from botocore.config import Config as BotoConfig
 
 from tests.e2e.test_cors_browser import CHROMIUM, dom_after_scripts
 from tests.fixtures.serve import Served, raw_request
@@ -229,9 +231,49 @@ def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) ->
         "Invalid according to Policy: Policy expired.",
     )
     good = s3.generate_presigned_post(bucket, "k")
-    not_json = base64.b64encode(b"{nope").decode()
-    fields = {**good["fields"], "policy": not_json}
     # A policy that is not JSON is refused after its signature: sign it as boto3 would.
+    not_json = base64.b64encode(b"{nope").decode()
+    sign, credential = policy_signer(served, good["url"])
+    fields = {**credential, "key": "k", "policy": not_json, "x-amz-signature": sign(not_json)}
+    assert error_of(post_form({"url": good["url"], "fields": fields}, b"x"))[:2] == (
+        400,
+        "InvalidPolicyDocument",
+    )
+
+
+def test_a_form_signed_with_sigv2_uploads(served: Served, s3: Any, bucket: str) -> None:
+    """What boto3's generate_presigned_post makes for a client in us-east-1 that names no
+    signature_version: AWSAccessKeyId, policy and signature (HMAC-SHA1), as S3 takes."""
+    keys = served.root
+    default = boto3.client(
+        "s3",
+        endpoint_url=served.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=keys.access_key_id,
+        aws_secret_access_key=keys.secret_access_key,
+        config=BotoConfig(s3={"addressing_style": "path"}),
+    )
+    post = default.generate_presigned_post(
+        bucket, "v2/${filename}", Conditions=[["starts-with", "$key", "v2/"]]
+    )
+    default.close()
+    assert {"AWSAccessKeyId", "signature", "policy"} <= set(post["fields"])
+    assert post_form(post, b"signed with SigV2", filename="f.txt").status == 204
+    assert s3.get_object(Bucket=bucket, Key="v2/f.txt")["Body"].read() == b"signed with SigV2"
+    forged = {
+        **post,
+        "fields": {**post["fields"], "signature": "AAAA" + post["fields"]["signature"][4:]},
+    }
+    assert error_of(post_form(forged, b"x"))[:2] == (403, "SignatureDoesNotMatch")
+    unknown = {**post, "fields": {**post["fields"], "AWSAccessKeyId": "AKIDUNKNOWN"}}
+    assert error_of(post_form(unknown, b"x"))[:2] == (403, "InvalidAccessKeyId")
+    unsigned = {**post, "fields": {k: v for k, v in post["fields"].items() if k != "signature"}}
+    assert error_of(post_form(unsigned, b"x"))[:2] == (400, "InvalidArgument")
+
+
+def policy_signer(served: Served, url: str) -> tuple[Callable[[str], str], dict[str, str]]:
+    """boto3's SigV4 signer of a form's policy (base64 text -> x-amz-signature), and the
+    credential fields a form signed by it carries."""
     from botocore.auth import S3SigV4PostAuth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
@@ -240,17 +282,61 @@ def test_expired_and_malformed_policies(served: Served, s3: Any, bucket: str) ->
     signer = S3SigV4PostAuth(
         Credentials(keys.access_key_id, keys.secret_access_key), "s3", "us-east-1"
     )
-    request = AWSRequest(method="POST", url=good["url"])
+    request = AWSRequest(method="POST", url=url)
     request.context["s3-presign-post-fields"] = {}
     request.context["s3-presign-post-policy"] = {"expiration": "x", "conditions": []}
     signer.add_auth(request)
-    signed = request.context["s3-presign-post-fields"]
-    fields = {**signed, "key": "k", "policy": not_json}
-    fields["x-amz-signature"] = signer.signature(not_json, request)
-    assert error_of(post_form({"url": good["url"], "fields": fields}, b"x"))[:2] == (
-        400,
-        "InvalidPolicyDocument",
-    )
+    names = ("x-amz-algorithm", "x-amz-credential", "x-amz-date")
+    credential = {name: request.context["s3-presign-post-fields"][name] for name in names}
+    return (lambda encoded: signer.signature(encoded, request)), credential
+
+
+def signed_post(served: Served, bucket: str, policy: dict[str, Any], **fields: str) -> Any:
+    """A SigV4 form for any policy document; the policy also names the credential fields,
+    as boto3's do."""
+    url = f"{served.endpoint}/{bucket}"
+    sign, credential = policy_signer(served, url)
+    conditions = [*policy["conditions"], *({k: v} for k, v in credential.items())]
+    encoded = base64.b64encode(json.dumps({**policy, "conditions": conditions}).encode()).decode()
+    return {
+        "url": url,
+        "fields": {**credential, "x-amz-signature": sign(encoded), "policy": encoded, **fields},
+    }
+
+
+def test_policies_are_read_as_s3_reads_them(served: Served, bucket: str) -> None:
+    later = "2099-01-01T00:00:00Z"
+
+    def answer(conditions: list[Any], expiration: str = later, **fields: str) -> Any:
+        policy = {"expiration": expiration, "conditions": [{"bucket": bucket}, *conditions]}
+        form = signed_post(served, bucket, policy, key="p", **fields)
+        response = post_form(form, b"x" * 6)
+        return response.status if response.status < 300 else error_of(response)
+
+    # Numbers as strings, and operators in any case, are taken.
+    assert answer([["content-length-range", "5", "10"], ["eq", "$key", "p"]]) == 204
+    assert answer([["StArTs-WiTh", "$KeY", "p"]]) == 204
+    assert answer([["EQ", "$key", "p"], ["Content-Length-Range", 1, 9]]) == 204
+    assert answer([["eq", "$key", "p"]], expiration="2099-01-01T00:00:00.123Z") == 204
+    # A condition that cannot hold fails as a condition, 403.
+    for failing in (["content-length-range", "test", "10"], ["eq", "key", "p"]):
+        status, code, message = answer([failing, ["eq", "$key", "p"]])
+        assert (status, code) == (403, "AccessDenied")
+        assert message == (
+            f"Invalid according to Policy: Policy Condition failed: {json.dumps(failing)}"
+        )
+    # A malformed policy is 400 InvalidPolicyDocument.
+    status, code, message = answer([{"key": "p", "acl": "private"}])
+    assert (status, code) == (400, "InvalidPolicyDocument")
+    assert message.endswith("Simple-Conditions must have exactly one property specified.")
+    for expiration in (
+        "2099-01-01 00:00:00",
+        "2099-01-01T00:00:00",
+        "2099-01-01",
+        "2099-02-30T00:00:00Z",
+    ):
+        status, code, _ = answer([["eq", "$key", "p"]], expiration=expiration)
+        assert (status, code) == (400, "InvalidPolicyDocument"), expiration
 
 
 def test_post_that_is_not_a_form(served: Served, bucket: str) -> None:
