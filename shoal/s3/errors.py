@@ -96,6 +96,10 @@ class EntityTooSmall(
     pass
 
 
+class IdMismatch(S3Error, message="Document ID does not match the specified configuration ID."):
+    pass
+
+
 class IncorrectNumberOfFilesInPostRequest(
     S3Error, message="POST requires exactly one file upload per request."
 ):
@@ -183,6 +187,10 @@ class InvalidRange(S3Error, status=416, message="The requested range is not sati
 
 
 class InvalidRequest(S3Error, message="Invalid Request"):
+    pass
+
+
+class InvalidS3DestinationBucket(S3Error, message="Invalid bucket ARN."):
     pass
 
 

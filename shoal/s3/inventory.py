@@ -24,7 +24,9 @@ from shoal.s3.app import Call, handles
 from shoal.s3.bucket import decode_token, encode_token
 from shoal.s3.errors import (
     AccessDenied,
+    IdMismatch,
     InvalidArgument,
+    InvalidS3DestinationBucket,
     MalformedXML,
     NoSuchConfiguration,
     NotImplementedByShoal,
@@ -46,10 +48,10 @@ async def put_bucket_inventory(call: Call) -> http.Response:
     document = s3xml.parse(await call.read_body(MAX_BODY), "InventoryConfiguration")
     configuration = parse_configuration(document)
     if configuration["id"] != wanted_id:
-        raise InvalidArgument("The ID in the configuration does not match the id parameter")
+        raise IdMismatch()
     await _check_destination(call, configuration["destination"])
     await call.store.inventories.put(call.account, call.bucket, configuration)
-    return http.Response()
+    return http.Response(status=204)
 
 
 @handles(Endpoint.GetBucketInventoryConfiguration)
@@ -182,10 +184,7 @@ def _destination(document: Element) -> dict[str, Any]:
     s3xml.check_children(target, BUCKET_DESTINATION_CHILDREN)
     arn = _required(target, "Bucket")
     if not arn.startswith(ARN_PREFIX) or len(arn) == len(ARN_PREFIX):
-        raise InvalidArgument(
-            "The destination Bucket must be an ARN: arn:aws:s3:::bucket-name",
-            ArgumentName="Bucket",
-        )
+        raise InvalidS3DestinationBucket()
     file_format = _required(target, "Format")
     if file_format == "ORC":
         raise NotImplementedByShoal(

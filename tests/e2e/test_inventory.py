@@ -111,7 +111,7 @@ def _with_destination(bucket: str, **changes: Any) -> dict[str, Any]:
         (lambda b: _with_destination(b, Format="ORC"), "NotImplemented"),
         (lambda b: _with_destination(b, Encryption={"SSEKMS": {"KeyId": "k"}}), "NotImplemented"),
         (lambda b: _with_destination(b, Bucket=f"arn:aws:s3:::{b}-none"), "InvalidArgument"),
-        (lambda b: _with_destination(b, Bucket=b), "InvalidArgument"),
+        (lambda b: _with_destination(b, Bucket=b), "InvalidS3DestinationBucket"),
         (lambda b: _with_destination(b, Format="JSON"), "MalformedXML"),
         (lambda b: _with_destination(b, AccountId="123456789012"), "AccessDenied"),
         (
@@ -120,7 +120,7 @@ def _with_destination(bucket: str, **changes: Any) -> dict[str, Any]:
         ),
         (lambda b: configuration(b, OptionalFields=["Colour"]), "MalformedXML"),
         (lambda b: configuration(b, Schedule={"Frequency": "Hourly"}), "MalformedXML"),
-        (lambda b: configuration(b, "other"), "InvalidArgument"),  # not the id asked for
+        (lambda b: configuration(b, "other"), "IdMismatch"),  # not the id asked for
         (lambda b: configuration(b, "bad id!"), "InvalidArgument"),
     ],
 )
@@ -156,7 +156,7 @@ def test_bad_xml_and_a_missing_id(served: Served, s3: Any, bucket: str) -> None:
         broken = with_id.replace(b"</InventoryConfiguration>", extra + b"</InventoryConfiguration>")
         answer = raw_request(served, "PUT", f"/{bucket}?inventory&id=a", broken)
         assert answer.status == 400 and b"<Code>MalformedXML</Code>" in answer.body, extra
-    assert raw_request(served, "PUT", f"/{bucket}?inventory&id=a", with_id).status == 200
+    assert raw_request(served, "PUT", f"/{bucket}?inventory&id=a", with_id).status == 204
     answer = raw_request(served, "PUT", f"/{bucket}?inventory", with_id)  # no id parameter
     assert answer.status == 400 and b"<Code>InvalidArgument</Code>" in answer.body
     answer = raw_request(served, "DELETE", f"/{bucket}?inventory")
