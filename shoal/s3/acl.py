@@ -8,19 +8,38 @@ the catalog shard. Every other ACL, canned or granted, is refused, never stored 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
+from xml.etree.ElementTree import Element
 from xml.sax.saxutils import escape
 
 from shoal.s3 import http
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
-from shoal.s3.errors import AccessControlListNotSupported, AccessDenied, MalformedACLError
+from shoal.s3.errors import (
+    AccessControlListNotSupported,
+    AccessDenied,
+    InvalidArgument,
+    MalformedACLError,
+    MissingSecurityHeader,
+    UnexpectedContent,
+)
 from shoal.s3.objects import check_key, check_null_version
 from shoal.s3.refusals import PRIVATE, PUBLIC_READ, canned_acl
 from shoal.s3.router import Endpoint
 
 XML = "application/xml"
 ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+# What S3's schema and groups allow in a grant; Shoal keeps only two combinations of them.
+GROUPS = frozenset(
+    {
+        ALL_USERS,
+        "http://acs.amazonaws.com/groups/global/AuthenticatedUsers",
+        "http://acs.amazonaws.com/groups/s3/LogDelivery",
+    }
+)
+GRANTEE_TYPES = frozenset({"CanonicalUser", "Group", "AmazonCustomerByEmail"})
+PERMISSIONS = frozenset({"FULL_CONTROL", "READ", "WRITE", "READ_ACP", "WRITE_ACP"})
 _XSI = "{http://www.w3.org/2001/XMLSchema-instance}type"
 MAX_BODY = 64 * 1024
 
@@ -59,12 +78,12 @@ async def _wanted(call: Call) -> str:
     header = canned_acl(call.request.headers)
     if header is not None:
         if body.strip():
-            raise AccessControlListNotSupported(
-                "Send either x-amz-acl or an AccessControlPolicy body, not both"
-            )
+            raise UnexpectedContent()
         return header
     if not body.strip():
-        raise MalformedACLError("An x-amz-acl header or an AccessControlPolicy body is required")
+        raise MissingSecurityHeader(
+            "Your request was missing a required header", MissingHeaderName="x-amz-acl"
+        )
     return _from_body(call, body)
 
 
@@ -72,30 +91,21 @@ def _from_body(call: Call, body: bytes) -> str:
     policy = s3xml.parse(body, "AccessControlPolicy")
     # As S3: the policy names its owner (its schema requires it), and an ACL cannot give the
     # bucket or object away to another owner.
-    owner = (policy.findtext("./Owner/ID") or "").strip()
-    if not owner:
-        raise MalformedACLError()
+    owner = _canonical_id((policy.findtext("./Owner/ID") or "").strip())
     if owner != str(call.account):
         raise AccessDenied()
     grants = policy.findall("./AccessControlList/Grant")
     owner_full_control = public_read = False
     for grant in grants:
-        grantee = grant.find("Grantee")
-        permission = s3xml.text_of(grant, "Permission", required=False, stripped=True)
-        if grantee is None:
-            raise MalformedACLError()
-        kind = grantee.get(_XSI)
-        if kind == "CanonicalUser" and permission == "FULL_CONTROL":
-            if (grantee.findtext("ID") or "").strip() != str(call.account):
-                raise AccessControlListNotSupported("Shoal grants access only to the owner")
+        kind, who, permission = _grant(grant)
+        if kind == "CanonicalUser" and permission == "FULL_CONTROL" and who == str(call.account):
             owner_full_control = True
-        elif kind == "Group" and permission == "READ":
-            if (grantee.findtext("URI") or "").strip() != ALL_USERS:
-                raise AccessControlListNotSupported("Shoal grants READ only to AllUsers")
+        elif kind == "Group" and permission == "READ" and who == ALL_USERS:
             public_read = True
         else:
             raise AccessControlListNotSupported(
-                "Shoal keeps only the canned ACLs private and public-read"
+                "Shoal keeps only the canned ACLs private and public-read: the owner's "
+                "FULL_CONTROL, and READ for AllUsers"
             )
     if not owner_full_control or len(grants) != 1 + public_read:
         raise AccessControlListNotSupported(
@@ -103,6 +113,37 @@ def _from_body(call: Call, body: bytes) -> str:
             "FULL_CONTROL, and READ for AllUsers"
         )
     return PUBLIC_READ if public_read else PRIVATE
+
+
+def _grant(grant: Element) -> tuple[str, str, str]:
+    """A <Grant>'s grantee type, who (a canonical id, a group's URI or an email address)
+    and permission, checked as S3 checks them: a type or permission outside S3's schema is
+    MalformedACLError, an id or group S3 does not know InvalidArgument."""
+    grantee = grant.find("Grantee")
+    permission = s3xml.text_of(grant, "Permission", required=False, stripped=True)
+    kind = grantee.get(_XSI) if grantee is not None else None
+    if grantee is None or kind not in GRANTEE_TYPES or permission not in PERMISSIONS:
+        raise MalformedACLError()
+    if kind == "CanonicalUser":
+        return kind, _canonical_id((grantee.findtext("ID") or "").strip()), permission
+    if kind == "Group":
+        uri = (grantee.findtext("URI") or "").strip()
+        if uri not in GROUPS:
+            raise InvalidArgument("Invalid group uri", ArgumentName="Group/URI", ArgumentValue=uri)
+        return kind, uri, permission
+    return kind, (grantee.findtext("EmailAddress") or "").strip(), permission
+
+
+def _canonical_id(text: str) -> str:
+    """An account's canonical id (a UUID in Shoal); anything else is S3's "Invalid id"."""
+    if not text:
+        raise MalformedACLError()
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise InvalidArgument(
+            "Invalid id", ArgumentName="CanonicalUser/ID", ArgumentValue=text
+        ) from None
 
 
 @handles(Endpoint.GetBucketAcl)

@@ -207,7 +207,10 @@ class KeyTooLongError(S3Error, message="Your key is too long"):
 
 
 class MalformedACLError(
-    S3Error, message="The XML you provided was not well-formed or did not validate"
+    S3Error,
+    message=(
+        "The XML you provided was not well-formed or did not validate against our published schema"
+    ),
 ):
     pass
 
@@ -341,6 +344,10 @@ class TooManyConfigurations(
     message="You are attempting to create a new configuration but have already reached "
     "the 1,000-configuration limit.",
 ):
+    pass
+
+
+class UnexpectedContent(S3Error, message="This request does not support content"):
     pass
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from shoal.s3.errors import (
     AccessControlListNotSupported,
+    InvalidArgument,
     InvalidRequest,
     InvalidStorageClass,
     NotImplementedByShoal,
@@ -22,6 +23,14 @@ PUBLIC_READ = "public-read"
 # Canned ACLs that give no one but the bucket's owner (who owns every object in it) access:
 # kept as private.
 _PRIVATE_ALIASES = frozenset({PRIVATE, "bucket-owner-full-control", "bucket-owner-read"})
+# Every canned ACL S3 knows; those Shoal does not keep are refused as not supported.
+S3_CANNED_ACLS = _PRIVATE_ALIASES | {
+    PUBLIC_READ,
+    "public-read-write",
+    "authenticated-read",
+    "aws-exec-read",
+    "log-delivery-write",
+}
 OBJECT_WRITES = frozenset({Endpoint.PutObject, Endpoint.CopyObject, Endpoint.CreateMultipartUpload})
 _OBJECT_LOCK = (
     "x-amz-object-lock-mode",
@@ -84,20 +93,26 @@ def _refuse_object_write(headers: Mapping[str, str]) -> None:
 
 def canned_acl(headers: Mapping[str, str]) -> str | None:
     """The canned ACL a request's `x-amz-acl` asks for ("private" or "public-read"), None
-    without one; AccessControlListNotSupported for any other ACL or any `x-amz-grant-*`."""
+    without one. Any other of S3's canned ACLs, or any `x-amz-grant-*`, is
+    AccessControlListNotSupported; a value that is no canned ACL at all is InvalidArgument,
+    and both a canned ACL and grants InvalidRequest, as S3 answers them."""
+    acl = headers.get("x-amz-acl")
     if any(name.startswith("x-amz-grant-") for name in headers):  # names are lowercase
+        if acl is not None:
+            raise InvalidRequest("Specifying both Canned ACLs and Header Grants is not allowed")
         raise AccessControlListNotSupported(
             "Shoal keeps only the canned ACLs private and public-read: x-amz-grant-* headers "
             "are not supported"
         )
-    acl = headers.get("x-amz-acl")
     if acl is None:
         return None
-    acl = acl.strip().lower()
-    if acl in _PRIVATE_ALIASES:
+    wanted = acl.strip().lower()
+    if wanted in _PRIVATE_ALIASES:
         return PRIVATE
-    if acl == PUBLIC_READ:
+    if wanted == PUBLIC_READ:
         return PUBLIC_READ
+    if wanted not in S3_CANNED_ACLS:
+        raise InvalidArgument(ArgumentName="x-amz-acl", ArgumentValue=acl)
     raise AccessControlListNotSupported(
-        f"Shoal keeps only the canned ACLs private and public-read, not {acl!r}"
+        f"Shoal keeps only the canned ACLs private and public-read, not {wanted!r}"
     )

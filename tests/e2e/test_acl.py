@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.fixtures.postgres import unique
-from tests.fixtures.serve import Served
+from tests.fixtures.serve import Served, raw_request
 
 ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
 
@@ -75,11 +76,17 @@ def test_an_acl_body_names_its_owner_and_cannot_give_the_object_away(s3: Any, bu
     policy = s3.get_object_acl(Bucket=bucket, Key="k")
     policy.pop("ResponseMetadata")
     public = {"Grantee": {"Type": "Group", "URI": ALL_USERS}, "Permission": "READ"}
-    given_away = {**policy, "Owner": {"ID": "0" * 64}, "Grants": [*policy["Grants"], public]}
+    given_away = {
+        **policy,
+        "Owner": {"ID": str(uuid.uuid4())},
+        "Grants": [*policy["Grants"], public],
+    }
+    no_such_id = {**given_away, "Owner": {"ID": "0" * 64}}  # not an account's id at all
     no_owner = {"Grants": [*policy["Grants"], public]}
     for put in (s3.put_object_acl, s3.put_bucket_acl):
         where = {"Bucket": bucket, "Key": "k"} if put == s3.put_object_acl else {"Bucket": bucket}
         assert outcome(put, **where, AccessControlPolicy=given_away) == (403, "AccessDenied")
+        assert outcome(put, **where, AccessControlPolicy=no_such_id) == (400, "InvalidArgument")
         assert outcome(put, **where, AccessControlPolicy=no_owner) == (400, "MalformedACLError")
     for answer in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key="k")):
         assert len(answer["Grants"]) == 1  # still private
@@ -212,6 +219,64 @@ def test_other_acls_are_refused(s3: Any, bucket: str) -> None:
     )
     assert s3.head_object(Bucket=bucket, Key="k")  # untouched
     assert outcome(s3.head_object, Bucket=bucket, Key="k2") == (404, "404")
+
+
+def test_acl_requests_that_are_no_acl_are_refused_as_s3_refuses_them(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    owner = s3.list_buckets()["Owner"]["ID"]
+    mine = {"Grantee": {"Type": "CanonicalUser", "ID": owner}, "Permission": "FULL_CONTROL"}
+
+    def policy(*grants: dict[str, Any]) -> dict[str, Any]:
+        return {"Owner": {"ID": owner}, "Grants": [mine, *grants]}
+
+    for put, where in ((s3.put_object_acl, {"Key": "k"}), (s3.put_bucket_acl, {})):
+        for asked, answer in (
+            ({"ACL": "fake-acl"}, (400, "InvalidArgument")),
+            ({"ACL": "private", "GrantRead": f'uri="{ALL_USERS}"'}, (400, "InvalidRequest")),
+            (
+                {
+                    "AccessControlPolicy": policy(
+                        {"Grantee": {"Type": "Group", "URI": "http://x/y"}, "Permission": "READ"}
+                    )
+                },
+                (400, "InvalidArgument"),
+            ),
+            (
+                {
+                    "AccessControlPolicy": policy(
+                        {
+                            "Grantee": {"Type": "CanonicalUser", "ID": "wrong-id"},
+                            "Permission": "READ",
+                        }
+                    )
+                },
+                (400, "InvalidArgument"),
+            ),
+            (
+                {
+                    "AccessControlPolicy": policy(
+                        {"Grantee": {"Type": "Group", "URI": ALL_USERS}, "Permission": "WRONG"}
+                    )
+                },
+                (400, "MalformedACLError"),
+            ),
+        ):
+            assert outcome(put, Bucket=bucket, **where, **asked) == answer, asked
+    assert outcome(s3.put_object, Bucket=bucket, Key="k3", Body=b"x", ACL="fake-acl") == (
+        400,
+        "InvalidArgument",
+    )
+    # Neither a header nor a body; both.
+    for path in (f"/{bucket}?acl", f"/{bucket}/k?acl"):
+        missing = raw_request(served, "PUT", path)
+        assert missing.status == 400 and b"<Code>MissingSecurityHeader</Code>" in missing.body
+        assert b"<MissingHeaderName>x-amz-acl</MissingHeaderName>" in missing.body
+        body = b"<AccessControlPolicy/>"
+        both = raw_request(served, "PUT", path, body, headers={"x-amz-acl": "private"})
+        assert both.status == 400 and b"<Code>UnexpectedContent</Code>" in both.body
+    assert len(s3.get_object_acl(Bucket=bucket, Key="k")["Grants"]) == 1  # still private
 
 
 def test_another_account_is_still_denied(served: Served, s3: Any, bucket: str) -> None:
