@@ -126,10 +126,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
         date = s3xml.text_of(expiration, "Date", required=False, stripped=True)
         delete_marker = expiration.find("ExpiredObjectDeleteMarker") is not None
         if delete_marker and (days is not None or date is not None):
-            raise InvalidArgument(
-                "ExpiredObjectDeleteMarker cannot be specified with Days or Date in a "
-                "Lifecycle Expiration Policy"
-            )
+            raise MalformedXML()  # S3's answer: its schema allows one of the three
         if delete_marker:
             raise NotImplementedByShoal(
                 "ExpiredObjectDeleteMarker is not supported: buckets are unversioned"
@@ -158,10 +155,7 @@ def parse_rule(rule: Element) -> dict[str, Any]:
         and parsed["abort_days"] is None
         and noncurrent is None
     ):
-        raise MalformedXML(
-            "a rule needs an Expiration, a NoncurrentVersionExpiration or an "
-            "AbortIncompleteMultipartUpload"
-        )
+        raise InvalidRequest("At least one action needs to be specified in a rule")
     if rule_tags and parsed["abort_days"] is not None:
         raise InvalidRequest("AbortIncompleteMultipartUpload cannot be specified with Tags.")
     return parsed
@@ -281,7 +275,7 @@ def _tags(elements: list[Element]) -> dict[str, str]:
         key = s3xml.text_of(element, "Key", required=False) or ""
         pairs.append((key, s3xml.text_of(element, "Value", required=False) or ""))
     if len({key for key, _ in pairs}) != len(pairs):
-        raise InvalidArgument("Duplicate Tag Keys are not allowed.")
+        raise InvalidRequest("Duplicate Tag Keys are not allowed.")
     return tags.checked(pairs, tags.MAX_OBJECT_TAGS)
 
 
@@ -313,5 +307,7 @@ def _date(text: str) -> str:
         moment = moment.replace(tzinfo=UTC)
     stored = moment.isoformat()
     if expiration_date_problem(stored) is not None:
-        raise InvalidArgument("'Date' must be at midnight GMT")
+        raise InvalidArgument(
+            "'Date' must be at midnight GMT", ArgumentName="Date", ArgumentValue=text
+        )
     return stored

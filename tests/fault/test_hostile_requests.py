@@ -345,6 +345,32 @@ def rule_xml(inner: str, filter_: str = "<Filter><Prefix>logs/</Prefix></Filter>
             400,
             "MalformedXML",
         ),
+        (  # S3: InvalidRequest, "At least one action needs to be specified in a rule"
+            lifecycle_xml(rule_xml("")),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            lifecycle_xml(
+                rule_xml(
+                    "<Expiration><Days>1</Days>"
+                    "<ExpiredObjectDeleteMarker>true</ExpiredObjectDeleteMarker></Expiration>"
+                )
+            ),
+            400,
+            "MalformedXML",
+        ),
+        (
+            lifecycle_xml(
+                rule_xml(
+                    "<Expiration><Days>1</Days></Expiration>",
+                    "<Filter><And><Tag><Key>k</Key><Value>1</Value></Tag>"
+                    "<Tag><Key>k</Key><Value>2</Value></Tag></And></Filter>",
+                )
+            ),
+            400,
+            "InvalidRequest",
+        ),
     ],
 )
 def test_lifecycle_rules_are_validated_as_s3_does(
