@@ -180,6 +180,11 @@ class S3Config:
     # URLs only, what boto3's default presigner signs in us-east-1), "all" (the header too) or
     # "off" (SigV4 only).
     signature_v2: str = "presigned"
+    # The longest a write (a PUT, a part, a copy, a form upload) may take from its start to
+    # its commit; one that takes longer is answered RequestTimeout and drops its blocks.
+    # `shoal pipeline orphans --delete` needs a leeway at least this long, so that it never
+    # deletes the blocks of a write that may still commit (docs/gc.md, "Orphans").
+    write_lifetime: timedelta = timedelta(hours=6)
 
 
 # The values of [s3] signature_v2.
@@ -489,6 +494,7 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
             "inline_max_bytes",
             "request_head_seconds",
             "signature_v2",
+            "write_lifetime_seconds",
         },
         "[s3]",
     )
@@ -508,6 +514,9 @@ def _parse_s3(raw: Any, base: Path) -> S3Config:
             raw, "request_head_seconds", S3Config.request_head_seconds, "[s3]"
         ),
         signature_v2=_signature_v2(raw),
+        write_lifetime=timedelta(
+            seconds=_positive_int(raw, "write_lifetime_seconds", 6 * 3600, "[s3]")
+        ),
     )
 
 

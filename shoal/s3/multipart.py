@@ -190,6 +190,7 @@ async def _record_part(call: Call, upload: uuid.UUID, number: int, stored: paylo
         properties=stored.properties(),
         under_replicated=stored.result.under_replicated,
     )
+    await payload.check_lifetime(call.data, stored, call.gateway.config.write_lifetime)
     try:
         await call.store.uploads.put_part(call.account, call.bucket, call.key, upload, part)
     except MetadataError as exc:

@@ -165,6 +165,7 @@ async def _commit(call: Call, write: ObjectWrite, stored: payload.Stored) -> Put
     answer lost with the connection, an unexpected error, the client gone) the row may name
     them, and dropping them would leave a row whose every GET fails: they stay, and
     `shoal pipeline orphans` finds them if no row names them."""
+    await payload.check_lifetime(call.data, stored, call.gateway.config.write_lifetime)
     try:
         return await call.store.objects.put(
             call.account, call.bucket, call.key, write, **conditional_write(call)

@@ -16,8 +16,9 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from shoal.ids import uuid7
+from shoal.ids import uuid7, uuid7_time
 from shoal.metadata import ObjectVersion
 from shoal.s3 import headers as h
 from shoal.s3.errors import (
@@ -26,6 +27,7 @@ from shoal.s3.errors import (
     IncompleteBody,
     InvalidRequest,
     MissingContentLength,
+    RequestTimeout,
 )
 from shoal.storage import BlockRun, DataPath, WriteResult, block_runs
 from shoal.storage.checksums import S3_CHECKSUMS, Digests, is_s3_value
@@ -217,6 +219,19 @@ def verify_checksums(computed: Mapping[str, str], sent: Mapping[str, str]) -> No
             raise BadDigest(
                 f"The {name.upper()} you specified did not match the calculated checksum."
             )
+
+
+async def check_lifetime(data: DataPath, stored: Stored, lifetime: timedelta) -> None:
+    """Refuse to commit a write that began more than `lifetime` ago ([s3] write_lifetime_seconds),
+    and drop its blocks: `shoal pipeline orphans --delete` reclaims blocks that no row names
+    once they are older than its leeway, which is at least that long, so the row would name
+    blocks that may be gone. Its version id is when it began (UUIDv7)."""
+    if stored.result.sharks and datetime.now(UTC) - uuid7_time(stored.version_id) > lifetime:
+        await discard(data, stored.version_id, stored.result)
+        raise RequestTimeout(
+            f"The write took longer than the {lifetime.total_seconds():g} seconds a write may "
+            "take; send it again."
+        )
 
 
 async def discard(data: DataPath, version_id: uuid.UUID, result: WriteResult) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,18 @@ def cluster(make_storage: MakeStorage) -> StorageCluster:
     return make_storage(nodes=3)
 
 
-def job(cluster: StorageCluster, spark: Any, name: str, tmp_path: Path, **options: Any) -> Any:
+def job(
+    cluster: StorageCluster,
+    spark: Any,
+    name: str,
+    tmp_path: Path,
+    *,
+    write_lifetime: timedelta | None = None,
+    **options: Any,
+) -> Any:
     config = load_config(cluster.config_file, None)
+    if write_lifetime is not None:  # what [s3] write_lifetime_seconds would set
+        config = replace(config, s3=replace(config.s3, write_lifetime=write_lifetime))
     return run_job(
         name, config, _configs(cluster), spark=spark, output=tmp_path / "out", options=options
     )
@@ -301,8 +312,21 @@ def test_orphans_are_found_and_deleted(
     dry = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0))
     assert dry.figures["orphan blocks"] == 6  # 3 blocks on 2 nodes; garbage is not orphaned
     assert leaked in block_ids(cluster)
+    # A delete needs a leeway of at least the longest a write may take, which only a
+    # configuration set for it brings down to none.
+    with pytest.raises(ValueError, match="write_lifetime_seconds"):
+        job(cluster, spark, "orphans", tmp_path, leeway=timedelta(hours=1), delete=True)
+    assert leaked in block_ids(cluster)
     with caplog.at_level(logging.INFO, logger="shoal.pipeline"):
-        done = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0), delete=True)
+        done = job(
+            cluster,
+            spark,
+            "orphans",
+            tmp_path,
+            write_lifetime=timedelta(0),
+            leeway=timedelta(0),
+            delete=True,
+        )
     assert done.figures["deleted"] == 6
     # The executors' deletes count in the phase's progress, item by item.
     assert "orphans: delete orphans: done, 6 blocks, " in caplog.text

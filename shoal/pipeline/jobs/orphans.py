@@ -3,8 +3,10 @@
 Inventory first, then metadata: a block that a row names is found in the snapshot taken after
 the block was listed. A block is an orphan when no live row, deletion record, row of a deleted
 bucket or open upload names its version id, and both its version id's time (UUIDv7) and its
-file's mtime are older than the leeway, by the database clock: a write still in progress is
-younger than that. Dry run by default; `--delete` reclaims them.
+file's mtime are older than the leeway, by the database clock. A write still under way is
+younger than that: a gateway commits no write older than [s3] write_lifetime_seconds (it answers
+RequestTimeout and drops its blocks), and `--delete` needs a leeway at least that long. Dry
+run by default; `--delete` reclaims them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +31,14 @@ from shoal.pipeline.context import JobContext, Summary
 def run(ctx: JobContext) -> Summary:
     started = time.monotonic()
     leeway: timedelta = ctx.options.get("leeway", ctx.config.gc.leeway)
+    lifetime = ctx.config.s3.write_lifetime
+    if ctx.options.get("delete") and leeway < lifetime:
+        # A write under way has blocks no row names yet; it may commit until it is this old.
+        raise ValueError(
+            f"--delete needs a leeway of at least [s3] write_lifetime_seconds "
+            f"({lifetime.total_seconds():g} s): a write under way for less than that "
+            "may still commit the blocks it has sent (a dry run takes any leeway)"
+        )
     urls = ctx.node_urls()
     access = io.node_access(ctx.config)
     ctx.progress.begin("read inventories")
@@ -49,17 +61,16 @@ def run(ctx: JobContext) -> Summary:
     summed = orphans.agg(F.sum("size")).first()
     assert summed is not None  # an aggregate's one row
     found_bytes = summed[0] or 0
-    deleted = 0
+    deletes = Deletes()
     if ctx.options.get("delete") and found:
         phase = ctx.progress.begin("delete orphans", total=found, unit="blocks")
         tally = ctx.progress.tally(phase)
-        # What the nodes report they removed (a block deleted meanwhile is not counted).
-        deleted = sum(
-            batch[2]
-            for batch in orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
+        outcomes = (
+            orphans.rdd.map(lambda r: (r.shark, urls.get(r.shark, ""), r.name, r.name))
             .mapPartitions(lambda part: io.delete_blocks(progress.counting(part, tally), access))
             .collect()
         )
+        deletes = Deletes.of(outcomes)
     orphans.write.mode("overwrite").parquet(str(ctx.output / "orphans"))
     seconds = time.monotonic() - started
     return Summary(
@@ -68,13 +79,41 @@ def run(ctx: JobContext) -> Summary:
             "blocks listed": blocks,
             "orphan blocks": found,
             "orphan bytes": int(found_bytes),
-            "deleted": deleted,
+            "deleted": deletes.deleted,
+            "kept (node failed)": deletes.kept,
             "mode": "delete" if ctx.options.get("delete") else "dry run",
             "seconds": round(seconds, 2),
             "blocks per second": round(blocks / max(seconds, 1e-9)),
         },
         ctx.output,
+        deletes.problems(),
     )
+
+
+@dataclass
+class Deletes:
+    """What the delete requests did: block replicas the nodes removed (a block deleted
+    meanwhile is not counted), those kept on a node that failed, and why each node failed."""
+
+    deleted: int = 0
+    kept: int = 0
+    failures: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, outcomes: Iterable[io.BatchOutcome]) -> Deletes:
+        deletes = cls()
+        for keys, gone, removed, shark, reason in outcomes:
+            deletes.deleted += removed
+            if not gone:
+                deletes.kept += len(keys)
+                deletes.failures.setdefault(shark, reason)
+        return deletes
+
+    def problems(self) -> list[str]:
+        return [
+            f"block delete failed on {shark}: {reason}; its orphans are left for a later run"
+            for shark, reason in sorted(self.failures.items())
+        ]
 
 
 def orphan_blocks(inventory: DataFrame, referenced: DataFrame, cutoff_seconds: float) -> DataFrame:

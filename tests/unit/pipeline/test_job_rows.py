@@ -297,3 +297,19 @@ def test_lifecycle_skips_only_the_buckets_whose_rules_cannot_be_applied() -> Non
     assert rules == {str(good): (str(owner), "good", [rule(expiration_days=1)])}
     assert [(o, name) for o, name, _ in skipped] == [(str(owner), "bad"), (str(owner), "empty")]
     assert "expiration_days 0" in skipped[0][2]
+
+
+def test_orphan_deletes_count_what_each_node_did_and_name_each_node_that_failed() -> None:
+    deletes = orphans.Deletes.of(
+        [
+            (["a", "b", "c"], True, 2, "dc:n0", ""),  # one of the three was gone already
+            (["d", "e"], False, 0, "dc:n1", "POST /blocks/delete: 500 internal error"),
+            (["f"], False, 0, "dc:n1", "not sent, after an earlier failure"),
+        ]
+    )
+    assert (deletes.deleted, deletes.kept) == (2, 3)
+    assert deletes.problems() == [
+        "block delete failed on dc:n1: POST /blocks/delete: 500 internal error; "
+        "its orphans are left for a later run"
+    ]
+    assert orphans.Deletes.of([(["a"], True, 1, "dc:n0", "")]).problems() == []
