@@ -12,8 +12,8 @@ from shoal.config import Config, ShardConfig
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import queries
 from shoal.metadata.embedded import EmbeddedPostgres
-from shoal.metadata.errors import MetadataError
-from shoal.metadata.shards import unsealed_dsn
+from shoal.metadata.errors import MetadataError, SchemaError
+from shoal.metadata.shards import CONNECT_TIMEOUT_SECONDS, first_line, unsealed_dsn
 
 
 class NoInstance(MetadataError):
@@ -55,7 +55,9 @@ def added_shards(config: Config, configured: list[ShardConfig]) -> list[ShardCon
     if not configured:
         return []
     try:
-        with psycopg.connect(configured[0].dsn, autocommit=True) as conn:
+        with psycopg.connect(
+            configured[0].dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
+        ) as conn:
             rows = conn.execute(queries.ADDED_SHARDS).fetchall()
     except (psycopg.errors.UndefinedTable, psycopg.OperationalError):
         return []  # not migrated yet, or the catalog is down: the command says so itself
@@ -87,10 +89,17 @@ def embedded_shards(server: EmbeddedPostgres, count: int) -> list[ShardConfig]:
 
 
 def create_embedded_database(server: EmbeddedPostgres, name: str) -> str:
-    """The DSN of database `name` of the embedded server, made if missing."""
-    with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
-        existing = {r[0] for r in conn.execute(queries.DATABASE_NAMES).fetchall()}
-        if name not in existing:
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    """The DSN of database `name` of the embedded server, made if missing. A server that
+    does not answer (stopped, hung) is a SchemaError within seconds, never a wait without
+    end."""
+    try:
+        with psycopg.connect(
+            server.dsn("postgres"), autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
+        ) as conn:
+            existing = {r[0] for r in conn.execute(queries.DATABASE_NAMES).fetchall()}
+            if name not in existing:
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.OperationalError as exc:
+        raise SchemaError(f"cannot connect to the embedded PostgreSQL: {first_line(exc)}") from None
     return server.dsn(name)

@@ -171,11 +171,15 @@ SELECT 'record', {columns}, deleted_at FROM {schema}.manta_bucket_deleted_object
 """
 
 
+# A shard that does not answer a connect within this fails the task, never holds it.
+CONNECT_SECONDS = 10
+
+
 def connect(shard: str, dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A connection to a shard, from the driver or an executor. A shard that cannot be reached
     is named in the error (an executor's error reaches the user as its last line)."""
     try:
-        return psycopg.connect(dsn, autocommit=autocommit)
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_SECONDS)
     except psycopg.Error as exc:
         raise classified(exc, shard, may_have_committed=False) from None
 
@@ -530,7 +534,8 @@ def new_owner(dsns: dict[str, str], vnode: int, old: str) -> str:
     the job, the catalog first). Between a move's fence and its switch the ring still names
     the old shard: wait for the switch, which follows within the mover's catch-up time."""
     deadline = time.monotonic() + MOVED_VNODE_WAIT_SECONDS
-    with psycopg.connect(next(iter(dsns.values())), autocommit=True) as catalog:
+    catalog_dsn = next(iter(dsns.values()))
+    with psycopg.connect(catalog_dsn, autocommit=True, connect_timeout=CONNECT_SECONDS) as catalog:
         while True:
             placed = catalog.execute(queries.SELECT_RING).fetchall()
             owner: str = next(shard for _, v, shard in placed if v == vnode)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from tests.fault.proxy import CuttingProxy, cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
 from tests.fixtures.admin import admin_get
 from tests.fixtures.postgres import create_databases
-from tests.fixtures.serve import Served
+from tests.fixtures.processes import stop
+from tests.fixtures.serve import SHOAL, Served
 
 pytestmark = pytest.mark.slow
 
@@ -184,6 +186,27 @@ def test_a_serve_that_adopts_its_postgres_left_by_a_crash_stops_it_when_it_stops
         assert _postmaster_pid(adopting.data_dir) == postmaster  # found running, used
     # And stopped with the serve that used it.
     wait_until(lambda: not psutil.pid_exists(postmaster), 30)
+
+
+def test_a_command_against_a_hung_postgres_says_so_within_seconds(tmp_path: Path) -> None:
+    """A PostgreSQL that takes connections into its backlog and never answers (a stopped
+    postmaster, a hung host): a CLI command is one line and exit 1 within seconds, never a
+    wait without end."""
+    with own_serve(tmp_path) as served:
+        postmaster = _postmaster_pid(served.data_dir)
+        command = [SHOAL, "node", "list", "--config", str(tmp_path / "shoal.toml")]
+        try:
+            stop(postmaster)
+            started = time.monotonic()
+            done = subprocess.run(command, capture_output=True, text=True, timeout=40)
+            took = time.monotonic() - started
+        finally:
+            os.kill(postmaster, signal.SIGCONT)
+        assert done.returncode == 1, done.stdout
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "cannot connect" in done.stderr and took < 20
+        again = subprocess.run(command, capture_output=True, text=True, timeout=40)
+        assert again.returncode == 0, again.stderr  # and once it answers, it works
 
 
 def _postmaster_pid(data_dir: Path) -> int:
