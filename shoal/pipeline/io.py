@@ -833,13 +833,22 @@ def read_inventories(
 def _inventory(
     nodes: Iterable[tuple[str, str]], access: ClientSettings
 ) -> Iterator[tuple[Any, ...]]:
+    from shoal.storage import NodeError
+
     async def collect(shark: str, url: str) -> list[tuple[Any, ...]]:
         client = access.client()
-        try:
+
+        async def pages() -> list[tuple[Any, ...]]:
             return [
                 (shark, b.name, b.size, b.checksum, b.mtime)
                 async for b in client.inventory(url, page_size=5000)
             ]
+
+        try:
+            # A node that hangs fails the task within seconds (BlockClient.while_answering).
+            return await client.while_answering(url, pages(), shark)
+        except NodeError as exc:
+            raise NodeError(shark, f"its inventory could not be read: {exc}") from None
         finally:
             await client.close()
 
@@ -863,23 +872,29 @@ def verify_blocks(
     READS_IN_FLIGHT reads at once, on one connection pool for the task. A node that answers
     with an error about the block itself holds a bad replica ("wrong size" when its file is
     shorter than its header says, "corrupt" otherwise); "unreachable" is only for a node
-    that gave no whole answer.
+    that gave no whole answer, and for the node's blocks read after that in the task.
     """
     from shoal.storage import BlockCorrupted, BlockMissing, NodeError, NodeUnreachable
 
     client = access.client(connections_per_node=READS_IN_FLIGHT)
     gate = asyncio.Semaphore(READS_IN_FLIGHT)  # binds to the loop below at first use
+    # Nodes that gave no answer in this task: their other blocks are "unreachable" at once,
+    # so that a node that hangs costs the task seconds once, not a wait for each read.
+    silent: set[str] = set()
 
     async def check(shark: str, url: str, name: str) -> tuple[str, str, str]:
         async with gate:
+            if shark in silent:
+                return shark, name, "unreachable"
             try:
-                await client.get_block(url, name)
+                await client.while_answering(url, client.get_block(url, name), shark)
                 verdict = "ok"
             except BlockCorrupted:
                 verdict = "corrupt"
             except BlockMissing:
                 verdict = "missing"
             except NodeUnreachable:
+                silent.add(shark)
                 verdict = "unreachable"
             except NodeError as exc:
                 verdict = _bad_replica(exc)

@@ -23,6 +23,7 @@ from shoal.storage import (
     ClientSettings,
     DataPath,
     DataUnavailable,
+    NodeError,
     ReplicasUnreachable,
     StorageUnavailable,
     block_name,
@@ -213,6 +214,40 @@ def test_deletes_on_a_node_that_hangs_are_given_up_in_seconds(
     assert orphans_seconds < 6  # one round's checks, not three rounds'
     assert run(path.delete_names(names)).complete  # once it answers, the rest go
     assert hung.block_files() == []
+
+
+def test_the_pipelines_reads_of_a_node_that_hangs_end_in_seconds(
+    cluster: StorageCluster, run: Any
+) -> None:
+    """The audit's block reads and every job's inventory read: a node that hangs is found
+    out within seconds, not after the node client's 60 s a read."""
+    path = DataPath(
+        cluster.client,
+        RegistryDirectory(cluster.store, HEARTBEAT_DEADLINE, cluster.client),
+        block_size=MiB,
+        replicas=2,
+    )
+    hung, alive = cluster.nodes
+    versions = [uuid7() for _ in range(40)]
+    for version in versions:
+        run(path.write(version, one_chunk(os.urandom(64 * 1024))))
+    access = ClientSettings(cluster.secret)
+    rows = [(n.shark, n.url, block_name(v, 0)) for v in versions for n in cluster.nodes]
+    started = time.monotonic()
+    try:
+        stop(hung.process.pid)
+        verdicts = list(io.verify_blocks(rows, access))
+        read_seconds = time.monotonic() - started
+        with pytest.raises(NodeError, match=f"{hung.shark}: its inventory could not be read"):
+            list(io._inventory([(hung.shark, hung.url)], access))
+        inventory_seconds = time.monotonic() - started - read_seconds
+    finally:
+        hung.process.send_signal(signal.SIGCONT)
+    by_node = {
+        shark: {v for s, _, v in verdicts if s == shark} for shark in (hung.shark, alive.shark)
+    }
+    assert by_node == {hung.shark: {"unreachable"}, alive.shark: {"ok"}}
+    assert read_seconds < 10 and inventory_seconds < 10
 
 
 def test_a_worker_takes_connections_once_ready_or_stopping(
