@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,21 @@ def test_gc_run_gives_up_a_hung_node_in_seconds_and_reclaims_its_blocks_once_it_
     client.create_bucket(Bucket=bucket)
     body = os.urandom(256 * 1024)  # stored in blocks on both nodes, not in its row
     keys = [f"k{n}" for n in range(4)]
-    for key in keys:
-        client.put_object(Bucket=bucket, Key=key, Body=body)
-    versions = block_versions(tree.folder / "data")
+    data = tree.folder / "data"
+
+    def written_to_both_nodes() -> bool:
+        """Write the keys (again): true once every version has a copy on each node (a
+        gateway may still be giving node1 no blocks after the test before stopped it)."""
+        nonlocal versions
+        before = block_versions(data)  # the module's other tests' blocks, and earlier tries
+        for key in keys:
+            client.put_object(Bucket=bucket, Key=key, Body=body)
+        versions = block_versions(data) - before
+        return all(versions <= versions_on(data / "nodes" / n) for n in ("node0", "node1"))
+
+    versions: set[uuid.UUID] = set()
+    wait_until(written_to_both_nodes, 30)
+    assert len(versions) == len(keys)
     for key in keys:
         client.delete_object(Bucket=bucket, Key=key)
     node = tree.storage_node("node1")
@@ -226,6 +239,11 @@ def test_gc_run_gives_up_a_hung_node_in_seconds_and_reclaims_its_blocks_once_it_
     answered, _ = gc_run()
     assert answered.returncode == 0, answered.stdout + answered.stderr
     assert not versions & block_versions(tree.folder / "data")
+
+
+def versions_on(node_root: Path) -> set[uuid.UUID]:
+    """The versions with a block file on one node."""
+    return {uuid.UUID(f.name.split(".")[0]) for f in (node_root / "blocks").glob("*/*")}
 
 
 def test_a_gateway_whose_nodes_stop_answering_says_503_fast(tree: ServeTree) -> None:
