@@ -94,25 +94,15 @@ def _from_body(call: Call, body: bytes) -> str:
     owner = _canonical_id((policy.findtext("./Owner/ID") or "").strip())
     if owner != str(call.account):
         raise AccessDenied()
-    grants = policy.findall("./AccessControlList/Grant")
-    owner_full_control = public_read = False
-    for grant in grants:
-        kind, who, permission = _grant(grant)
-        if kind == "CanonicalUser" and permission == "FULL_CONTROL" and who == str(call.account):
-            owner_full_control = True
-        elif kind == "Group" and permission == "READ" and who == ALL_USERS:
-            public_read = True
-        else:
-            raise AccessControlListNotSupported(
-                "Shoal keeps only the canned ACLs private and public-read: the owner's "
-                "FULL_CONTROL, and READ for AllUsers"
-            )
-    if not owner_full_control or len(grants) != 1 + public_read:
+    grants = sorted(_grant(grant) for grant in policy.findall("./AccessControlList/Grant"))
+    owner_full_control = ("CanonicalUser", str(call.account), "FULL_CONTROL")
+    public_read = ("Group", ALL_USERS, "READ")
+    if grants not in ([owner_full_control], sorted([owner_full_control, public_read])):
         raise AccessControlListNotSupported(
             "Shoal keeps only the canned ACLs private and public-read: the owner's "
             "FULL_CONTROL, and READ for AllUsers"
         )
-    return PUBLIC_READ if public_read else PRIVATE
+    return PUBLIC_READ if public_read in grants else PRIVATE
 
 
 def _grant(grant: Element) -> tuple[str, str, str]:

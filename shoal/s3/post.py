@@ -178,7 +178,7 @@ def _parse_policy(encoded: str) -> Policy:
 
 
 def _expiration(text: str) -> datetime:
-    """An ISO 8601 time in UTC, as S3 takes it: `2030-01-01T00:00:00Z`, with or without
+    """An ISO 8601 time in UTC, as S3 takes it: `YYYY-MM-DDThh:mm:ssZ`, with or without
     fractions of a second."""
     if not EXPIRATION.fullmatch(text):
         raise InvalidPolicyDocument("Invalid Policy: Invalid 'expiration' value.")
