@@ -14,6 +14,7 @@ Layout under `<data-dir>/postgres/`:
   run/        the Unix socket directory (or a 0700 folder in /tmp when the path is too long),
               which Shoal's own connections use
   server.log  PostgreSQL's log
+  owner.lock  held by the `shoal serve` that runs the server (and starts it again if it dies)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -46,6 +48,9 @@ START_TIMEOUT_SECONDS = 60
 PORT_ATTEMPTS = 3
 # How often a supervising `shoal serve` checks that the postmaster lives.
 SUPERVISE_SECONDS = 1.0
+# How long a command waits for the `serve` that owns a server that went down to start it again
+# (the supervisor's check, then a crash recovery).
+OWNER_RESTART_SECONDS = 30.0
 
 log = logging.getLogger("shoal.metadata")
 
@@ -283,20 +288,74 @@ class EmbeddedPostgres:
         So that `shoal db status` works both beside a running `shoal serve` (which owns the
         server) and alone (which starts the server for the one command). `serve` is the
         owner: it holds the data directory, so a server it finds running was left by a
-        `serve` that died, and must not outlive this one.
+        `serve` that died, and must not outlive this one. A command that finds the server down
+        under a running `serve` waits for that `serve` to start it again.
         """
-        with self._lock():
-            started_here = not self.is_running()
-            if started_here:
+        with contextlib.ExitStack() as held:
+            if owner:
+                held.enter_context(self._owned())
+            started_here = self._start_if_down(owner=owner)
+            try:
+                yield self
+            finally:
+                if started_here or owner:
+                    with self._lock():
+                        self.stop()
+
+    def _start_if_down(self, *, owner: bool) -> bool:
+        """Start the server if it is down; whether we started it. Down under a running
+        `serve` (killed, crashed), it is that `serve`'s to start again, so a command waits:
+        one it started would be stopped when the command ends, under the `serve`'s clients."""
+        deadline: float | None = None
+        while True:
+            with self._lock():
+                if self.is_running():
+                    return False
+                if owner or not self._owner_runs():
+                    self.start()
+                    return True
+            if deadline is None:
+                log.warning("embedded PostgreSQL is down; waiting for `shoal serve` to start it")
+                deadline = time.monotonic() + OWNER_RESTART_SECONDS
+            elif time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    "the embedded PostgreSQL is down and the `shoal serve` that runs it did not "
+                    f"start it again within {OWNER_RESTART_SECONDS:.0f} s: see {self.log_file}"
+                )
+            time.sleep(SUPERVISE_SECONDS / 4)
+            if not self._owner_runs():
                 self.start()
-        try:
-            yield self
-        finally:
-            if started_here or owner:
-                with self._lock():
-                    self.stop()
+                return True
+        log.warning("embedded PostgreSQL is down; waiting for `shoal serve` to start it again")
+        deadline = time.monotonic() + OWNER_RESTART_SECONDS
+        while not self.is_running():
+            if time.monotonic() > deadline or not self._owner_runs():
+                raise EmbeddedPostgresError(
+                    "the embedded PostgreSQL is down and the `shoal serve` that runs it did not "
+                    f"start it again within {OWNER_RESTART_SECONDS:.0f} s: see {self.log_file}"
+                )
+            time.sleep(SUPERVISE_SECONDS / 4)
+        return False
 
     # -- helpers -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _owned(self) -> Iterator[None]:
+        """Mark the server as owned (by `serve`, which starts it again if it dies) while
+        the block runs: other commands then wait for it rather than start it themselves."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "owner.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _owner_runs(self) -> bool:
+        """Whether a `serve` holds the server (`_owned`)."""
+        with open(self.root / "owner.lock", "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            return False
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:

@@ -209,6 +209,35 @@ def test_a_command_against_a_hung_postgres_says_so_within_seconds(tmp_path: Path
         assert again.returncode == 0, again.stderr  # and once it answers, it works
 
 
+def test_a_command_run_while_serves_postgres_is_down_waits_for_serve_to_start_it(
+    tmp_path: Path,
+) -> None:
+    """PostgreSQL dies under a running `serve`, and a command runs before `serve` has started
+    it again. The command must not start a server of its own: it would stop it when it ends,
+    under `serve`'s clients. It waits for `serve`'s, and uses it."""
+    with own_serve(tmp_path) as served:
+        server = EmbeddedPostgres(served.data_dir / "postgres")
+        command = [SHOAL, "node", "list", "--config", str(tmp_path / "shoal.toml")]
+        stop(served.pid)  # its supervisor starts nothing until SIGCONT
+        try:
+            postmaster = _postmaster_pid(served.data_dir)
+            os.kill(postmaster, signal.SIGKILL)
+            # Gone, not a zombie: `pg_ctl status` counts a zombie as running.
+            wait_until(lambda: not psutil.pid_exists(postmaster), 20)
+            waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(3)
+            assert waiting.poll() is None, waiting.communicate()
+            assert not server.is_running(), "the command started PostgreSQL itself"
+        finally:
+            os.kill(served.pid, signal.SIGCONT)
+        _, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert b"waiting for `shoal serve` to start it" in err
+        # `serve`'s server, still up once the command has ended, and serving.
+        assert psutil.pid_exists(_postmaster_pid(served.data_dir))
+        served.raw_client(served.root).list_buckets()
+
+
 def _postmaster_pid(data_dir: Path) -> int:
     return int((data_dir / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
 
