@@ -287,10 +287,14 @@ def test_audit_finds_missing_and_corrupt_blocks_and_repairs_them(
         (second.shark, f"{version.id}.1", "corrupt"),
         (first.shark, f"{version.id}.2", "wrong size"),
     }
+    # Data at risk is a problem line (`shoal pipeline audit` exits 1) until it is repaired.
+    [problem] = found.problems
+    assert problem.startswith("3 of the 3 bad block replicas found (1 missing, 1 wrong size, 1 ")
 
     repaired = job(cluster, spark, "audit", tmp_path, repair=True)
-    assert repaired.figures["repaired"] == 3
+    assert repaired.figures["repaired"] == 3 and repaired.problems == []
     after = job(cluster, spark, "audit", tmp_path)
+    assert after.problems == []
     assert after.figures["blocks missing"] == 0 and after.figures["blocks corrupt"] == 0
     assert after.figures["blocks wrong size"] == 0
     check_live(cluster.store, path, world, run)

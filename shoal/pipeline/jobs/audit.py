@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 import zlib
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -106,7 +107,29 @@ def run(ctx: JobContext) -> Summary:
             "blocks per second": round(blocks_checked / max(seconds, 1e-9)),
         },
         ctx.output,
+        _left_bad(counts, repaired, len(short), restored, ctx.output),
     )
+
+
+def _left_bad(
+    counts: dict[str, int], repaired: int, short: int, restored: int, output: Path
+) -> list[str]:
+    """What the audit found and did not put right, one line each: a job that found data at
+    risk exits 1, so that whatever runs it (cron, a CI check, an operator) notices."""
+    problems = []
+    bad = sum(counts.values())
+    if bad > repaired:
+        kinds = ", ".join(f"{n:,} {kind}" for kind, n in counts.items() if n)
+        problems.append(
+            f"{bad - repaired:,} of the {bad:,} bad block replicas found ({kinds}) not "
+            f"repaired: see {output / 'findings'}"
+        )
+    if short > restored:
+        problems.append(
+            f"{short - restored:,} versions under-replicated and not given their copies: "
+            f"see {output / 'under_replicated'}"
+        )
+    return problems
 
 
 def compared(expected: DataFrame, inventory: DataFrame) -> DataFrame:
