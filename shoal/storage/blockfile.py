@@ -111,7 +111,20 @@ class BlockCorrupt(BlockError):
 
 
 class DiskNotWritable(BlockError):
-    """The disk takes no new file now: read-only (a file system with errors), out of inodes."""
+    """The disk takes no new file, or removes none, now: read-only (a file system with
+    errors, a folder mounted read-only), out of inodes. `removed` are the sizes of the
+    blocks a batch removed before the disk refused."""
+
+    def __init__(self, message: str, removed: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.removed = list(removed)
+
+
+def _refusal(exc: OSError, what: str) -> BlockError:
+    """The block error for a disk that refused `what` ("writes", "deletes")."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutOfSpace("node is out of space")
+    return DiskNotWritable(f"the disk does not take {what}: {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)
@@ -300,6 +313,11 @@ class BlockStore:
                 os.unlink(path)
             except FileNotFoundError:
                 size = None
+            except OSError as exc:
+                removed = [size for size in sizes if size is not None]
+                raise DiskNotWritable(
+                    f"the disk does not take deletes: {exc.strerror or exc}", removed
+                ) from None
             sizes.append(size)
         return sizes
 
@@ -344,7 +362,7 @@ class BlockStore:
         try:
             return _TempBlock(self.tmp / uuid.uuid4().hex, self.direct_writes)
         except OSError as exc:
-            raise DiskNotWritable(f"the disk does not take writes: {exc.strerror or exc}") from None
+            raise _refusal(exc, "writes") from None
 
     def _take_spare(self) -> _TempBlock | None:
         with self._spares_lock:
@@ -376,6 +394,8 @@ class BlockStore:
             if existing.checksum != checksum:
                 raise BlockExists(f"block {final.name} exists with other content") from None
             return False
+        except OSError as exc:  # the blocks folder read-only while tmp/ is not, say
+            raise _refusal(exc, "writes") from None
         _fsync_directory(final.parent)
         return True
 

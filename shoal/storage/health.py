@@ -2,7 +2,8 @@
 
 A disk can turn read-only under a running node (the kernel remounts a file system that has
 errors read-only), fill up, or hang. A node's /ready checks by doing what a block write does,
-on a tiny file: create it in the node's tmp folder, write, fsync, remove. The node's heartbeat
+on a tiny file: create it in the node's tmp folder, write, fsync, remove; and asks whether the
+blocks folder, where writes are linked and deletes unlink, takes writes. The node's heartbeat
 asks the same question, and while the answer is no it offers the registry no free space, so
 that gateways place new blocks on other nodes; reads go on meanwhile.
 """
@@ -10,6 +11,7 @@ that gateways place new blocks on other nodes; reads go on meanwhile.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -91,3 +93,9 @@ class DiskHealth:
         finally:
             os.close(descriptor)
         os.unlink(path)
+        # A write ends with a link into blocks/ and a delete unlinks there: a blocks folder
+        # that refuses (mounted read-only apart from tmp/) stops both. Asked of the kernel,
+        # not tried: a probe's file among the blocks would be listed by inventories.
+        if not os.access(self.store.blocks, os.W_OK):
+            folder = self.store.blocks
+            raise OSError(errno.EROFS, f"{folder} is read-only, or not this user's to write")

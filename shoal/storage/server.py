@@ -418,7 +418,11 @@ class _Handler(socketserver.StreamRequestHandler):
         names = self._json_body().get("names")
         if not isinstance(names, list) or len(names) > MAX_BATCH_DELETE:
             raise Refused(400, f"names must be a list of at most {MAX_BATCH_DELETE}")
-        sizes = self.server.store.remove_many(names)  # an invalid name refuses the whole batch
+        try:
+            sizes = self.server.store.remove_many(names)  # an invalid name refuses them all
+        except DiskNotWritable as refusal:
+            self.server.count.add(-len(refusal.removed), -sum(refusal.removed))
+            raise
         removed = [size for size in sizes if size is not None]
         deleted = len(removed)
         self.server.count.add(-deleted, -sum(removed))

@@ -79,6 +79,41 @@ def test_a_node_whose_disk_turns_read_only_takes_no_new_blocks_and_serves_reads(
         assert sick.shark in written.sharks
 
 
+@pytest.mark.slow
+def test_a_node_whose_blocks_folder_turns_read_only_refuses_writes_and_deletes_with_503(
+    make_storage: MakeStorage, run: Callable[..., Any]
+) -> None:
+    """Only blocks/ read-only (a bind mount, a folder another tool locked): the probe's file in
+    tmp/ still writes, but no block can be linked into place or removed. /ready says so, and
+    writes and deletes are 503s that name the cause, not 500s."""
+    cluster = make_storage(nodes=2)
+    node = cluster.nodes[0]
+    name, data = block_name(uuid7(), 0), os.urandom(100_000)
+    assert run(cluster.client.put_block(node.url, name, data))
+    with read_only_bind_mount(node.root / "blocks"):
+        wait_for(lambda: node.readiness()[0] == 503, 5)
+        assert "blocks is read-only" in node.readiness()[1]["reason"]
+        with pytest.raises(NodeUnavailable, match="503 the disk does not take writes"):
+            run(cluster.client.put_block(node.url, block_name(uuid7(), 0), data))
+        with pytest.raises(NodeUnavailable, match="503 the disk does not take deletes"):
+            run(cluster.client.delete_blocks(node.url, [name]))
+        assert run(cluster.client.get_block(node.url, name)) == data  # reads go on
+    wait_for(lambda: node.readiness()[0] == 200, 5)
+    assert run(cluster.client.delete_blocks(node.url, [name])) == 1
+
+
+@contextlib.contextmanager
+def read_only_bind_mount(folder: Path) -> Iterator[None]:
+    bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
 @contextlib.contextmanager
 def node_on_its_own_tmpfs(
     cluster: StorageCluster, parent: Path, run: Callable[..., Any]
