@@ -6,6 +6,8 @@ import asyncio
 import importlib
 import logging
 import os
+import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +26,12 @@ if TYPE_CHECKING:  # Spark loads with a job, not with the scheduler in `serve` t
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("shoal.pipeline")
+
+# How long a run that reached the metadata tier waits for it to note the run in the history:
+# `serve` starts a killed embedded PostgreSQL again within seconds (its crash recovery
+# included).
+RECORD_WAIT_SECONDS = 20.0
+RECORD_RETRY_SECONDS = 0.5
 
 JOBS = ("gc", "audit", "orphans", "meter", "lifecycle", "inventory", "rebalance")
 
@@ -49,12 +57,17 @@ def run_job(
     started = datetime.now(UTC)
     root = output or config.data_dir / "pipeline"
     folder = root / job / started.strftime("%Y%m%dT%H%M%S%fZ")
+    ring = None
     try:
-        summary = _run(job, config, shards, master, root, folder, options, spark, started)
+        ring = asyncio.run(_ring(shards))
+        summary = _run(job, config, shards, ring, master, root, folder, options, spark, started)
     except Exception as exc:
         failed = str(folder.absolute())
         run = PipelineRun(job, started, "failed", error=failure_line(exc), output=failed)
-        _record(shards, run, job_failed=True)
+        # A job that reached the metadata tier and lost it on the way (PostgreSQL killed,
+        # and started again by `serve`) waits for it to come back to note its failure; one
+        # that never reached it says so in its error and waits for nothing.
+        _record(shards, run, job_failed=True, wait=RECORD_WAIT_SECONDS if ring is not None else 0.0)
         raise
     outcome = "problems" if summary.problems else "ok"
     _record(
@@ -67,6 +80,7 @@ def run_job(
             problems=summary.problems,
             output=str(summary.output.absolute()),
         ),
+        wait=RECORD_WAIT_SECONDS,
     )
     return summary
 
@@ -75,6 +89,7 @@ def _run(
     job: str,
     config: Config,
     shards: list[ShardConfig],
+    ring: Any,
     master: str | None,
     root: Path,
     folder: Path,
@@ -86,7 +101,6 @@ def _run(
 
     module = importlib.import_module(f"shoal.pipeline.jobs.{job}")
     run_module: Callable[[JobContext], Summary] = module.run  # each job module's entry point
-    ring = asyncio.run(_ring(shards))
     log_file = folder.parent / "spark.log"
     session = spark if spark is not None else spark_session(job, master, log_file, config.pipeline)
     progress = Progress(job, session.sparkContext)
@@ -113,10 +127,13 @@ def _run(
         make_private(root, folder.parent)
 
 
-def _record(shards: list[ShardConfig], run: PipelineRun, *, job_failed: bool = False) -> None:
-    """Add the run to the history; a history that cannot be written costs a warning, never
-    the run's own result. Not when a failed job could not reach the shard either: its own
-    error, the one line the user sees, says so already."""
+def _record(
+    shards: list[ShardConfig], run: PipelineRun, *, job_failed: bool = False, wait: float = 0.0
+) -> None:
+    """Add the run to the history, trying again for up to `wait` seconds while the catalog's
+    PostgreSQL cannot be reached. A history that cannot be written costs a warning, never the
+    run's own result. Not when a failed job could not reach the shard either: its own error,
+    the one line the user sees, says so already."""
 
     async def write() -> None:
         async with await psycopg.AsyncConnection.connect(
@@ -124,11 +141,18 @@ def _record(shards: list[ShardConfig], run: PipelineRun, *, job_failed: bool = F
         ) as conn:
             await record_run(conn, run)
 
-    try:
-        asyncio.run(write())
-    except Exception as exc:
-        level = logging.DEBUG if job_failed and connection_failed(exc) else logging.WARNING
-        log.log(level, "pipeline %s: the run was not recorded in the history: %s", run.job, exc)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            asyncio.run(write())
+            return
+        except Exception as exc:
+            if connection_failed(exc) and time.monotonic() < deadline:
+                time.sleep(RECORD_RETRY_SECONDS)
+                continue
+            level = logging.DEBUG if job_failed and connection_failed(exc) else logging.WARNING
+            log.log(level, "pipeline %s: the run was not recorded in the history: %s", run.job, exc)
+            return
 
 
 def make_private(*trees: Path) -> None:
@@ -153,6 +177,12 @@ def make_private(*trees: Path) -> None:
 # Py4JJavaError holding one) whose first line says only that the worker raised; the worker's
 # own traceback follows in the text.
 _TRACEBACK = "Traceback (most recent call last):"
+# A failure of Spark's own (Py4JJavaError) says first which call of the JVM it was, then the
+# JVM's exception; a task's failure inside it names the task and host before its own error.
+_JAVA_CALL = "An error occurred while calling "
+_TASK_FAILURE = re.compile(r"most recent failure: Lost task .*?\): (.*)")
+# What Spark appends to a crashed Python worker's error: advice for Spark's developers.
+_SPARK_ADVICE = " Consider setting "
 
 
 def failure_line(exc: BaseException) -> str:
@@ -165,8 +195,22 @@ def failure_line(exc: BaseException) -> str:
         for line in text[at + len(_TRACEBACK) :].splitlines():
             if line.strip() and not line[0].isspace():
                 return _short(_without_module(line.strip()))
-    text = text.strip()
-    return _short(text.splitlines()[0]) if text else type(exc).__name__
+    lines = text.strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith(_JAVA_CALL) and len(lines) > 1:
+        return _short(_java_failure(lines[1].removeprefix(": ")))
+    return _short(lines[0])
+
+
+def _java_failure(line: str) -> str:
+    """The JVM's exception line without its package, and for a failed task only the task's
+    own error (an executor that died: `Python worker exited unexpectedly (crashed)`)."""
+    task = _TASK_FAILURE.search(line)
+    if task is None:
+        return _without_module(line)
+    cause = _without_module(task.group(1)).split(_SPARK_ADVICE)[0]
+    return f"a Spark task failed: {cause}"
 
 
 def _without_module(line: str) -> str:

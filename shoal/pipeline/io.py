@@ -236,7 +236,7 @@ def driver_rows(
         if not vnodes:
             continue
         with connect(shard.name, shard.dsn) as conn:
-            _join_snapshot(conn, snapshots[shard.name])
+            _join_snapshot(conn, snapshots[shard.name], shard.name)
             for vnode in vnodes:
                 query = template.replace(
                     "{schema}", sql.Identifier(vnode_schema(vnode)).as_string(None)
@@ -379,7 +379,7 @@ def read_batches(tasks: Iterable[ReadTask]) -> Iterator[pa.RecordBatch]:
                 connections[task.shard] = conn
                 joined[task.shard] = (task.dsn, task.snapshot)
             try:
-                _join_snapshot(conn, task.snapshot)
+                _join_snapshot(conn, task.snapshot, task.shard)
             except AdbcError as exc:
                 raise _arrow_classified(exc, task.shard) from None
             try:
@@ -571,16 +571,30 @@ def _statement(conn: AdbcConnection, statement: str) -> None:
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
-def _join_snapshot(conn: psycopg.Connection[Any] | AdbcConnection, snapshot: str) -> None:
+def _join_snapshot(
+    conn: psycopg.Connection[Any] | AdbcConnection, snapshot: str, shard: str
+) -> None:
     """Begin a read-only transaction that sees exactly the driver's exported snapshot."""
     join = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)).as_string(None)
-    if isinstance(conn, psycopg.Connection):
-        conn.execute(_BEGIN_READ)
-        conn.execute(join)
-        return
-    _statement(conn, _BEGIN_READ)
-    _statement(conn, join)
+    try:
+        if isinstance(conn, psycopg.Connection):
+            conn.execute(_BEGIN_READ)
+            conn.execute(join)
+            return
+        _statement(conn, _BEGIN_READ)
+        _statement(conn, join)
+    except (psycopg.Error, AdbcError) as exc:
+        if exc.sqlstate == UNDEFINED_OBJECT:
+            raise MetadataUnavailable(
+                f"shard {shard} lost the snapshot this job reads (its PostgreSQL restarted, or "
+                "ended the driver's connection, during the job): run the job again"
+            ) from None
+        raise
 
+
+# The SQLSTATE of SET TRANSACTION SNAPSHOT naming a snapshot that is no more: its exporting
+# transaction ended (a PostgreSQL restart ends them all).
+UNDEFINED_OBJECT = "42704"
 
 # What ADBC and libpq put before the server's or libpq's own words.
 _ADBC_PREFIXES = ("IO: ", "[libpq] ", "Execution error [PGRES_FATAL_ERROR]: ")

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,43 @@ def test_a_command_run_while_serves_postgres_is_down_waits_for_serve_to_start_it
         # `serve`'s server, still up once the command has ended, and serving.
         assert psutil.pid_exists(_postmaster_pid(served.data_dir))
         served.raw_client(served.root).list_buckets()
+
+
+def test_a_job_that_lost_postgresql_notes_its_failure_once_it_is_back(
+    tmp_path: Path, run: Any
+) -> None:
+    """A pipeline job whose PostgreSQL was killed under it fails; `serve` starts the server
+    again within seconds, and the job's failure must be in the history then, not lost."""
+    from shoal import pipeline
+    from shoal.config import MetadataConfig, ShardConfig
+    from shoal.metadata.migrate import migrate
+    from shoal.metadata.pipeline_runs import PipelineRun, read_runs
+
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    server.start()
+    try:
+        shards = [ShardConfig(name="pg", dsn=server.dsn("postgres"))]
+        run(migrate(shards, MetadataConfig(vnodes=8, partitions_ahead=1)))
+        server.stop()
+        failed = PipelineRun("gc", datetime.now(UTC), "failed", error="lost the shard")
+        threading.Timer(2.0, server.start).start()
+        started = time.monotonic()
+        pipeline._record(shards, failed, job_failed=True, wait=pipeline.RECORD_WAIT_SECONDS)
+        assert 1.5 < time.monotonic() - started < pipeline.RECORD_WAIT_SECONDS
+
+        async def runs() -> list[PipelineRun]:
+            async with await psycopg.AsyncConnection.connect(shards[0].dsn) as conn:
+                return await read_runs(conn, "gc")
+
+        [noted] = run(runs())
+        assert (noted.outcome, noted.error) == ("failed", "lost the shard")
+        # A job that never reached PostgreSQL waits for nothing: its error says it all.
+        server.stop()
+        started = time.monotonic()
+        pipeline._record(shards, failed, job_failed=True)
+        assert time.monotonic() - started < 1.5
+    finally:
+        server.stop()
 
 
 def _postmaster_pid(data_dir: Path) -> int:

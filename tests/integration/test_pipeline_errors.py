@@ -109,6 +109,19 @@ def test_an_executor_error_reaches_the_user_as_its_own_last_line(spark: Any) -> 
     assert failure_line(raised.value) == line
 
 
+@pytest.mark.slow
+def test_an_executor_that_dies_mid_job_is_one_line_saying_so(spark: Any, tmp_path: Path) -> None:
+    """A Python worker killed under a task (OOM killer, kill -9): Spark's error starts 'An
+    error occurred while calling o40.parquet'; the user's one line says a task failed, why."""
+    rdd = spark.sparkContext.parallelize([1], 1).map(lambda _: os.kill(os.getpid(), 9) or (1,))
+    with pytest.raises(Exception) as raised:
+        spark.createDataFrame(rdd, "x int").write.parquet(str(tmp_path / "never"))
+    line = failure_line(raised.value)
+    assert (
+        line == "a Spark task failed: SparkException: Python worker exited unexpectedly (crashed)."
+    ), line
+
+
 def test_an_arrow_reader_that_cannot_reach_its_shard_names_it(spark: Any) -> None:
     """The partition readers (ADBC, in executors) name the shard they cannot connect to,
     and that is the one line the user sees."""
@@ -168,6 +181,37 @@ def test_a_shard_that_stops_mid_read_is_named(
             list(batches)
     assert str(raised.value).startswith(f"shard {shard.name} is unreachable: "), raised.value
     assert "terminating connection due to administrator command" in str(raised.value)
+
+
+def test_a_reader_whose_snapshot_is_gone_says_to_run_the_job_again(
+    one_object_in_vnode_0: ShardConfig,
+) -> None:
+    """The driver's transaction that exported the job's snapshot ends under it (PostgreSQL
+    restarted mid-job ends them all): the readers say so, naming the shard, rather than
+    PostgreSQL's bare 'snapshot does not exist'."""
+    shard = one_object_in_vnode_0
+    query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
+    with io.exported_snapshots([shard]) as snapshots:
+        with psycopg.connect(shard.dsn, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query = 'SELECT pg_export_snapshot()' AND datname = current_database()"
+            ).fetchall()
+        assert ended == [(True,)]
+        readers = [
+            lambda: list(
+                io.read_batches(
+                    [io.ReadTask(shard.name, shard.dsn, snapshots[shard.name], 0, query)]
+                )
+            ),
+            lambda: io.driver_rows([shard], initial_ring([shard.name], 2), snapshots, query),
+        ]
+        for read in readers:
+            with pytest.raises(MetadataUnavailable) as raised:
+                read()
+            said = str(raised.value)
+            assert said.startswith(f"shard {shard.name} lost the snapshot this job reads"), said
+            assert said.endswith("run the job again")
 
 
 # -- Java --------------------------------------------------------------------------------------
