@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -113,7 +114,12 @@ def test_an_executor_error_reaches_the_user_as_its_own_last_line(spark: Any) -> 
 def test_an_executor_that_dies_mid_job_is_one_line_saying_so(spark: Any, tmp_path: Path) -> None:
     """A Python worker killed under a task (OOM killer, kill -9): Spark's error starts 'An
     error occurred while calling o40.parquet'; the user's one line says a task failed, why."""
-    rdd = spark.sparkContext.parallelize([1], 1).map(lambda _: os.kill(os.getpid(), 9) or (1,))
+
+    def die(_: int) -> tuple[int]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return (1,)
+
+    rdd = spark.sparkContext.parallelize([1], 1).map(die)
     with pytest.raises(Exception) as raised:
         spark.createDataFrame(rdd, "x int").write.parquet(str(tmp_path / "never"))
     line = failure_line(raised.value)
@@ -171,12 +177,7 @@ def test_a_shard_that_stops_mid_read_is_named(
         ]
         batches = io.read_batches(tasks)
         assert next(batches).num_rows == 1  # vnode 0 read; vnode 1 not yet
-        with psycopg.connect(shard.dsn, autocommit=True) as conn:
-            stopped = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = 'doomed-reader'"
-            ).fetchall()
-        assert stopped == [(True,)]
+        assert terminated(shard.dsn, "application_name = 'doomed-reader'") == [(True,)]
         with pytest.raises(MetadataUnavailable) as raised:
             list(batches)
     assert str(raised.value).startswith(f"shard {shard.name} is unreachable: "), raised.value
@@ -192,12 +193,8 @@ def test_a_reader_whose_snapshot_is_gone_says_to_run_the_job_again(
     shard = one_object_in_vnode_0
     query = io.LIVE_OBJECTS.replace("{columns}", io.OBJECT_COLUMNS)
     with io.exported_snapshots([shard]) as snapshots:
-        with psycopg.connect(shard.dsn, autocommit=True) as conn:
-            ended = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query = 'SELECT pg_export_snapshot()' AND datname = current_database()"
-            ).fetchall()
-        assert ended == [(True,)]
+        exporter = "query = 'SELECT pg_export_snapshot()' AND datname = current_database()"
+        assert terminated(shard.dsn, exporter) == [(True,)]
         readers = [
             lambda: list(
                 io.read_batches(
@@ -212,6 +209,13 @@ def test_a_reader_whose_snapshot_is_gone_says_to_run_the_job_again(
             said = str(raised.value)
             assert said.startswith(f"shard {shard.name} lost the snapshot this job reads"), said
             assert said.endswith("run the job again")
+
+
+def terminated(dsn: str, which: str) -> list[tuple[Any, ...]]:
+    """pg_terminate_backend of the backends of pg_stat_activity `which` names."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        query = f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {which}"
+        return conn.execute(query).fetchall()
 
 
 # -- Java --------------------------------------------------------------------------------------
