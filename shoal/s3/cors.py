@@ -18,7 +18,7 @@ from typing import Any
 from xml.etree.ElementTree import Element
 
 from shoal.metadata import Bucket, BucketNotFound, MetadataError, MetadataStore
-from shoal.s3 import http
+from shoal.s3 import http, payload
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import ANONYMOUS, Call, handles
 from shoal.s3.errors import (
@@ -37,8 +37,9 @@ MAX_RULES = 100
 MAX_ID_CHARS = 255
 METHODS = ("GET", "PUT", "POST", "DELETE", "HEAD")
 RULES_KEEP_SECONDS = 1.0
-# Every answer that depends on the CORS rules varies with these request headers (S3 sends
-# all three, so that a cache never serves one origin's answer to another).
+# An answer a CORS rule allowed varies with these request headers (S3 sends all three, so
+# that a cache never serves one origin's answer to another); S3 sends no Vary when no rule
+# matched.
 VARY = "Origin, Access-Control-Request-Headers, Access-Control-Request-Method"
 NOT_ENABLED = "CORSResponse: CORS is not enabled for this bucket."
 NOT_ALLOWED = (
@@ -67,6 +68,7 @@ async def put_bucket_cors(call: Call) -> http.Response:
     rules = [parse_rule(rule) for rule in document.findall("CORSRule")]
     if not rules or len(rules) > MAX_RULES:
         raise MalformedXML(f"a CORS configuration has 1 to {MAX_RULES} rules")
+    payload.require_digest(call.request.headers, call.verified.trailers)
     await call.store.buckets.put_cors(call.account, call.bucket, rules)
     _forget()
     return http.Response()
@@ -156,12 +158,12 @@ async def preflight(store: MetadataStore, request: http.Request, where: Address)
     if method not in METHODS:
         raise BadRequest(f"Invalid Access-Control-Request-Method: {method or 'null'}")
     fields = {"Method": method, "ResourceType": "OBJECT" if where.key else "BUCKET"}
-    request.response_headers["Vary"] = VARY
     asked = _header_list(request.headers.get("access-control-request-headers", ""))
     rule = _first_match(rules, origin, method, asked)
     if rule is None:
         raise AccessForbidden(NOT_ALLOWED, **fields)
     headers = _allowing(rule, origin)
+    headers["Vary"] = VARY
     headers["Access-Control-Allow-Methods"] = ", ".join(rule["methods"])
     if asked:
         headers["Access-Control-Allow-Headers"] = ", ".join(asked)
@@ -183,10 +185,10 @@ async def add_headers(call: Call) -> None:
         return  # the operation itself will say what is wrong
     if rules is None:
         return
-    call.request.response_headers["Vary"] = VARY
     rule = _first_match(rules, origin, call.request.method, [])
     if rule is not None:
         call.request.response_headers.update(_allowing(rule, origin))
+        call.request.response_headers["Vary"] = VARY
         call.request.response_headers["Access-Control-Allow-Methods"] = ", ".join(rule["methods"])
         if rule["max_age"] is not None:
             call.request.response_headers["Access-Control-Max-Age"] = str(rule["max_age"])

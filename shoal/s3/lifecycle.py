@@ -26,7 +26,7 @@ from shoal.lifecycle import (
     expiration_date_problem,
     problem_with,
 )
-from shoal.s3 import http, tags
+from shoal.s3 import http, payload, tags
 from shoal.s3 import xml as s3xml
 from shoal.s3.app import Call, handles
 from shoal.s3.errors import (
@@ -77,6 +77,7 @@ async def put_bucket_lifecycle(call: Call) -> http.Response:
         if not rule["id"]:
             rule["id"] = _generated_id()
     assert problem_with(rules) is None, problem_with(rules)  # what the lifecycle job accepts
+    payload.require_digest(call.request.headers, call.verified.trailers)
     await call.store.buckets.put_lifecycle(call.account, call.bucket, rules)
     return http.Response()
 

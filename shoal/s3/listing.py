@@ -158,13 +158,31 @@ async def list_objects_v2(call: Call) -> http.Response:
     return http.Response(body=body, content_type=XML)
 
 
+def check_version_id_marker(query: dict[str, str]) -> None:
+    """S3's refusals of a `version-id-marker`: without a `key-marker` parameter (an empty one
+    counts as given, as S3 takes it), and one that names no version. Every object is its
+    "null" version, so that is the only id there is."""
+    marker = query.get("version-id-marker")
+    if not marker:
+        return
+    if "key-marker" not in query:
+        raise InvalidArgument(
+            "A version-id marker cannot be specified without a key marker.",
+            ArgumentName="version-id-marker",
+            ArgumentValue=marker,
+        )
+    if marker != "null":
+        raise InvalidArgument(
+            "Invalid version id specified", ArgumentName="version-id-marker", ArgumentValue=marker
+        )
+
+
 @handles(Endpoint.ListObjectVersions)
 async def list_object_versions(call: Call) -> http.Response:
     """An unversioned bucket as S3 shows it: each object is its only, "null", version."""
     encode = encoder(call)
     key_marker = call.query.get("key-marker", "")
-    if call.query.get("version-id-marker") and not key_marker:
-        raise InvalidArgument("A version-id marker cannot be specified without a key marker.")
+    check_version_id_marker(call.query)
     page = await page_of(call, key_marker, max_keys(call))
     versions = [
         {

@@ -282,8 +282,7 @@ async def delete_objects(call: Call) -> http.Response:
         )
         for t in targets
     ]
-    if not payload.digest_sent(call.request.headers, call.verified.trailers):
-        raise InvalidRequest("Missing required header for this request: Content-MD5")
+    payload.require_digest(call.request.headers, call.verified.trailers)
     deleted, errors = [], []
 
     def refused(key: str, version: str | None, exc: Exception) -> None:

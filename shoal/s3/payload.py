@@ -201,10 +201,13 @@ def check_md5(expected: bytes | None, calculated: bytes) -> None:
         )
 
 
-def digest_sent(headers: Mapping[str, str], trailers: Mapping[str, str]) -> bool:
-    """Whether a request carries a Content-MD5 or an x-amz-checksum-* for its body."""
+def require_digest(headers: Mapping[str, str], trailers: Mapping[str, str]) -> None:
+    """InvalidRequest, as S3 answers, unless a request carries a Content-MD5 or an
+    x-amz-checksum-* (header or trailer) for its body: S3 asks for one on DeleteObjects,
+    PutBucketCors and PutBucketLifecycleConfiguration (newer SDKs send a checksum instead)."""
     sent = _sent_digests(headers, trailers)
-    return "content-md5" in sent or any(f"x-amz-checksum-{n}" in sent for n in S3_CHECKSUMS)
+    if "content-md5" not in sent and not any(f"x-amz-checksum-{n}" in sent for n in S3_CHECKSUMS):
+        raise InvalidRequest("Missing required header for this request: Content-MD5")
 
 
 def _sent_digests(headers: Mapping[str, str], trailers: Mapping[str, str]) -> dict[str, str]:

@@ -40,6 +40,7 @@ from shoal.s3.router import Address, Endpoint
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 V4_FIELDS = ("x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature")
+SIGNATURE_FIELDS = (*V4_FIELDS, "awsaccesskeyid", "signature")
 # Fields no condition needs to cover (S3's rule; a SigV2 form's key id and signature too);
 # x-ignore-* too.
 UNCHECKED_FIELDS = frozenset({"x-amz-signature", "file", "policy", "awsaccesskeyid", "signature"})
@@ -88,11 +89,7 @@ async def authenticated_call(
     account, policy = await _verify_signature(gateway, fields)
     if reader.file is None:
         raise IncorrectNumberOfFilesInPostRequest()
-    if "key" not in fields:
-        raise InvalidArgument(
-            "Bucket POST must contain a field named 'key'.  If it is "
-            "specified, please check the order of the fields."
-        )
+    _require(fields, "key")
     key = fields["key"].replace("${filename}", reader.file.filename)
     _check_conditions(policy, fields, where.bucket or "", key)
     form = PostedForm(fields, reader, policy)
@@ -105,10 +102,14 @@ async def authenticated_call(
 async def _verify_signature(
     gateway: Gateway, fields: Mapping[str, str]
 ) -> tuple[uuid.UUID, Policy]:
+    if not any(name in fields for name in SIGNATURE_FIELDS):
+        # An anonymous upload, which S3 lets only into a bucket anyone may write to (Shoal
+        # has no such bucket); S3 answers so to a form of only `key` and `policy`.
+        raise AccessDenied()
     if "x-amz-algorithm" not in fields and ("awsaccesskeyid" in fields or "signature" in fields):
         return await _verify_v2_signature(gateway, fields)
     _require(
-        fields, "policy", "x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature"
+        fields, "Policy", "X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Signature"
     )
     if fields["x-amz-algorithm"] != ALGORITHM:
         raise InvalidArgument(f"The algorithm must be {ALGORITHM}.")
@@ -135,7 +136,7 @@ async def _verify_v2_signature(
     generate_presigned_post makes for a client in us-east-1 without a signature_version.
     Let in as SigV2 presigned URLs are (`[s3] signature_v2`)."""
     sigv2.refuse_form_if_off(gateway.config.signature_v2)
-    _require(fields, "awsaccesskeyid", "policy", "signature")
+    _require(fields, "AWSAccessKeyId", "Policy", "Signature")
     account, secret = await gateway.credentials.secret_of(fields["awsaccesskeyid"])
     if not sigv2.policy_signature_holds(secret, fields["policy"], fields["signature"]):
         raise SignatureDoesNotMatch()
@@ -143,11 +144,15 @@ async def _verify_v2_signature(
 
 
 def _require(fields: Mapping[str, str], *names: str) -> None:
+    """InvalidArgument for the first of `names` the form lacks, named as S3 spells it
+    (`X-Amz-Signature`, `AWSAccessKeyId`, but `key`); field names are compared in lowercase."""
     for name in names:
-        if name not in fields:
+        if name.lower() not in fields:
             raise InvalidArgument(
                 f"Bucket POST must contain a field named '{name}'.  If it is "
-                "specified, please check the order of the fields."
+                "specified, please check the order of the fields.",
+                ArgumentName=name,
+                ArgumentValue="",
             )
 
 

@@ -377,6 +377,36 @@ def test_versions_of_an_unversioned_bucket(s3: Any, bucket: str) -> None:
     assert s3.delete_object(Bucket=bucket, Key="never")["ResponseMetadata"]["HTTPStatusCode"] == 204
 
 
+def test_version_id_markers_are_refused_as_s3_refuses_them(s3: Any, bucket: str) -> None:
+    """S3's answers (localstack's AWS snapshot of test_list_objects_versions_markers; Swift's
+    s3api test_get_versioned_object_invalid_params): a key-marker must be given, even an
+    empty one, and the marker must be a version id (here only "null" is one)."""
+
+    def refusal(**markers: str) -> tuple[str, str, str, str]:
+        with pytest.raises(ClientError) as raised:
+            s3.list_object_versions(Bucket=bucket, **markers)
+        error = raised.value.response["Error"]
+        return error["Code"], error["Message"], error["ArgumentName"], error["ArgumentValue"]
+
+    without_key_marker = "A version-id marker cannot be specified without a key marker."
+    assert refusal(VersionIdMarker="null") == (
+        "InvalidArgument",
+        without_key_marker,
+        "version-id-marker",
+        "null",
+    )
+    for markers in ({"KeyMarker": "v"}, {"KeyMarker": ""}):
+        assert refusal(**markers, VersionIdMarker="bogus") == (
+            "InvalidArgument",
+            "Invalid version id specified",
+            "version-id-marker",
+            "bogus",
+        )
+    s3.put_object(Bucket=bucket, Key="w", Body=b"1")
+    listed = s3.list_object_versions(Bucket=bucket, KeyMarker="", VersionIdMarker="null")
+    assert [v["Key"] for v in listed["Versions"]] == ["w"]
+
+
 def test_presigned_get_and_put(s3: Any, bucket: str) -> None:
     put_url = s3.generate_presigned_url(
         "put_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60

@@ -42,6 +42,22 @@ def error_of(response: urllib3.BaseHTTPResponse) -> tuple[int, str, str]:
     return response.status, root.findtext("Code") or "", root.findtext("Message") or ""
 
 
+def without(post: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {**post, "fields": {k: v for k, v in post["fields"].items() if k not in names}}
+
+
+def assert_missing_field(response: urllib3.BaseHTTPResponse, named: str) -> None:
+    """S3's answer to a form without a field it needs (localstack's AWS snapshots of
+    test_post_request_missing_signature and _missing_fields)."""
+    root = ElementTree.fromstring(response.data)
+    assert (response.status, root.findtext("Code")) == (400, "InvalidArgument"), response.data
+    assert root.findtext("Message") == (
+        f"Bucket POST must contain a field named '{named}'.  "
+        "If it is specified, please check the order of the fields."
+    )
+    assert (root.findtext("ArgumentName"), root.findtext("ArgumentValue")) == (named, "")
+
+
 def test_presigned_post_with_conditions(s3: Any, bucket: str) -> None:
     post = s3.generate_presigned_post(
         bucket,
@@ -172,10 +188,22 @@ def test_violated_conditions_answer_s3_codes(s3: Any, bucket: str) -> None:
     )
     assert error_of(response)[:2] == (400, "IncorrectNumberOfFilesInPostRequest")
 
-    for name in ("key", "policy"):
-        fields = {k: v for k, v in limited["fields"].items() if k != name}
-        assert error_of(post_form({**limited, "fields": fields}, b"x" * 6))[1] == "InvalidArgument"
     assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 1  # only the x-ignore-* one
+
+
+def test_a_missing_field_is_named_as_s3_names_it(s3: Any, bucket: str) -> None:
+    post = s3.generate_presigned_post(bucket, "k")
+    for dropped, named in (
+        (("key",), "key"),
+        (("policy",), "Policy"),
+        (("x-amz-signature",), "X-Amz-Signature"),
+        (("x-amz-algorithm", "x-amz-credential"), "X-Amz-Algorithm"),
+    ):
+        assert_missing_field(post_form(without(post, *dropped), b"x"), named)
+    # No signature field at all: an anonymous upload, which a private bucket refuses.
+    anonymous = {**post, "fields": {"key": "k", "policy": post["fields"]["policy"]}}
+    assert error_of(post_form(anonymous, b"x")) == (403, "AccessDenied", "Access Denied")
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket)
 
 
 def test_fields_refused_as_put_object_headers_are(s3: Any, bucket: str) -> None:
@@ -267,8 +295,8 @@ def test_a_form_signed_with_sigv2_uploads(served: Served, s3: Any, bucket: str) 
     assert error_of(post_form(forged, b"x"))[:2] == (403, "SignatureDoesNotMatch")
     unknown = {**post, "fields": {**post["fields"], "AWSAccessKeyId": "AKIDUNKNOWN"}}
     assert error_of(post_form(unknown, b"x"))[:2] == (403, "InvalidAccessKeyId")
-    unsigned = {**post, "fields": {k: v for k, v in post["fields"].items() if k != "signature"}}
-    assert error_of(post_form(unsigned, b"x"))[:2] == (400, "InvalidArgument")
+    assert_missing_field(post_form(without(post, "signature"), b"x"), "Signature")
+    assert_missing_field(post_form(without(post, "AWSAccessKeyId"), b"x"), "AWSAccessKeyId")
 
 
 def policy_signer(served: Served, url: str) -> tuple[Callable[[str], str], dict[str, str]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -185,20 +187,22 @@ def test_list_objects_v1_gives_a_next_marker_only_with_a_delimiter(s3: Any, buck
     assert [o["Key"] for o in rest["Contents"]] == ["c"] and not rest["IsTruncated"]
 
 
+LIFECYCLE = (
+    b"<LifecycleConfiguration><Rule><ID>r</ID><Filter><Prefix>tmp/</Prefix></Filter>"
+    b"<Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule>"
+    b"</LifecycleConfiguration>"
+)
+CORS = (
+    b"<CORSConfiguration><CORSRule><AllowedOrigin>*</AllowedOrigin>"
+    b"<AllowedMethod>GET</AllowedMethod></CORSRule></CORSConfiguration>"
+)
+
+
 def test_every_xml_body_is_checked_against_its_digests(served: Served, bucket: str) -> None:
-    lifecycle = (
-        b"<LifecycleConfiguration><Rule><ID>r</ID><Filter><Prefix>tmp/</Prefix></Filter>"
-        b"<Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule>"
-        b"</LifecycleConfiguration>"
-    )
-    cors = (
-        b"<CORSConfiguration><CORSRule><AllowedOrigin>*</AllowedOrigin>"
-        b"<AllowedMethod>GET</AllowedMethod></CORSRule></CORSConfiguration>"
-    )
     tagging = b"<Tagging><TagSet><Tag><Key>k</Key><Value>v</Value></Tag></TagSet></Tagging>"
     bodies = {
-        f"/{bucket}?lifecycle": lifecycle,
-        f"/{bucket}?cors": cors,
+        f"/{bucket}?lifecycle": LIFECYCLE,
+        f"/{bucket}?cors": CORS,
         f"/{bucket}?tagging": tagging,
     }
     wrong_md5 = base64.b64encode(hashlib.md5(b"another body").digest()).decode()
@@ -218,6 +222,52 @@ def test_every_xml_body_is_checked_against_its_digests(served: Served, bucket: s
         served, "PUT", f"/{unique('md5')}", b"", headers={"Content-MD5": wrong_md5}
     )
     assert (new_bucket.status, code_of(new_bucket.body)) == (400, "BadDigest")
+
+
+def test_cors_lifecycle_and_delete_objects_need_a_digest(
+    served: Served, s3: Any, bucket: str
+) -> None:
+    """S3 refuses these three without Content-MD5 or an x-amz-checksum-* (botocore issue 1888,
+    aws-cli issue 229: AWS's answer); boto3 and the aws cli as installed send one."""
+    delete = b"<Delete><Object><Key>k</Key></Object></Delete>"
+    for method, path, body in (
+        ("PUT", f"/{bucket}?lifecycle", LIFECYCLE),
+        ("PUT", f"/{bucket}?cors", CORS),
+        ("POST", f"/{bucket}?delete", delete),
+    ):
+        refused = raw_request(served, method, path, body)
+        assert (refused.status, code_of(refused.body)) == (400, "InvalidRequest"), path
+        assert b"<Message>Missing required header for this request: Content-MD5</Message>" in (
+            refused.body
+        )
+        crc32 = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+        taken = raw_request(served, method, path, body, headers={"x-amz-checksum-crc32": crc32})
+        assert taken.status in (200, 204), (path, taken.body)
+    rules = [
+        {"ID": "r", "Filter": {"Prefix": "t/"}, "Status": "Enabled", "Expiration": {"Days": 2}}
+    ]
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    cors_rules = [{"AllowedOrigins": ["*"], "AllowedMethods": ["HEAD"]}]
+    s3.put_bucket_cors(Bucket=bucket, CORSConfiguration={"CORSRules": cors_rules})
+    aws(
+        served,
+        "s3api",
+        "put-bucket-cors",
+        "--bucket",
+        bucket,
+        "--cors-configuration",
+        json.dumps({"CORSRules": cors_rules}),
+    )
+    aws(
+        served,
+        "s3api",
+        "put-bucket-lifecycle-configuration",
+        "--bucket",
+        bucket,
+        "--lifecycle-configuration",
+        json.dumps({"Rules": rules}),
+    )
+    assert s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"][0]["ID"] == "r"
 
 
 RULE = "<Status>Enabled</Status><Filter><Prefix>a</Prefix></Filter>"
