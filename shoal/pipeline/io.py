@@ -833,6 +833,31 @@ INVENTORY_SCHEMA = T.StructType(
 LIVE_PARTS = OPEN_PARTS
 
 
+# How long the driver gives each node to answer its /status before a job leaves it out.
+ANSWER_SECONDS = 3.0
+
+
+def answering_nodes(
+    urls: dict[str, str], access: ClientSettings
+) -> tuple[dict[str, str], list[str]]:
+    """The nodes of `urls` that answer their /status now, and the sharks of those that do
+    not (down, hung, or another process at their address). A job reads the first and
+    reports the others, rather than fail whole for a node that is down and not yet marked
+    dead; one that stops answering after this still fails the job, naming it."""
+
+    async def ask() -> list[bool]:
+        client = access.client()
+        try:
+            asked = [client.status_within(url, ANSWER_SECONDS, s) for s, url in urls.items()]
+            return [status is not None for status in await asyncio.gather(*asked)]
+        finally:
+            await client.close()
+
+    answers = dict(zip(urls, run_async(ask()), strict=True))
+    answering = {shark: url for shark, url in urls.items() if answers[shark]}
+    return answering, sorted(shark for shark in urls if not answers[shark])
+
+
 def read_inventories(
     spark: SparkSession, urls: dict[str, str], access: ClientSettings
 ) -> DataFrame:

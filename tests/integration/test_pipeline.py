@@ -339,6 +339,39 @@ def test_orphans_are_found_and_deleted(
     check_live(cluster.store, path, world, run)
 
 
+def test_audit_and_orphans_go_on_without_a_node_that_is_down(
+    cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path
+) -> None:
+    """A node down and not marked dead: the jobs that read the nodes' inventories check the
+    others, count what the down node holds as unreachable, and name it in a problem line,
+    rather than fail whole until an operator marks it dead."""
+    from shoal.ids import uuid7
+    from tests.fixtures.garbage import once
+
+    path = cluster.data_path(replicas=2, block_size=16 * KiB)
+    run(build_garbage(cluster.store, path))
+    leaked = uuid7()  # an orphan: 3 blocks on 2 nodes
+    written = run(path.write(leaked, once(os.urandom(40 * KiB))))
+    down, up = (cluster.node(shark) for shark in written.sharks)
+    on_down = len(down.block_files())
+    down.kill()
+
+    audit = job(cluster, spark, "audit", tmp_path)
+    assert audit.figures["blocks missing"] == 0 and audit.figures["blocks corrupt"] == 0
+    # Every block of the down node's that a live row names, not read.
+    assert 0 < audit.figures["blocks unreachable"] <= on_down
+    assert audit.problems[0] == (
+        f"{down.shark} did not answer: its {audit.figures['blocks unreachable']:,} block "
+        "replicas were not checked"
+    )
+    orphans = job(cluster, spark, "orphans", tmp_path, leeway=timedelta(0))
+    found = pq.read_table(str(orphans.output / "orphans")).to_pylist()
+    assert {(o["shark"], o["name"]) for o in found} == {
+        (up.shark, f"{leaked}.{index}") for index in range(3)
+    }
+    assert orphans.problems == [f"{down.shark} did not answer: its orphans were not looked for"]
+
+
 def test_lifecycle_expires_and_aborts_by_rule(
     cluster: StorageCluster, spark: Any, run: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

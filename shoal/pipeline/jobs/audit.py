@@ -28,9 +28,9 @@ from shoal.storage import ClientSettings, block_runs, placement
 
 def run(ctx: JobContext) -> Summary:
     started = time.monotonic()
-    urls = ctx.node_urls()
+    registered = ctx.node_urls()
     access = io.node_access(ctx.config)
-    target = placement.target_replicas(ctx.config.storage.replicas, len(urls))
+    target = placement.target_replicas(ctx.config.storage.replicas, len(registered))
     ctx.progress.begin("read metadata")
     with io.exported_snapshots(ctx.shards) as snapshots:
         live = io.read_rows(ctx.spark, ctx.shards, ctx.ring, snapshots, io.LIVE_OBJECTS)
@@ -51,8 +51,13 @@ def run(ctx: JobContext) -> Summary:
             )
             .cache()
         )
-        blocks_checked = expected.count()
+        blocks_expected = expected.count()
     ctx.progress.begin("read inventories and check blocks")
+    urls, silent = io.answering_nodes(registered, access)
+    unchecked = _unchecked(expected, silent)
+    if silent:
+        expected = expected.where(~F.col("shark").isin(silent))
+    blocks_checked = blocks_expected - sum(unchecked.values())
     inventory = io.read_inventories(ctx.spark, urls, access)
     joined = compared(expected, inventory)
     present = joined.where("found_size = size")
@@ -94,6 +99,7 @@ def run(ctx: JobContext) -> Summary:
         p: sum(1 for f in confirmed if f["problem"] == p)
         for p in ("missing", "wrong size", "corrupt", "unreachable")
     }
+    counts["unreachable"] += sum(unchecked.values())
     return Summary(
         "audit",
         {
@@ -107,8 +113,21 @@ def run(ctx: JobContext) -> Summary:
             "blocks per second": round(blocks_checked / max(seconds, 1e-9)),
         },
         ctx.output,
-        _left_bad(counts, repaired, len(short), restored, ctx.output),
+        [
+            f"{shark} did not answer: its {count:,} block replicas were not checked"
+            for shark, count in sorted(unchecked.items())
+        ]
+        + _left_bad(counts, repaired, len(short), restored, ctx.output),
     )
+
+
+def _unchecked(expected: DataFrame, silent: list[str]) -> dict[str, int]:
+    """How many of the expected block replicas each silent node holds: counted unreachable,
+    as no read of them was tried."""
+    if not silent:
+        return {}
+    held = expected.where(F.col("shark").isin(silent)).groupBy("shark").count().collect()
+    return {shark: 0 for shark in silent} | {row["shark"]: row["count"] for row in held}
 
 
 def _left_bad(

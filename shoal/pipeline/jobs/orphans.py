@@ -39,8 +39,8 @@ def run(ctx: JobContext) -> Summary:
             f"({lifetime.total_seconds():g} s): a write under way for less than that "
             "may still commit the blocks it has sent (a dry run takes any leeway)"
         )
-    urls = ctx.node_urls()
     access = io.node_access(ctx.config)
+    urls, silent = io.answering_nodes(ctx.node_urls(), access)
     ctx.progress.begin("read inventories")
     inventory = io.read_inventories(ctx.spark, urls, access).cache()
     blocks = inventory.count()
@@ -86,7 +86,8 @@ def run(ctx: JobContext) -> Summary:
             "blocks per second": round(blocks / max(seconds, 1e-9)),
         },
         ctx.output,
-        deletes.problems(),
+        [f"{shark} did not answer: its orphans were not looked for" for shark in silent]
+        + deletes.problems(),
     )
 
 
