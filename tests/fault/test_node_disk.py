@@ -111,7 +111,18 @@ def read_only_bind_mount(folder: Path) -> Iterator[None]:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
         yield
     finally:
-        subprocess.run(["umount", str(folder)], check=True)
+        unmount(folder)
+
+
+def unmount(folder: Path) -> None:
+    """umount, tried again while the mount is busy (a node's thread may still hold a file or
+    the folder open for a moment), then lazily: the node's own folder is left either way."""
+    deadline = time.monotonic() + 10
+    while subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)
+            return
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -138,8 +149,7 @@ def node_on_its_own_tmpfs(
     finally:
         if node is not None:
             node.stop()
-        if subprocess.run(["umount", str(disk)]).returncode != 0:
-            subprocess.run(["umount", "--lazy", str(disk)], check=True)
+        unmount(disk)
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
