@@ -204,7 +204,5 @@ async def answering_nodes(client: BlockClient, nodes: Sequence[StorageNode]) -> 
     A fresh heartbeat is not enough after a restart: the registry still holds the previous
     run's nodes, alive by the deadline, at ports nobody (or something else) listens on.
     """
-    answered = await asyncio.gather(
-        *(client.status_within(n.url, ANSWER_SECONDS, n.shark) for n in nodes)
-    )
-    return [node for node, status in zip(nodes, answered, strict=True) if status is not None]
+    answering = await client.answering({n.shark: n.url for n in nodes}, ANSWER_SECONDS)
+    return [node for node in nodes if node.shark in answering]

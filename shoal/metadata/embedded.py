@@ -323,19 +323,6 @@ class EmbeddedPostgres:
                     f"start it again within {OWNER_RESTART_SECONDS:.0f} s: see {self.log_file}"
                 )
             time.sleep(SUPERVISE_SECONDS / 4)
-            if not self._owner_runs():
-                self.start()
-                return True
-        log.warning("embedded PostgreSQL is down; waiting for `shoal serve` to start it again")
-        deadline = time.monotonic() + OWNER_RESTART_SECONDS
-        while not self.is_running():
-            if time.monotonic() > deadline or not self._owner_runs():
-                raise EmbeddedPostgresError(
-                    "the embedded PostgreSQL is down and the `shoal serve` that runs it did not "
-                    f"start it again within {OWNER_RESTART_SECONDS:.0f} s: see {self.log_file}"
-                )
-            time.sleep(SUPERVISE_SECONDS / 4)
-        return False
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -845,17 +845,16 @@ def answering_nodes(
     reports the others, rather than fail whole for a node that is down and not yet marked
     dead; one that stops answering after this still fails the job, naming it."""
 
-    async def ask() -> list[bool]:
+    async def ask() -> set[str]:
         client = access.client()
         try:
-            asked = [client.status_within(url, ANSWER_SECONDS, s) for s, url in urls.items()]
-            return [status is not None for status in await asyncio.gather(*asked)]
+            return await client.answering(urls, ANSWER_SECONDS)
         finally:
             await client.close()
 
-    answers = dict(zip(urls, run_async(ask()), strict=True))
-    answering = {shark: url for shark, url in urls.items() if answers[shark]}
-    return answering, sorted(shark for shark in urls if not answers[shark])
+    answers = run_async(ask())
+    answering = {shark: url for shark, url in urls.items() if shark in answers}
+    return answering, sorted(shark for shark in urls if shark not in answers)
 
 
 def read_inventories(

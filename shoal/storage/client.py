@@ -16,7 +16,7 @@ import ctypes
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -181,6 +181,13 @@ class BlockClient:
         except Exception:
             return None
         return status if shark is None or status.shark == shark else None
+
+    async def answering(self, urls: Mapping[str, str], seconds: float) -> set[str]:
+        """The sharks of `urls` (shark: url) whose node answers its /status within `seconds`,
+        as itself (`status_within`), all asked at once."""
+        asked = [self.status_within(url, seconds, shark) for shark, url in urls.items()]
+        statuses = await asyncio.gather(*asked)
+        return {shark for shark, status in zip(urls, statuses, strict=True) if status is not None}
 
     async def while_answering(self, url: str, work: Awaitable[T], shark: str | None = None) -> T:
         """`work` (calls to the node at `url`), with the node asked its /status every
