@@ -36,6 +36,7 @@ from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.schema import CATALOG_MIGRATIONS, SHARD_MIGRATIONS, VNODE_MIGRATIONS
 from shoal.sealing import SealBroken, unseal
 
 log = logging.getLogger("shoal.metadata")
@@ -168,6 +169,8 @@ class ShardSet:
                     f"ring version {ring.version} places vnodes on shard(s) "
                     f"{', '.join(sorted(missing))}, which the configuration does not name"
                 )
+            for name, pool in pools.items():
+                await check_schema(pool, name, ring.vnodes_of(name), name == configs[0].name)
         except BaseException:
             for pool in pools.values():
                 await pool.close()
@@ -610,6 +613,37 @@ async def open_pool(config: ShardConfig, max_size: int) -> ShardPool:
     await pool.open(wait=True)
     await pool.ping()  # its health-check connection, open before the first check needs it
     return pool
+
+
+async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catalog: bool) -> None:
+    """SchemaError unless every scope of `shard` (the shard's own, the catalog's when it is
+    the catalog, each of its vnodes') has every migration this code knows.
+
+    Code newer than its schema would fail at its first statement that needs a newer table
+    or column, for a write after its commit (a 500 for a stored object): it refuses to
+    start instead. Code older than its schema runs: migrations only add, so that every
+    process of a cluster can be upgraded after `shoal db migrate`, one at a time.
+    """
+    wanted = {"shard": SHARD_MIGRATIONS[-1].version}
+    if catalog:
+        wanted["catalog"] = CATALOG_MIGRATIONS[-1].version
+    wanted.update({vnode_schema(v): VNODE_MIGRATIONS[-1].version for v in vnodes})
+    async with pool.connection() as conn:
+        try:
+            applied = dict(await (await conn.execute(queries.APPLIED_VERSIONS)).fetchall())
+        except psycopg.errors.UndefinedTable:
+            applied = {}
+    behind = [
+        f"{scope} at version {applied.get(scope, 0)} of {version}"
+        for scope, version in wanted.items()
+        if applied.get(scope, 0) < version
+    ]
+    if behind:
+        shown = "; ".join(behind[:3]) + (f"; {len(behind) - 3} more" if len(behind) > 3 else "")
+        raise SchemaError(
+            f"shard {shard} is not migrated to this Shoal's schema ({shown}): "
+            "run `shoal db migrate`"
+        )
 
 
 async def read_ring(conn: psycopg.AsyncConnection) -> Ring:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 import uuid
 from typing import Any
@@ -11,11 +12,14 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from shoal.config import ShardConfig
+from shoal.config import MetadataConfig, ShardConfig
 from shoal.metadata import MetadataStore, ObjectWrite, bucket_cache, prepared
+from shoal.metadata.errors import SchemaError
+from shoal.metadata.migrate import migrate
+from shoal.metadata.schema import VNODE_MIGRATIONS
 from shoal.metadata.shards import LastInFirstOutPool
 from tests.fixtures.backends import until_a_backend_waits
-from tests.fixtures.postgres import MakeStore, unique
+from tests.fixtures.postgres import MakeStore, create_databases, unique
 
 
 def test_pool_hands_out_the_connection_returned_last(make_store: MakeStore, run: Any) -> None:
@@ -234,3 +238,34 @@ def test_a_shard_whose_pooled_connections_are_all_busy_is_not_silent(
             [conninfo_to_dict(pool.conninfo)["dbname"]],
         )
     assert run(store.silent_shards(2.0)) == []
+
+
+def test_a_process_refuses_to_open_shards_behind_its_schema_until_they_are_migrated(
+    admin_dsn: str, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway of newer code on vnodes that older code migrated would fail its writes
+    after their commit: it refuses to start, naming what is behind, until `db migrate`."""
+    configs = create_databases(admin_dsn, 2)
+    config = MetadataConfig(vnodes=4, partitions_ahead=1)
+    with monkeypatch.context() as older:  # the migrations of the code before the last one
+        migrating = importlib.import_module("shoal.metadata.migrate")  # `migrate` is shadowed
+        older.setattr(migrating, "VNODE_MIGRATIONS", VNODE_MIGRATIONS[:-1])
+        run(migrate(configs, config))
+    latest = VNODE_MIGRATIONS[-1].version
+    with pytest.raises(SchemaError) as refused:
+        run(MetadataStore.open(configs, 2, poll_ring=False))
+    message = str(refused.value)
+    assert message.startswith("shard s0 is not migrated to this Shoal's schema (manta_bucket_")
+    assert f" at version {latest - 1} of {latest}; " in message
+    assert message.endswith("run `shoal db migrate`")
+
+    async def write_and_read() -> bytes:
+        async with await MetadataStore.open(configs, 2, poll_ring=False) as store:
+            owner = (await store.accounts.create(unique("owner"))).id
+            bucket = unique("migrated")
+            await store.buckets.create(owner, bucket)
+            await store.objects.put(owner, bucket, "k", ObjectWrite(1, b"1" * 16))
+            return bytes((await store.objects.get(owner, bucket, "k")).content_md5)
+
+    run(migrate(configs, config))
+    assert run(write_and_read()) == b"1" * 16
