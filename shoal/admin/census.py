@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import class_row, dict_row
 
-from shoal.config import Config, ShardConfig
+from shoal.config import Config, ShardConfig, redact_dsn
 from shoal.credentials import load_encryption_key
 from shoal.metadata import queries
 from shoal.metadata.garbage import (
@@ -347,7 +347,7 @@ class Census:
 
         report: dict[str, Any] = {
             "name": shard.name,
-            "dsn": public_dsn(shard.dsn),
+            "dsn": redact_dsn(shard.dsn),
             "reachable": True,
             "server_version": None,
             "vnodes": vnodes,
@@ -438,16 +438,6 @@ def meter_history(config: Config, last_meter: PipelineRun | None) -> Path:
     if last_meter is not None and last_meter.output:
         return Path(last_meter.output)
     return config.data_dir / "pipeline" / "meter" / "history"
-
-
-def public_dsn(dsn: str) -> str:
-    """A DSN as shown to operators: everything but the password."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "(not shown: it does not parse)"
-    params.pop("password", None)
-    return make_conninfo("", **params)
 
 
 # -- the meter job's output --------------------------------------------------------------------

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from psycopg.conninfo import conninfo_to_dict
 
 from shoal.admin.api import api_routes
 from shoal.admin.census import ANSWER_SECONDS, Census
@@ -181,6 +182,21 @@ def test_a_shard_that_does_not_answer_is_shown_not_fatal(world: World, run: Any)
     assert 'shard="s2"' not in text
 
 
+def test_a_shards_dsn_is_shown_without_its_passwords(world: World, run: Any) -> None:
+    """The API shows each shard's DSN with every secret libpq takes hidden: the password,
+    and the passphrase of its client key (`sslpassword`)."""
+    secrets = "password=hunter2-db sslpassword=hunter2-key connect_timeout=2"
+    dead = f"host=127.0.0.1 port=1 dbname=nothing user=nobody {secrets}"
+    shards = [replace(s, dsn=dead) if s.name == "s2" else s for s in world.shards]
+    cluster = run(Census(world.config, shards).cluster())
+    shown = {s["name"]: s["dsn"] for s in cluster["shards"]}
+    assert "hunter2" not in json.dumps(cluster)
+    assert shown["s2"] == (
+        "host=127.0.0.1 port=1 dbname=nothing user=nobody password=*** sslpassword=*** "
+        "connect_timeout=2"
+    )
+
+
 def test_a_shard_that_hangs_is_not_waited_for(world: World, run: Any) -> None:
     """A host that accepts connections and never answers (the kernel completes the
     handshake of a socket that listens but never accepts)."""
@@ -292,7 +308,8 @@ def test_api_answers_the_contract(world: World, run: Any, api: str) -> None:
     assert status == 200 and cluster["ring"] == {"version": 1, "vnodes": 8}
     assert [s["name"] for s in cluster["shards"]] == ["s0", "s1", "s2"]
     assert all(s["reachable"] and s["vnode_count"] == len(s["vnodes"]) for s in cluster["shards"])
-    assert "password" not in json.dumps(cluster)
+    password = conninfo_to_dict(world.shards[0].dsn)["password"]
+    assert password and password not in json.dumps(cluster)
     status, nodes = get(run, f"{api}/nodes")
     assert status == 200 and nodes == {"nodes": []}
     status, accounts = get(run, f"{api}/accounts")
