@@ -183,7 +183,8 @@ class S3Config:
     # The longest a write (a PUT, a part, a copy, a form upload) may take from its start to
     # its commit; one that takes longer is answered RequestTimeout and drops its blocks.
     # `shoal pipeline orphans --delete` needs a leeway at least this long, so that it never
-    # deletes the blocks of a write that may still commit (docs/gc.md, "Orphans").
+    # deletes the blocks of a write that may still commit (docs/durability.md, "A write
+    # whose commit is unknown").
     write_lifetime: timedelta = timedelta(hours=6)
 
 

@@ -80,6 +80,7 @@ class SocketWatch:
             while True:
                 state = gen.send(await self._ready_for(state))
         except StopIteration as done:
+            # A generator's return value arrives untyped, on StopIteration.
             return done.value  # type: ignore[no-any-return]
         except OSError as exc:  # what psycopg's wait makes of it too
             raise psycopg.OperationalError("connection socket closed") from exc
