@@ -8,6 +8,7 @@ so concurrent migrators wait for each other and a failed migration leaves no hal
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import psycopg
 from psycopg import sql
@@ -20,6 +21,7 @@ from shoal.metadata.ring import Ring, initial_ring, vnode_of_schema, vnode_schem
 from shoal.metadata.schema import (
     CATALOG_MIGRATIONS,
     CREATE_MIGRATIONS_TABLE,
+    RENUMBERED,
     SHARD_MIGRATIONS,
     VNODE_MIGRATIONS,
     Migration,
@@ -93,6 +95,9 @@ async def apply_migrations(
     async with conn.transaction():
         await conn.execute(queries.LOCK_MIGRATIONS, {"key": MIGRATION_LOCK})
         await conn.execute(CREATE_MIGRATIONS_TABLE)
+        for renumbered in RENUMBERED:
+            if renumbered.scope == scope:
+                await conn.execute(queries.RENUMBER_MIGRATION, asdict(renumbered))
         cur = await conn.execute(queries.APPLIED_IN_SCOPE, {"scope": scope})
         done = {row[0] for row in await cur.fetchall()}
         for migration in migrations:

@@ -762,6 +762,15 @@ APPLIED_VERSIONS = "SELECT scope, max(version) FROM shoal.schema_migrations GROU
 
 APPLIED_IN_SCOPE = "SELECT version FROM shoal.schema_migrations WHERE scope = %(scope)s"
 
+APPLIED_BY_SCOPE = "SELECT scope, array_agg(version) FROM shoal.schema_migrations GROUP BY scope"
+
+RENUMBER_MIGRATION = """
+UPDATE shoal.schema_migrations SET version = %(version)s
+WHERE scope = %(scope)s AND version = %(old_version)s AND name = %(name)s
+  AND NOT EXISTS (
+      SELECT FROM shoal.schema_migrations WHERE scope = %(scope)s AND version = %(version)s)
+"""
+
 RECORD_MIGRATION = """
 INSERT INTO shoal.schema_migrations (scope, version, name)
 VALUES (%(scope)s, %(version)s, %(name)s)

@@ -24,22 +24,32 @@ class Migration:
     ddl: str
 
 
-SHARD_MIGRATIONS = (
-    Migration(
-        1,
-        "hstore and listing helpers",
-        """
-CREATE EXTENSION IF NOT EXISTS hstore;
+@dataclass(frozen=True)
+class Renumbered:
+    """A migration whose number changed after it had landed: a scope that recorded it as
+    `old_version` has it recorded as `version` before it is migrated (the DDL is the same)."""
 
-CREATE TABLE shoal.settings (
-    key text PRIMARY KEY,
-    value text NOT NULL
-);
+    scope: str
+    old_version: int
+    name: str
+    version: int
 
+
+RENUMBERED = (Renumbered("catalog", 13, "ring readers", 12),)
+
+
+# Functions and triggers are written CREATE OR REPLACE, once each: the migration that first
+# made them and a later one that makes them again as they are now (for shards and vnodes that
+# an earlier version migrated) share the text. A change to one of them is a new migration
+# that applies it again, never an edit of what a landed migration ran
+# (tests/unit/test_migrations.py).
+
+# Shoal's listing helpers, on every shard.
+LISTING_FUNCTIONS = """
 -- The least string greater than every string starting with s (NULL: no bound).
 -- Mirrors shoal.metadata.listing.successor; lets a delimiter listing jump over a common
 -- prefix with one index probe.
-CREATE FUNCTION shoal.successor(s text) RETURNS text
+CREATE OR REPLACE FUNCTION shoal.successor(s text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
     n int := length(s);
@@ -59,7 +69,7 @@ END $$;
 -- The common prefix a name rolls up into under (prefix, delimiter), or NULL.
 -- Mirrors shoal.metadata.listing.common_prefix. Not STRICT, so the planner inlines it into
 -- the listing's skip scan (a delimiter page took about a fifth less time than with a STRICT one).
-CREATE FUNCTION shoal.common_prefix(name text, prefix text, delimiter text) RETURNS text
+CREATE OR REPLACE FUNCTION shoal.common_prefix(name text, prefix text, delimiter text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN delimiter = '' THEN NULL
@@ -68,27 +78,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                         + length(delimiter) - 1)
     END
 $$;
-""",
-    ),
-    Migration(
-        2,
-        "the '/' directory",
-        """
--- The '/' directory of the buckets whose names the shard's vnodes hold (docs/metadata.md,
--- "The '/' directory"), kept exact by the vnodes' triggers in the transaction of each write.
--- A row (parent, segment, vnode), segment ending in '/': vnode holds a name under
--- parent || segment. A row (parent, '', vnode): vnode holds a name whose directory is parent
--- (for the root, parent '': has held one; that row goes with the bucket).
-CREATE TABLE shoal.bucket_directory (
-    owner uuid NOT NULL,
-    bucket_id uuid NOT NULL,
-    parent text COLLATE "C" NOT NULL,
-    segment text COLLATE "C" NOT NULL,
-    vnode int NOT NULL,
+"""
 
-    PRIMARY KEY (owner, bucket_id, parent, segment, vnode)
-);
-
+# The '/' directory's functions, on every shard (the table: shard migration 2).
+DIRECTORY_FUNCTIONS = """
 -- The directory rows of a name: one (parent, segment) per '/' in it, root first ("a/b/c"
 -- gives ("", "a/") and ("a/", "b/")), then (its directory, ''). With `lock_bucket` and
 -- `lock_vnode`, the shared advisory lock of each common prefix (of the first 8: a deeper one
@@ -98,7 +91,7 @@ CREATE TABLE shoal.bucket_directory (
 -- end). PL/pgSQL with ROWS 4, not an inlined SQL function: a statement over it then costs the
 -- same to the planner whatever the name, so the triggers' statements keep one generic plan
 -- instead of being planned per row.
-CREATE FUNCTION shoal.directory_levels(
+CREATE OR REPLACE FUNCTION shoal.directory_levels(
     object_name text, lock_bucket uuid DEFAULT NULL, lock_vnode int DEFAULT NULL,
     OUT parent text, OUT segment text)
 RETURNS SETOF record LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
@@ -128,11 +121,239 @@ END $$;
 -- The advisory lock that orders the writes of a vnode under one common prefix: a write that
 -- makes a name new holds it shared, a delete holds it exclusively while it checks whether
 -- its common prefixes still hold names (the vnodes' directory triggers).
-CREATE FUNCTION shoal.directory_lock(bucket_id uuid, common_prefix text, vnode int)
+CREATE OR REPLACE FUNCTION shoal.directory_lock(bucket_id uuid, common_prefix text, vnode int)
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended(bucket_id::text || common_prefix, vnode)
 $$;
-""",
+"""
+
+# The vnode's functions and triggers that keep the shard's '/' directory (vnode migration 5).
+DIRECTORY_TRIGGERS = (
+    """
+-- A name new to the vnode: its rows, each common prefix's lock taken shared first (no new
+-- name waits for another), so that a delete that held one exclusively has committed, and a
+-- row it removed is added again.
+--
+-- Fired BEFORE the row only by logical replication's apply on a vnode's new shard (below),
+-- which is then the vnode's one writer: no locks, and no queued event per row of a copy that
+-- may hold millions (a lock per prefix held to the copy's end could fill the lock table).
+CREATE OR REPLACE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
+    SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
+    FROM shoal.directory_levels(
+        NEW.name, CASE WHEN TG_WHEN = 'AFTER' THEN NEW.bucket_id END, {vnode}) AS level
+    ON CONFLICT DO NOTHING;
+    RETURN NEW;
+END $$;
+
+-- Names gone from the vnode: the locks of their common prefixes, exclusively, in one order
+-- (by common prefix: each writer takes its locks in name order, so none waits for another in
+-- a cycle); then, in a statement of its own and so with a snapshot taken after the locks (READ
+-- COMMITTED), the rows of the common prefixes and directories under which the vnode holds no
+-- name any more go, each checked once however many of its names went. A new name under one
+-- of them either committed before (it is seen) or waits for this transaction and adds its
+-- row again. Generic plans: the arrays' sizes would otherwise have every call planned.
+-- Without `take_locks` (replication's apply, the vnode's one writer) no lock is taken.
+CREATE OR REPLACE FUNCTION {schema}.directory_forget(
+    owners uuid[], bucket_ids uuid[], names text[], take_locks boolean)
+RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    IF take_locks AND current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The check below must see what committed before the locks were had.
+        RAISE EXCEPTION 'object rows are deleted in READ COMMITTED transactions only';
+    END IF;
+    PERFORM pg_advisory_xact_lock(shoal.directory_lock(prefix.bucket_id, prefix.path, {vnode}))
+    FROM (SELECT DISTINCT gone.bucket_id, level.parent || level.segment AS path
+          FROM unnest(bucket_ids, names) AS gone(bucket_id, name),
+               shoal.directory_levels(gone.name) AS level
+          WHERE level.segment <> '' AND take_locks
+            -- The first 8 levels, as new names lock them (shoal.directory_levels).
+            AND length(level.parent) - length(replace(level.parent, '/', '')) < 8) AS prefix
+    ORDER BY prefix.path, prefix.bucket_id;
+    DELETE FROM shoal.bucket_directory AS entry
+    USING (SELECT gone.owner, gone.bucket_id, level.parent, level.segment,
+                  max(gone.name COLLATE "C") AS last_gone
+           FROM unnest(owners, bucket_ids, names) AS gone(owner, bucket_id, name),
+                shoal.directory_levels(gone.name) AS level
+           WHERE level.parent <> '' OR level.segment <> ''
+           GROUP BY 1, 2, 3, 4) AS level
+    WHERE entry.owner = level.owner AND entry.bucket_id = level.bucket_id
+      AND entry.parent = level.parent AND entry.segment = level.segment
+      AND entry.vnode = {vnode}
+      -- Looked for after the last name gone first, then before it: names deleted in order
+      -- leave their index entries before it, which a look from the start would step over.
+      AND CASE
+          WHEN level.segment <> '' THEN NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND o.name > level.last_gone
+                AND o.name < level.parent || left(level.segment, -1) || '0')
+            AND NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND o.name >= level.parent || level.segment AND o.name < level.last_gone)
+          -- A directory's own row, under the lock of the directory as a common prefix.
+          ELSE NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND """
+    + DIRECTORY_OF_NAME
+    + """ = level.parent AND o.name > level.last_gone)
+            AND NOT EXISTS (
+              SELECT FROM {schema}.manta_bucket_object AS o
+              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
+                AND """
+    + DIRECTORY_OF_NAME
+    + """ = level.parent AND o.name < level.last_gone)
+      END;
+END $$;
+
+-- Whether another name of the directory of `gone_name` is on the vnode, and stays until this
+-- transaction ends: one is locked FOR KEY SHARE, which its delete would wait for (SKIP
+-- LOCKED: not one that a delete in flight holds). Then the directory, and every common prefix
+-- above it, keeps a name, and the delete of `gone_name` has no row to remove and takes no
+-- advisory lock: deletes in one directory do not wait for each other. Looked for after the
+-- name first, then before it (names deleted in order leave dead entries before it).
+CREATE OR REPLACE FUNCTION {schema}.directory_kept(
+    kept_owner uuid, kept_bucket_id uuid, gone_name text)
+RETURNS boolean LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    PERFORM FROM {schema}.manta_bucket_object
+    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
+      AND """
+    + DIRECTORY_OF_NAME
+    + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
+      AND name > gone_name
+    ORDER BY """
+    + DIRECTORY_OF_NAME
+    + """, name LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    PERFORM FROM {schema}.manta_bucket_object
+    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
+      AND """
+    + DIRECTORY_OF_NAME
+    + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
+      AND name < gone_name
+    ORDER BY """
+    + DIRECTORY_OF_NAME
+    + """ DESC, name DESC LIMIT 1 FOR KEY SHARE SKIP LOCKED;
+    RETURN FOUND;
+END $$;
+
+-- Per statement, not per row: a statement deleting many names of one directory looks for a
+-- name it keeps once, from the last one deleted, and checks each common prefix once (per
+-- row, each look would step over the rows deleted before it). Names without a '/', and names
+-- whose directory keeps another, need nothing.
+CREATE OR REPLACE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    directory record;
+    gone_here int;
+    owners uuid[] := '{{}}';
+    bucket_ids uuid[] := '{{}}';
+    names text[] := '{{}}';
+BEGIN
+    FOR directory IN
+        SELECT owner, bucket_id, max(name COLLATE "C") AS last_gone,
+               array_agg(name) AS names_gone
+        FROM gone WHERE strpos(name, '/') > 0
+        GROUP BY owner, bucket_id, left(name, length(name) + 1 - strpos(reverse(name), '/'))
+    LOOP
+        IF NOT {schema}.directory_kept(directory.owner, directory.bucket_id, directory.last_gone)
+        THEN
+            gone_here := cardinality(directory.names_gone);
+            owners := owners || array_fill(directory.owner, ARRAY[gone_here]);
+            bucket_ids := bucket_ids || array_fill(directory.bucket_id, ARRAY[gone_here]);
+            names := names || directory.names_gone;
+        END IF;
+    END LOOP;
+    IF cardinality(names) > 0 THEN
+        PERFORM {schema}.directory_forget(owners, bucket_ids, names, true);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Per row, for logical replication's apply on a vnode's new shard, which fires row triggers
+-- only (ENABLE REPLICA: there, and only there).
+CREATE OR REPLACE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {schema}.directory_forget(
+        ARRAY[OLD.owner], ARRAY[OLD.bucket_id], ARRAY[OLD.name::text], false);
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS directory_add_name ON {schema}.manta_bucket_object;
+CREATE TRIGGER directory_add_name AFTER INSERT ON {schema}.manta_bucket_object
+    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
+DROP TRIGGER IF EXISTS directory_add_applied_name ON {schema}.manta_bucket_object;
+CREATE TRIGGER directory_add_applied_name BEFORE INSERT ON {schema}.manta_bucket_object
+    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
+DROP TRIGGER IF EXISTS directory_remove_names ON {schema}.manta_bucket_object;
+CREATE TRIGGER directory_remove_names AFTER DELETE ON {schema}.manta_bucket_object
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.directory_remove_names();
+DROP TRIGGER IF EXISTS directory_remove_name ON {schema}.manta_bucket_object;
+CREATE TRIGGER directory_remove_name AFTER DELETE ON {schema}.manta_bucket_object
+    FOR EACH ROW WHEN (strpos(OLD.name, '/') > 0)
+    EXECUTE FUNCTION {schema}.directory_remove_name();
+ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_add_applied_name;
+ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_remove_name;
+"""
+)
+
+SHARD_MIGRATIONS = (
+    Migration(
+        1,
+        "hstore and listing helpers",
+        """
+CREATE EXTENSION IF NOT EXISTS hstore;
+
+CREATE TABLE shoal.settings (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+
+"""
+        + LISTING_FUNCTIONS,
+    ),
+    Migration(
+        2,
+        "the '/' directory",
+        """
+-- The '/' directory of the buckets whose names the shard's vnodes hold (docs/metadata.md,
+-- "The '/' directory"), kept exact by the vnodes' triggers in the transaction of each write.
+-- A row (parent, segment, vnode), segment ending in '/': vnode holds a name under
+-- parent || segment. A row (parent, '', vnode): vnode holds a name whose directory is parent
+-- (for the root, parent '': has held one; that row goes with the bucket).
+CREATE TABLE shoal.bucket_directory (
+    owner uuid NOT NULL,
+    bucket_id uuid NOT NULL,
+    parent text COLLATE "C" NOT NULL,
+    segment text COLLATE "C" NOT NULL,
+    vnode int NOT NULL,
+
+    PRIMARY KEY (owner, bucket_id, parent, segment, vnode)
+);
+
+"""
+        + DIRECTORY_FUNCTIONS,
+    ),
+    Migration(
+        3,
+        "Shoal's functions as they are now",
+        """
+-- For shards whose migrations 1 and 2 made earlier versions of these functions: the ones
+-- each version of Shoal calls are made again, and the signatures no version calls any more go
+-- (beside today's shoal.directory_levels, with its defaults, another one would make calls
+-- ambiguous).
+DROP FUNCTION IF EXISTS shoal.directory_levels(text);
+DROP FUNCTION IF EXISTS shoal.directory_levels(text, uuid, int, boolean);
+DROP FUNCTION IF EXISTS shoal.directory_levels_locked(uuid, text, int, boolean);
+"""
+        + LISTING_FUNCTIONS
+        + DIRECTORY_FUNCTIONS,
     ),
 )
 
@@ -540,172 +761,9 @@ CREATE INDEX manta_bucket_object_directory_idx ON {schema}.manta_bucket_object
 -- transaction of each write; ENABLE ALWAYS: also as logical replication applies a moving
 -- vnode's rows on its new shard (docs/metadata.md, "The '/' directory").
 --
--- A name new to the vnode: its rows, each common prefix's lock taken shared first (no new
--- name waits for another), so that a delete that held one exclusively has committed, and a
--- row it removed is added again.
---
--- Fired BEFORE the row only by logical replication's apply on a vnode's new shard (below),
--- which is then the vnode's one writer: no locks, and no queued event per row of a copy that
--- may hold millions (a lock per prefix held to the copy's end could fill the lock table).
-CREATE FUNCTION {schema}.directory_add_name() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO shoal.bucket_directory (owner, bucket_id, parent, segment, vnode)
-    SELECT NEW.owner, NEW.bucket_id, level.parent, level.segment, {vnode}
-    FROM shoal.directory_levels(
-        NEW.name, CASE WHEN TG_WHEN = 'AFTER' THEN NEW.bucket_id END, {vnode}) AS level
-    ON CONFLICT DO NOTHING;
-    RETURN NEW;
-END $$;
-
--- Names gone from the vnode: the locks of their common prefixes, exclusively, in one order
--- (by common prefix: each writer takes its locks in name order, so none waits for another in
--- a cycle); then, in a statement of its own and so with a snapshot taken after the locks (READ
--- COMMITTED), the rows of the common prefixes and directories under which the vnode holds no
--- name any more go, each checked once however many of its names went. A new name under one
--- of them either committed before (it is seen) or waits for this transaction and adds its
--- row again. Generic plans: the arrays' sizes would otherwise have every call planned.
--- Without `take_locks` (replication's apply, the vnode's one writer) no lock is taken.
-CREATE FUNCTION {schema}.directory_forget(
-    owners uuid[], bucket_ids uuid[], names text[], take_locks boolean)
-RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-BEGIN
-    IF take_locks AND current_setting('transaction_isolation') <> 'read committed' THEN
-        -- The check below must see what committed before the locks were had.
-        RAISE EXCEPTION 'object rows are deleted in READ COMMITTED transactions only';
-    END IF;
-    PERFORM pg_advisory_xact_lock(shoal.directory_lock(prefix.bucket_id, prefix.path, {vnode}))
-    FROM (SELECT DISTINCT gone.bucket_id, level.parent || level.segment AS path
-          FROM unnest(bucket_ids, names) AS gone(bucket_id, name),
-               shoal.directory_levels(gone.name) AS level
-          WHERE level.segment <> '' AND take_locks
-            -- The first 8 levels, as new names lock them (shoal.directory_levels).
-            AND length(level.parent) - length(replace(level.parent, '/', '')) < 8) AS prefix
-    ORDER BY prefix.path, prefix.bucket_id;
-    DELETE FROM shoal.bucket_directory AS entry
-    USING (SELECT gone.owner, gone.bucket_id, level.parent, level.segment,
-                  max(gone.name COLLATE "C") AS last_gone
-           FROM unnest(owners, bucket_ids, names) AS gone(owner, bucket_id, name),
-                shoal.directory_levels(gone.name) AS level
-           WHERE level.parent <> '' OR level.segment <> ''
-           GROUP BY 1, 2, 3, 4) AS level
-    WHERE entry.owner = level.owner AND entry.bucket_id = level.bucket_id
-      AND entry.parent = level.parent AND entry.segment = level.segment
-      AND entry.vnode = {vnode}
-      -- Looked for after the last name gone first, then before it: names deleted in order
-      -- leave their index entries before it, which a look from the start would step over.
-      AND CASE
-          WHEN level.segment <> '' THEN NOT EXISTS (
-              SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
-                AND o.name > level.last_gone
-                AND o.name < level.parent || left(level.segment, -1) || '0')
-            AND NOT EXISTS (
-              SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
-                AND o.name >= level.parent || level.segment AND o.name < level.last_gone)
-          -- A directory's own row, under the lock of the directory as a common prefix.
-          ELSE NOT EXISTS (
-              SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
-                AND """
-        + DIRECTORY_OF_NAME
-        + """ = level.parent AND o.name > level.last_gone)
-            AND NOT EXISTS (
-              SELECT FROM {schema}.manta_bucket_object AS o
-              WHERE o.owner = level.owner AND o.bucket_id = level.bucket_id
-                AND """
-        + DIRECTORY_OF_NAME
-        + """ = level.parent AND o.name < level.last_gone)
-      END;
-END $$;
-
--- Whether another name of the directory of `gone_name` is on the vnode, and stays until this
--- transaction ends: one is locked FOR KEY SHARE, which its delete would wait for (SKIP
--- LOCKED: not one that a delete in flight holds). Then the directory, and every common prefix
--- above it, keeps a name, and the delete of `gone_name` has no row to remove and takes no
--- advisory lock: deletes in one directory do not wait for each other. Looked for after the
--- name first, then before it (names deleted in order leave dead entries before it).
-CREATE FUNCTION {schema}.directory_kept(kept_owner uuid, kept_bucket_id uuid, gone_name text)
-RETURNS boolean LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-BEGIN
-    PERFORM FROM {schema}.manta_bucket_object
-    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
-      AND """
-        + DIRECTORY_OF_NAME
-        + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
-      AND name > gone_name
-    ORDER BY """
-        + DIRECTORY_OF_NAME
-        + """, name LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN true;
-    END IF;
-    PERFORM FROM {schema}.manta_bucket_object
-    WHERE owner = kept_owner AND bucket_id = kept_bucket_id
-      AND """
-        + DIRECTORY_OF_NAME
-        + """ = left(gone_name, length(gone_name) + 1 - strpos(reverse(gone_name), '/'))
-      AND name < gone_name
-    ORDER BY """
-        + DIRECTORY_OF_NAME
-        + """ DESC, name DESC LIMIT 1 FOR KEY SHARE SKIP LOCKED;
-    RETURN FOUND;
-END $$;
-
--- Per statement, not per row: a statement deleting many names of one directory looks for a
--- name it keeps once, from the last one deleted, and checks each common prefix once (per
--- row, each look would step over the rows deleted before it). Names without a '/', and names
--- whose directory keeps another, need nothing.
-CREATE FUNCTION {schema}.directory_remove_names() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    directory record;
-    gone_here int;
-    owners uuid[] := '{{}}';
-    bucket_ids uuid[] := '{{}}';
-    names text[] := '{{}}';
-BEGIN
-    FOR directory IN
-        SELECT owner, bucket_id, max(name COLLATE "C") AS last_gone,
-               array_agg(name) AS names_gone
-        FROM gone WHERE strpos(name, '/') > 0
-        GROUP BY owner, bucket_id, left(name, length(name) + 1 - strpos(reverse(name), '/'))
-    LOOP
-        IF NOT {schema}.directory_kept(directory.owner, directory.bucket_id, directory.last_gone)
-        THEN
-            gone_here := cardinality(directory.names_gone);
-            owners := owners || array_fill(directory.owner, ARRAY[gone_here]);
-            bucket_ids := bucket_ids || array_fill(directory.bucket_id, ARRAY[gone_here]);
-            names := names || directory.names_gone;
-        END IF;
-    END LOOP;
-    IF cardinality(names) > 0 THEN
-        PERFORM {schema}.directory_forget(owners, bucket_ids, names, true);
-    END IF;
-    RETURN NULL;
-END $$;
-
--- Per row, for logical replication's apply on a vnode's new shard, which fires row triggers
--- only (ENABLE REPLICA: there, and only there).
-CREATE FUNCTION {schema}.directory_remove_name() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM {schema}.directory_forget(
-        ARRAY[OLD.owner], ARRAY[OLD.bucket_id], ARRAY[OLD.name::text], false);
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER directory_add_name AFTER INSERT ON {schema}.manta_bucket_object
-    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
-CREATE TRIGGER directory_add_applied_name BEFORE INSERT ON {schema}.manta_bucket_object
-    FOR EACH ROW EXECUTE FUNCTION {schema}.directory_add_name();
-CREATE TRIGGER directory_remove_names AFTER DELETE ON {schema}.manta_bucket_object
-    REFERENCING OLD TABLE AS gone
-    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.directory_remove_names();
-CREATE TRIGGER directory_remove_name AFTER DELETE ON {schema}.manta_bucket_object
-    FOR EACH ROW WHEN (strpos(OLD.name, '/') > 0)
-    EXECUTE FUNCTION {schema}.directory_remove_name();
-ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_add_applied_name;
-ALTER TABLE {schema}.manta_bucket_object ENABLE REPLICA TRIGGER directory_remove_name;
-
+"""
+        + DIRECTORY_TRIGGERS
+        + """
 -- The vnode's names so far (the triggers hold back writes until this commits).
 """
         + FILL_DIRECTORY
@@ -732,6 +790,25 @@ CREATE TABLE {schema}.manta_bucket_deleting (
     PRIMARY KEY (owner, name, token)
 );
 """,
+    ),
+    Migration(
+        7,
+        "DeleteBucket marks by token, the directory's triggers as they are now",
+        """
+-- For vnodes that an earlier version migrated. Migration 6 once made the marks one per
+-- bucket, without a token: DeleteBucket would fail on every bucket there.
+ALTER TABLE {schema}.manta_bucket_deleting ADD COLUMN IF NOT EXISTS token uuid;
+UPDATE {schema}.manta_bucket_deleting SET token = gen_random_uuid() WHERE token IS NULL;
+ALTER TABLE {schema}.manta_bucket_deleting ALTER COLUMN token SET NOT NULL;
+ALTER TABLE {schema}.manta_bucket_deleting DROP CONSTRAINT manta_bucket_deleting_pkey;
+ALTER TABLE {schema}.manta_bucket_deleting ADD PRIMARY KEY (owner, name, token);
+
+-- Migration 5 once made other triggers (a row trigger where a statement trigger is now, no
+-- READ COMMITTED guard): they are made again as they are now, and a function no version
+-- calls any more goes.
+DROP FUNCTION IF EXISTS {schema}.directory_forget(uuid[], uuid[], text[]);
+"""
+        + DIRECTORY_TRIGGERS,
     ),
 )
 

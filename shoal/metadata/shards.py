@@ -36,7 +36,12 @@ from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
-from shoal.metadata.schema import CATALOG_MIGRATIONS, SHARD_MIGRATIONS, VNODE_MIGRATIONS
+from shoal.metadata.schema import (
+    CATALOG_MIGRATIONS,
+    SHARD_MIGRATIONS,
+    VNODE_MIGRATIONS,
+    Migration,
+)
 from shoal.sealing import SealBroken, unseal
 
 log = logging.getLogger("shoal.metadata")
@@ -621,29 +626,34 @@ async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catal
 
     Code newer than its schema would fail at its first statement that needs a newer table
     or column, for a write after its commit (a 500 for a stored object): it refuses to
-    start instead. Code older than its schema runs: migrations only add, so that every
-    process of a cluster can be upgraded after `shoal db migrate`, one at a time.
+    start instead. Code older than its schema is not refused: most migrations add, and a
+    statement that needs what one removed fails as a fast 503 (docs/metadata.md,
+    "Migrations").
     """
-    wanted = {"shard": SHARD_MIGRATIONS[-1].version}
+    wanted = {"shard": _versions(SHARD_MIGRATIONS)}
     if catalog:
-        wanted["catalog"] = CATALOG_MIGRATIONS[-1].version
-    wanted.update({vnode_schema(v): VNODE_MIGRATIONS[-1].version for v in vnodes})
+        wanted["catalog"] = _versions(CATALOG_MIGRATIONS)
+    wanted.update({vnode_schema(v): _versions(VNODE_MIGRATIONS) for v in vnodes})
     async with pool.connection() as conn:
         try:
-            applied = dict(await (await conn.execute(queries.APPLIED_VERSIONS)).fetchall())
+            applied = dict(await (await conn.execute(queries.APPLIED_BY_SCOPE)).fetchall())
         except psycopg.errors.UndefinedTable:
             applied = {}
-    behind = [
-        f"{scope} at version {applied.get(scope, 0)} of {version}"
-        for scope, version in wanted.items()
-        if applied.get(scope, 0) < version
-    ]
+    behind = []
+    for scope, versions in wanted.items():
+        missing = sorted(versions - set(applied.get(scope, ())))
+        if missing:
+            behind.append(f"{scope} without {', '.join(map(str, missing))}")
     if behind:
         shown = "; ".join(behind[:3]) + (f"; {len(behind) - 3} more" if len(behind) > 3 else "")
         raise SchemaError(
             f"shard {shard} is not migrated to this Shoal's schema ({shown}): "
             "run `shoal db migrate`"
         )
+
+
+def _versions(migrations: Sequence[Migration]) -> set[int]:
+    return {migration.version for migration in migrations}
 
 
 async def read_ring(conn: psycopg.AsyncConnection) -> Ring:
