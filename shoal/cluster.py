@@ -122,6 +122,10 @@ class RegistryDirectory:
         await self._refresh()
         return len(self._urls)
 
+    async def registered_urls(self) -> dict[str, str]:
+        await self._refresh()
+        return dict(self._urls)
+
     def mark_unreachable(self, shark: str) -> None:
         if shark not in self._unreachable:
             log.warning(

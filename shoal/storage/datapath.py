@@ -117,6 +117,10 @@ class NodeDirectory(Protocol):
         """How many nodes the registry knows, alive or not (placement.target_replicas)."""
         ...
 
+    async def registered_urls(self) -> dict[str, str]:
+        """Every node the registry knows, alive or not (shark: url)."""
+        ...
+
     def mark_unreachable(self, shark: str) -> None:
         """A node refused or dropped a connection: offer it no new blocks until it answers."""
         ...
@@ -427,11 +431,39 @@ class DataPath:
                 )
                 continue
             return data
+        found = await self._fetch_elsewhere(run, name, expected)
+        if found is not None:
+            return found
         if unreachable:
             raise ReplicasUnreachable(
                 f"no replica of block {name} could be read; {unreachable} did not answer"
             )
         raise DataUnavailable(f"no replica of block {name} could be read (tried {order})")
+
+    async def _fetch_elsewhere(self, run: BlockRun, name: str, expected: int) -> bytearray | None:
+        """A good copy of a block on a node its row does not name, or None. Rows can name the
+        wrong nodes after the metadata was restored from a backup taken before a drain or a
+        rebalance moved the copies (docs/operations.md, "Backups, restores and failover");
+        only a read that found no good copy where the row says asks the other nodes."""
+        others = {
+            shark: url
+            for shark, url in (await self.directory.registered_urls()).items()
+            if shark not in run.sharks and not self.directory.unreachable(shark)
+        }
+        for shark, url in others.items():
+            try:
+                data = await self.client.get_block(url, name)
+            except NodeError:
+                continue
+            if len(data) == expected:
+                log.warning(
+                    "block %s is on node %s, which its row does not name: "
+                    "`shoal pipeline audit --repair` names it again",
+                    name,
+                    shark,
+                )
+                return data
+        return None
 
 
 def window(block_size: int) -> int:

@@ -19,6 +19,7 @@ from shoal.storage import (
     BlockClient,
     BlockRun,
     DataPath,
+    DataUnavailable,
     StorageUnavailable,
     WriteResult,
     block_runs,
@@ -220,6 +221,35 @@ def test_corrupted_block_is_read_from_the_other_replica(cluster: StorageCluster,
         handle.seek(48 + 1000)
         handle.write(bytes([byte[0] ^ 0xFF]))
     assert run(collect(path.read(runs_of(version, result)))) == data
+
+
+def test_a_block_its_row_misplaces_is_read_from_the_node_that_holds_it(
+    cluster: StorageCluster, run: Any
+) -> None:
+    """After the metadata is restored from a backup taken before a drain moved the copies,
+    rows name nodes that no longer hold their blocks: a read that finds no good copy where
+    the row says asks the other nodes, and fails only when none has one."""
+    path = cluster.data_path(replicas=2)
+    data = os.urandom(2 * MiB + 5)
+    version = uuid7()
+    result = run(path.write(version, chunks_of(data)))
+    (elsewhere,) = [n for n in cluster.nodes if n.shark not in result.sharks]
+    names = BlockRun(version, result.size, result.block_size, result.sharks).block_names()
+
+    async def move_the_copies() -> None:
+        for name in names:
+            block = await cluster.client.get_block(cluster.node(result.sharks[0]).url, name)
+            await cluster.client.put_block(elsewhere.url, name, block)
+        for shark in result.sharks:
+            assert await cluster.client.delete_blocks(cluster.node(shark).url, names) == 3
+
+    run(move_the_copies())
+    assert run(collect(path.read(runs_of(version, result)))) == data
+    assert run(collect(path.read(runs_of(version, result), 1, 7))) == data[1:7]
+
+    assert run(cluster.client.delete_blocks(elsewhere.url, names)) == 3
+    with pytest.raises(DataUnavailable, match="no replica of block"):
+        run(collect(path.read(runs_of(version, result))))
 
 
 def test_delete_removes_every_block_and_is_idempotent(cluster: StorageCluster, run: Any) -> None:

@@ -100,10 +100,10 @@ def test_reads_that_reach_no_replica_are_retryable_and_missing_blocks_are_not(
     stored = BlockRun(version, written.size, written.block_size, written.sharks)
     assert run(collect(path, stored)) == data
 
-    # Asked of a node that answers and does not have it: the data is not there.
-    elsewhere = BlockRun(version, written.size, written.block_size, [other.shark])
+    # Asked of a node that answers and does not have it, nor has any other: not there.
+    nowhere = BlockRun(uuid7(), written.size, written.block_size, [other.shark])
     with pytest.raises(DataUnavailable) as missing:
-        run(collect(path, elsewhere))
+        run(collect(path, nowhere))
     assert not isinstance(missing.value, ReplicasUnreachable)
 
     # Its only replica does not answer: it may well be whole there (503, not 500).

@@ -286,6 +286,9 @@ class FixedDirectory:
     async def registered_count(self) -> int:
         return len(self.urls)
 
+    async def registered_urls(self) -> dict[str, str]:
+        return dict(self.urls)
+
     def mark_unreachable(self, shark: str) -> None:
         self.failed.add(shark)
 
