@@ -30,4 +30,9 @@ def unseal(key: bytes, context: str, blob: bytes) -> str:
     try:
         return AESGCM(key).decrypt(nonce, ciphertext, context.encode()).decode()
     except InvalidTag:
-        raise SealBroken(f"the secret of {context} does not open with this key") from None
+        raise SealBroken(
+            f"the secret of {context} does not open with this key: the credentials key file"
+            " is not the one that sealed it, or the sealed secret changed (after a restore,"
+            " give back the credentials.key backed up with the metadata: docs/operations.md,"
+            ' "Backups, restores and failover")'
+        ) from None

@@ -29,7 +29,7 @@ def test_each_encryption_has_its_own_nonce() -> None:
 
 def test_another_key_cannot_open_it() -> None:
     sealed = seal(KEY, "SHKEY1", SECRET)
-    with pytest.raises(SealBroken):
+    with pytest.raises(SealBroken, match=r"give back the credentials\.key backed up"):
         unseal(bytes(32), "SHKEY1", sealed)
 
 
