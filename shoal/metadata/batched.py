@@ -40,7 +40,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,7 @@ from psycopg import errors, generators
 from psycopg.pq import ExecStatus, TransactionStatus
 
 from shoal.metadata import metrics, prepared
-from shoal.metadata.errors import MetadataUnavailable
+from shoal.metadata.errors import CommitUnknown, MetadataUnavailable
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.socket_watch import SocketWatch
 
@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 BATCHES_AT_ONCE = 2
 # Statements in one batch: a batch's statements wait for its last, so keep it short.
 PER_BATCH = 32
+# The longest a write waits for its commit before it is given up (a 503): a write waits
+# for a batch, its row's lock and its commit, each a few milliseconds when the shard is
+# well; this long, the shard is not (docs/durability.md, "PostgreSQL outages").
+COMMIT_WAIT_SECONDS = 10.0
 # A batcher keeps a connection between batches only from a pool at least this large: a
 # shard's two batchers (reads, writes) then hold at most half of it while idle.
 KEEP_FROM_POOL_SIZE = 4
@@ -149,11 +153,33 @@ class _Batcher:
         if self._last_alone and self._kept is not None and not self._sending and not self._waiting:
             held = self._take_kept()
             if held is not None:
-                return await self._send_alone(held, queued)
+                return await self._answered(queued, self._send_alone(held, queued))
         self._waiting.append(queued)
         if self._sending < self.batches_at_once:
             self._start_sender()
-        return await queued.answer
+        return await self._answered(queued, queued.answer)
+
+    async def _answered(
+        self, queued: _Queued, answer: Awaitable[list[prepared.Row]]
+    ) -> list[prepared.Row]:
+        """The statement's rows. A write waits COMMIT_WAIT_SECONDS at most: a shard whose
+        commits do not come back (a synchronous standby that does not answer holds every
+        commit) must not hold the requests behind it without end. Then the write is given up
+        as not written while it still waits for a batch, else as CommitUnknown; a batch still
+        out goes on, and commits or not, as any write whose answer was lost."""
+        if not self.writes:
+            return await answer
+        pending = asyncio.ensure_future(answer)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), COMMIT_WAIT_SECONDS)
+        except TimeoutError:
+            pending.add_done_callback(_forget_outcome)
+            queued.answer.add_done_callback(_forget_outcome)
+            waited = f"shard {self.pool.shard} did not commit within {COMMIT_WAIT_SECONDS:g} s"
+            if queued in self._waiting:
+                self._waiting.remove(queued)
+                raise MetadataUnavailable(f"{waited}: the write was not sent") from None
+            raise CommitUnknown(f"{waited}: the write may still commit") from None
 
     async def close(self) -> None:
         """Stop: statements still waiting, or in a batch, fail; later ones are refused."""
@@ -471,6 +497,13 @@ class _Sent:
 
 
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
+
+
+def _forget_outcome(done: asyncio.Future[Any]) -> None:
+    """The outcome of a write its caller gave up on: nobody reads it (the exception is
+    taken, so that asyncio does not report it as never retrieved)."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _store_closed() -> MetadataUnavailable:

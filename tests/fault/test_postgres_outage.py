@@ -25,6 +25,7 @@ import psutil
 import psycopg
 import pytest
 
+from shoal.metadata.batched import COMMIT_WAIT_SECONDS
 from shoal.metadata.embedded import EmbeddedPostgres
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
 from tests.fault.proxy import CuttingProxy, cutting_proxy
@@ -403,3 +404,57 @@ def _timed_get(client: Any, bucket: str, body: bytes) -> tuple[int, float]:
     except botocore.exceptions.ClientError as exc:
         status = int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
     return status, time.monotonic() - started
+
+
+def test_a_shard_whose_commits_hang_answers_writes_503_within_the_commit_wait(
+    tmp_path: Path,
+) -> None:
+    """A synchronous standby that does not answer holds every commit of its primary: here
+    PostgreSQL waits for a standby that does not exist. Writes are given up with a 503 after
+    COMMIT_WAIT_SECONDS, reads go on, and once commits come back so do writes; the write
+    given up either happened or did not, never half."""
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    server.start()
+    try:
+        shard = f'[[metadata.shards]]\nname = "pg"\ndsn = "{server.dsn("postgres")}"\n'
+        with own_serve(tmp_path / "serve", shard) as served:
+            client = served.raw_client(served.root, retries={"total_max_attempts": 1})
+            client.create_bucket(Bucket="held")
+            client.put_object(Bucket="held", Key="before", Body=b"before")
+            _synchronous_standby(server, "ghost")
+            try:
+                started = time.monotonic()
+                with pytest.raises(botocore.exceptions.ClientError) as held:
+                    client.put_object(Bucket="held", Key="held", Body=b"x" * 10_000)
+                waited = time.monotonic() - started
+                assert held.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+                assert COMMIT_WAIT_SECONDS <= waited < COMMIT_WAIT_SECONDS + 10, waited
+                read = client.get_object(Bucket="held", Key="before")["Body"].read()
+                assert read == b"before"
+            finally:
+                _synchronous_standby(server, "")
+            wait_until(lambda: _puts(client, "after"), 30)
+            try:
+                body = client.get_object(Bucket="held", Key="held")["Body"].read()
+            except botocore.exceptions.ClientError as exc:
+                assert exc.response["Error"]["Code"] == "NoSuchKey"
+            else:
+                assert body == b"x" * 10_000
+            log = served.log.read_text()
+            assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:3000]
+    finally:
+        server.stop()
+
+
+def _synchronous_standby(server: EmbeddedPostgres, names: str) -> None:
+    with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _puts(client: Any, key: str) -> bool:
+    try:
+        client.put_object(Bucket="held", Key=key, Body=b"after")
+    except botocore.exceptions.ClientError:
+        return False
+    return True
