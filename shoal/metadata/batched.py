@@ -165,16 +165,15 @@ class _Batcher:
         """The statement's rows. A write waits COMMIT_WAIT_SECONDS at most: a shard whose
         commits do not come back (a synchronous standby that does not answer holds every
         commit) must not hold the requests behind it without end. Then the write is given up
-        as not written while it still waits for a batch, else as CommitUnknown; a batch still
-        out goes on, and commits or not, as any write whose answer was lost."""
+        as not written while it still waits for a batch, else as CommitUnknown: a batch of
+        others still out goes on, and commits or not, as any write whose answer was lost (a
+        lone write sent by its caller closes its connection, as a caller cancelled does)."""
         if not self.writes:
             return await answer
-        pending = asyncio.ensure_future(answer)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending), COMMIT_WAIT_SECONDS)
+            async with asyncio.timeout(COMMIT_WAIT_SECONDS):
+                return await answer
         except TimeoutError:
-            pending.add_done_callback(_forget_outcome)
-            queued.answer.add_done_callback(_forget_outcome)
             waited = f"shard {self.pool.shard} did not commit within {COMMIT_WAIT_SECONDS:g} s"
             if queued in self._waiting:
                 self._waiting.remove(queued)
@@ -497,13 +496,6 @@ class _Sent:
 
 
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
-
-
-def _forget_outcome(done: asyncio.Future[Any]) -> None:
-    """The outcome of a write its caller gave up on: nobody reads it (the exception is
-    taken, so that asyncio does not report it as never retrieved)."""
-    if not done.cancelled():
-        done.exception()
 
 
 def _store_closed() -> MetadataUnavailable:
