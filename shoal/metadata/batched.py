@@ -40,7 +40,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -90,6 +90,10 @@ class _Queued:
     prepared_again: bool = False  # after InvalidSqlStatementName, once
     alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
     synced: bool = False  # its batch's Sync was sent: a write of it may have committed
+
+    @classmethod
+    def of(cls, statement: bytes, values: Sequence[Any], order: tuple[Any, ...] = ()) -> _Queued:
+        return cls(statement, values, asyncio.get_running_loop().create_future(), order)
 
     def fail(self, exc: BaseException) -> None:
         if not self.answer.done():  # its caller may have given up
@@ -142,43 +146,19 @@ class _Batcher:
         self.batches_sent = 0  # pipelines written, for tests and the curious
         pool.when_down(self._refuse_waiting)
 
-    async def _enqueue(
-        self, statement: bytes, values: Sequence[Any], order: tuple[Any, ...] = ()
-    ) -> list[prepared.Row]:
+    async def _enqueue(self, queued: _Queued) -> list[prepared.Row]:
         """Queue a statement ($1, $2, ... placeholders) for the next batch; its rows as dicts."""
         if self._closed:
             raise _store_closed()
         self.pool.check_reachable()  # a shard marked down: refused at once, never queued
-        queued = _Queued(statement, values, asyncio.get_running_loop().create_future(), order)
         if self._last_alone and self._kept is not None and not self._sending and not self._waiting:
             held = self._take_kept()
             if held is not None:
-                return await self._answered(queued, self._send_alone(held, queued))
+                return await self._send_alone(held, queued)
         self._waiting.append(queued)
         if self._sending < self.batches_at_once:
             self._start_sender()
-        return await self._answered(queued, queued.answer)
-
-    async def _answered(
-        self, queued: _Queued, answer: Awaitable[list[prepared.Row]]
-    ) -> list[prepared.Row]:
-        """The statement's rows. A write waits COMMIT_WAIT_SECONDS at most: a shard whose
-        commits do not come back (a synchronous standby that does not answer holds every
-        commit) must not hold the requests behind it without end. Then the write is given up
-        as not written while it still waits for a batch, else as CommitUnknown: a batch of
-        others still out goes on, and commits or not, as any write whose answer was lost (a
-        lone write sent by its caller closes its connection, as a caller cancelled does)."""
-        if not self.writes:
-            return await answer
-        try:
-            async with asyncio.timeout(COMMIT_WAIT_SECONDS):
-                return await answer
-        except TimeoutError:
-            waited = f"shard {self.pool.shard} did not commit within {COMMIT_WAIT_SECONDS:g} s"
-            if queued in self._waiting:
-                self._waiting.remove(queued)
-                raise MetadataUnavailable(f"{waited}: the write was not sent") from None
-            raise CommitUnknown(f"{waited}: the write may still commit") from None
+        return await queued.answer
 
     async def close(self) -> None:
         """Stop: statements still waiting, or in a batch, fail; later ones are refused."""
@@ -451,7 +431,7 @@ class ReadBatcher(_Batcher):
 
     async def fetch(self, statement: bytes, values: Sequence[Any]) -> list[prepared.Row]:
         """The rows of a read-only `statement`."""
-        return await self._enqueue(statement, values)
+        return await self._enqueue(_Queued.of(statement, values))
 
 
 class WriteBatcher(_Batcher):
@@ -463,8 +443,24 @@ class WriteBatcher(_Batcher):
         self, statement: bytes, values: Sequence[Any], order: WriteOrder
     ) -> list[prepared.Row]:
         """The rows of `statement`, a write of the one row that `order` locates, once
-        committed with the rest of its batch."""
-        return await self._enqueue(statement, values, order)
+        committed with the rest of its batch.
+
+        It waits COMMIT_WAIT_SECONDS at most: a shard whose commits do not come back (a
+        synchronous standby that does not answer holds every commit) must not hold the
+        requests behind it without end. Then the write is given up as not written while it
+        still waits for a batch, else as CommitUnknown: a batch of others still out goes on,
+        and commits or not, as any write whose answer was lost (a lone write sent by its
+        caller closes its connection, as a caller cancelled does)."""
+        queued = _Queued.of(statement, values, order)
+        try:
+            async with asyncio.timeout(COMMIT_WAIT_SECONDS):
+                return await self._enqueue(queued)
+        except TimeoutError:
+            waited = f"shard {self.pool.shard} did not commit within {COMMIT_WAIT_SECONDS:g} s"
+            if queued in self._waiting:
+                self._waiting.remove(queued)
+                raise MetadataUnavailable(f"{waited}: the write was not sent") from None
+            raise CommitUnknown(f"{waited}: the write may still commit") from None
 
     def _next_batch(self) -> list[_Queued]:
         # Every batch takes its rows' locks in this order: two batches that wrote the same

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 import uuid
 from typing import Any
@@ -19,7 +18,7 @@ from shoal.metadata.migrate import migrate
 from shoal.metadata.schema import VNODE_MIGRATIONS
 from shoal.metadata.shards import LastInFirstOutPool
 from tests.fixtures.backends import until_a_backend_waits
-from tests.fixtures.postgres import MakeStore, create_databases, unique
+from tests.fixtures.postgres import MIGRATING, MakeStore, create_databases, unique
 
 
 def test_pool_hands_out_the_connection_returned_last(make_store: MakeStore, run: Any) -> None:
@@ -248,8 +247,7 @@ def test_a_process_refuses_to_open_shards_behind_its_schema_until_they_are_migra
     configs = create_databases(admin_dsn, 2)
     config = MetadataConfig(vnodes=4, partitions_ahead=1)
     with monkeypatch.context() as older:  # the migrations of the code before the last one
-        migrating = importlib.import_module("shoal.metadata.migrate")  # `migrate` is shadowed
-        older.setattr(migrating, "VNODE_MIGRATIONS", VNODE_MIGRATIONS[:-1])
+        older.setattr(MIGRATING, "VNODE_MIGRATIONS", VNODE_MIGRATIONS[:-1])
         run(migrate(configs, config))
     latest = VNODE_MIGRATIONS[-1].version
     with pytest.raises(SchemaError) as refused:

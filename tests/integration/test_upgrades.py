@@ -5,9 +5,7 @@ written before the upgrade list, delete and leave the '/' directory exact after 
 
 from __future__ import annotations
 
-import importlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -19,7 +17,7 @@ from shoal.metadata.errors import BucketNotEmpty
 from shoal.metadata.migrate import migrate
 from shoal.metadata.schema import CATALOG_MIGRATIONS, SHARD_MIGRATIONS, VNODE_MIGRATIONS
 from tests.fixtures import landed_migrations as landed
-from tests.fixtures.postgres import create_databases, unique
+from tests.fixtures.postgres import MIGRATING, create_databases, unique
 from tests.integration.test_directory import assert_exact, walk, write
 from tests.integration.test_listing import model_listing
 
@@ -66,15 +64,8 @@ def schema_facts(configs: list[ShardConfig]) -> dict[str, set[tuple[Any, ...]]]:
     return facts
 
 
-@pytest.fixture
-def migrating(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The module `migrate` reads its migrations from (its name is shadowed by the function
-    in shoal.metadata), for a test to migrate as an earlier version did."""
-    yield importlib.import_module("shoal.metadata.migrate")
-
-
 def test_a_cluster_that_earlier_versions_migrated_is_upgraded_to_a_fresh_ones_schema(
-    admin_dsn: str, run: Any, monkeypatch: pytest.MonkeyPatch, migrating: Any
+    admin_dsn: str, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fresh = create_databases(admin_dsn, 2)
     run(migrate(fresh, CONFIG))
@@ -84,10 +75,10 @@ def test_a_cluster_that_earlier_versions_migrated_is_upgraded_to_a_fresh_ones_sc
     upgraded = create_databases(admin_dsn, 2)
     with monkeypatch.context() as earlier:
         earlier.setattr(
-            migrating, "SHARD_MIGRATIONS", (SHARD_MIGRATIONS[0], landed.SHARD_2_DIRECTORY)
+            MIGRATING, "SHARD_MIGRATIONS", (SHARD_MIGRATIONS[0], landed.SHARD_2_DIRECTORY)
         )
         earlier.setattr(
-            migrating,
+            MIGRATING,
             "VNODE_MIGRATIONS",
             (
                 *VNODE_MIGRATIONS[:3],
@@ -108,7 +99,7 @@ def test_a_cluster_that_earlier_versions_migrated_is_upgraded_to_a_fresh_ones_sc
 
     assert schema_facts(upgraded) != schema_facts(fresh)
     with pytest.raises(psycopg.errors.DuplicateTable):  # what happened before the renumbering
-        run(_migrate_without_renumbering(upgraded, monkeypatch, migrating))
+        run(_migrate_without_renumbering(upgraded, monkeypatch))
     run(migrate(upgraded, CONFIG))
 
     facts, wanted = schema_facts(upgraded), schema_facts(fresh)
@@ -141,10 +132,10 @@ async def _fill(configs: list[ShardConfig]) -> tuple[uuid.UUID, str, str]:
 
 
 async def _migrate_without_renumbering(
-    configs: list[ShardConfig], monkeypatch: pytest.MonkeyPatch, migrating: Any
+    configs: list[ShardConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as before:
-        before.setattr(migrating, "RENUMBERED", ())
+        before.setattr(MIGRATING, "RENUMBERED", ())
         await migrate(configs, CONFIG)
 
 
