@@ -17,6 +17,10 @@ buckets of the other shards are served as before. One shard of many must not tak
 bucket down with it; and a shard that accepts connections but does not answer (a hung host)
 is found here, within a second, where the pool alone would not.
 
+A shard whose commits hang (a synchronous standby that does not answer) still answers the
+check: it is found by a commit probe sent with each check (ShardPool.check_commits), which
+refuses the shard's writes while its reads go on, and leaves the gateway ready.
+
 Each storage node that misses a check is told to the data path with the number it missed in
 a row (DataPath.node_silent): it gets no new blocks, and after two, the requests waiting on it
 are given up, so that a node that hangs holds no request for long.
@@ -85,8 +89,10 @@ class Readiness:
         self.ready = False
         self.reason = "not checked yet"
         self.serving = False  # what the S3 port does: see the module's docstring
-        # What the last check saw, for /ready: shards that did not answer, nodes.
+        # What the last check saw, for /ready: shards that did not answer, shards whose
+        # commits hang, nodes.
         self.silent_shards: list[str] = []
+        self.hung_shards: list[str] = []
         self.nodes_answering: int | None = None
         self.nodes_needed: int | None = None
         self._been_ready = False
@@ -106,6 +112,7 @@ class Readiness:
         return self.ready, {
             "reason": self.reason,
             "shards_not_answering": self.silent_shards,
+            "shards_not_committing": self.hung_shards,
             "storage_nodes_answering": self.nodes_answering,
             "storage_nodes_needed": self.nodes_needed,
         }
@@ -160,6 +167,8 @@ class Readiness:
         silent = await self.store.silent_shards(ANSWER_SECONDS)
         self.silent_shards = sorted(silent)
         self.store.shards.mark_unreachable(silent, f"did not answer within {ANSWER_SECONDS:g} s")
+        # Not a reason to stop serving: their reads go on, their writes are refused.
+        self.hung_shards = sorted(set(self.store.hung_shards()) - set(silent))
         nodes_short = None
         if self.store.shards.catalog.name not in silent:  # else the registry cannot be read
             nodes_short = await self._nodes_short()

@@ -54,12 +54,13 @@ class Component:
 
         async def attempt() -> list[Row]:
             shard = self.shards.of_vnode(vnode)
-            async with shard.statement_connection() as conn:
+            # A write's wait (a read among these statements is treated the same way).
+            async with shard.pool.commit_bound(), shard.statement_connection() as conn:
                 try:
                     return await prepared.fetch(conn, statement, values)
                 except Exception as exc:
                     # Sent, in autocommit: if the answer was lost, the write may have
-                    # committed (a read among these statements is treated the same way).
+                    # committed.
                     failure = shard.pool.failure(exc, may_have_committed=True)
                     if failure is exc:
                         raise

@@ -50,7 +50,7 @@ from psycopg import errors, generators
 from psycopg.pq import ExecStatus, TransactionStatus
 
 from shoal.metadata import metrics, prepared
-from shoal.metadata.errors import CommitUnknown, MetadataUnavailable
+from shoal.metadata.errors import MetadataUnavailable
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.socket_watch import SocketWatch
 
@@ -445,22 +445,22 @@ class WriteBatcher(_Batcher):
         """The rows of `statement`, a write of the one row that `order` locates, once
         committed with the rest of its batch.
 
-        It waits COMMIT_WAIT_SECONDS at most: a shard whose commits do not come back (a
-        synchronous standby that does not answer holds every commit) must not hold the
-        requests behind it without end. Then the write is given up as not written while it
-        still waits for a batch, else as CommitUnknown: a batch of others still out goes on,
-        and commits or not, as any write whose answer was lost (a lone write sent by its
-        caller closes its connection, as a caller cancelled does)."""
+        Its wait is bounded (ShardPool.commit_bound): by COMMIT_WAIT_SECONDS, and by the
+        shard's commits hanging, as the readiness check's commit probe finds. A shard whose
+        commits do not come back (a synchronous standby that does not answer holds every
+        commit) must not hold the requests behind it without end. Then the write is given up
+        as not written while it still waits for a batch, else as CommitUnknown: a batch of
+        others still out goes on, and commits or not, as any write whose answer was lost (a
+        lone write sent by its caller closes its connection, as a caller cancelled does)."""
         queued = _Queued.of(statement, values, order)
-        try:
-            async with asyncio.timeout(COMMIT_WAIT_SECONDS):
+        async with self.pool.commit_bound(COMMIT_WAIT_SECONDS) as bound:
+            try:
                 return await self._enqueue(queued)
-        except TimeoutError:
-            waited = f"shard {self.pool.shard} did not commit within {COMMIT_WAIT_SECONDS:g} s"
-            if queued in self._waiting:
-                self._waiting.remove(queued)
-                raise MetadataUnavailable(f"{waited}: the write was not sent") from None
-            raise CommitUnknown(f"{waited}: the write may still commit") from None
+            except asyncio.CancelledError:
+                if queued in self._waiting:  # given up before its batch: never sent
+                    self._waiting.remove(queued)
+                    bound.sent = False
+                raise
 
     def _next_batch(self) -> list[_Queued]:
         # Every batch takes its rows' locks in this order: two batches that wrote the same

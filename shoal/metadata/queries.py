@@ -1333,6 +1333,11 @@ WHERE bucket_id = %(bucket_id)s AND id = %(id)s
 
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"
+# A commit that writes WAL and so waits, as every write's does, for the WAL's flush and for a
+# synchronous standby: the commit probe (ShardPool.check_commits). A transactional logical
+# message touches no table; a statement that only takes a transaction id commits without
+# waiting for either.
+COMMIT_PROBE = "SELECT pg_logical_emit_message(true, 'shoal-commit-probe', '')"
 
 # -- bucket canned ACLs (catalog shard; no row: private) --------------------------------------
 

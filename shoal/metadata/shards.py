@@ -33,7 +33,7 @@ from shoal.config import ShardConfig
 from shoal.metadata import queries
 from shoal.metadata.batched import ReadBatcher, WriteBatcher
 from shoal.metadata.bucket_cache import BucketCache
-from shoal.metadata.errors import MetadataUnavailable, SchemaError
+from shoal.metadata.errors import CommitUnknown, MetadataError, MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
 from shoal.metadata.ring import Ring, vnode_schema
 from shoal.metadata.schema import (
@@ -62,6 +62,10 @@ CONNECTION_WAIT_SECONDS = 1.0
 # doubling delays, which could leave it empty for many seconds after the shard came back.
 PROBE_SECONDS = 0.2
 PROBE_TIMEOUT_SECONDS = 1.0
+# A commit probe out this long finds the shard's commits hung (ShardPool.check_commits): a
+# commit is a WAL flush, milliseconds on a well disk; seconds, and a synchronous standby or
+# the WAL's disk does not answer.
+COMMIT_STALL_SECONDS = 2.0
 # A DSN without a connect_timeout gets this one (seconds; libpq's smallest is 2).
 CONNECT_TIMEOUT_SECONDS = 2
 # How often every process reads the ring version, to follow vnode moves without waiting for
@@ -373,6 +377,14 @@ class ShardPool(LastInFirstOutPool):
         self._pinger: psycopg.AsyncConnection[Any] | None = None
         # Drains so far: a batcher lets go of a connection it took before the last one.
         self.drains = 0
+        # Since when the commit probe finds the shard's commits hung (None: they come back).
+        self.commits_hang_since: float | None = None
+        self._last_hang = (0.0, 0.0)  # the last that ended: since, until (monotonic)
+        self._commit_probe: asyncio.Task[None] | None = None
+        self._commit_probe_sent = 0.0
+        self._committer: psycopg.AsyncConnection[Any] | None = None  # the probe's own
+        self._probe_refused = False  # said once
+        self._writes: set[CommitBound] = set()
 
     async def getconn(self, timeout: float | None = None) -> Connection:
         self.check_reachable()
@@ -388,6 +400,98 @@ class ShardPool(LastInFirstOutPool):
         if self.down_since is not None:
             down_for = time.monotonic() - self.down_since
             raise MetadataUnavailable(f"shard {self.shard} is unreachable ({down_for:.1f} s)")
+
+    def check_committing(self) -> None:
+        """MetadataUnavailable while the shard's commits hang: a write would only wait."""
+        if self.commits_hang_since is not None:
+            hung_for = time.monotonic() - self.commits_hang_since
+            raise MetadataUnavailable(
+                f"shard {self.shard} does not commit ({hung_for:.1f} s): writes are refused "
+                "until it does"
+            )
+
+    def commit_bound(self, seconds: float | None = None) -> CommitBound:
+        """The bound of a write's wait on this shard (`async with`): see CommitBound."""
+        return CommitBound(self, seconds)
+
+    def check_commits(self) -> bool:
+        """Whether the shard's commits come back, as a commit probe finds; called by the
+        readiness check every second, and never waits.
+
+        One probe is out at a time, on a connection of its own: a commit that writes WAL, so
+        that it waits as every write's commit does. A probe out for COMMIT_STALL_SECONDS
+        finds the commits hung (a synchronous standby that does not answer, a WAL disk that
+        does not flush): the writes waiting on the shard are given up (CommitBound) and new
+        ones are refused at once, while reads go on. The probe is left waiting, and its
+        commit, once it comes back, ends that at once. A probe whose connection fails says
+        nothing: whether the shard is down is the ping's business."""
+        probe = self._commit_probe
+        if probe is not None and not probe.done():
+            if time.monotonic() - self._commit_probe_sent >= COMMIT_STALL_SECONDS:
+                self._commits_hang()
+            return self.commits_hang_since is None
+        if not self.closed:
+            self._commit_probe_sent = time.monotonic()
+            self._commit_probe = asyncio.get_running_loop().create_task(self._probe_commit())
+        return self.commits_hang_since is None
+
+    async def _probe_commit(self) -> None:
+        conn, self._committer = self._committer, None
+        try:
+            if conn is None:
+                conninfo, kwargs = self._probe_with
+                conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+            await conn.execute(queries.COMMIT_PROBE)
+        except (psycopg.Error, OSError) as exc:
+            if conn is None or conn.closed or connection_failed(exc):
+                if conn is not None:
+                    await conn.close()
+                return
+            self._committer = conn  # the server answered: the probe itself is refused
+            if not self._probe_refused:
+                self._probe_refused = True
+                log.warning(
+                    "shard %s refuses the commit probe, so hung commits go unnoticed: %s",
+                    self.shard,
+                    first_line(exc),
+                )
+            return
+        except BaseException:
+            if conn is not None:
+                await conn.close()
+            raise
+        if self.closed:
+            await conn.close()
+            return
+        self._committer = conn
+        if self.commits_hang_since is not None:
+            now = time.monotonic()
+            log.warning(
+                "shard %s commits again after %.1f s", self.shard, now - self.commits_hang_since
+            )
+            self._last_hang = (self.commits_hang_since, now)
+            self.commits_hang_since = None
+
+    def commits_hung_for(self, within: float) -> float:
+        """How long the shard's commits hang now, or hung the last time if that ended less
+        than `within` seconds ago; else 0."""
+        now = time.monotonic()
+        if self.commits_hang_since is not None:
+            return now - self.commits_hang_since
+        since, until = self._last_hang
+        return until - since if now - until < within else 0.0
+
+    def _commits_hang(self) -> None:
+        if self.commits_hang_since is not None:
+            return
+        self.commits_hang_since = self._commit_probe_sent
+        log.warning(
+            "shard %s does not commit (a commit out for %.1f s): refusing writes until it does",
+            self.shard,
+            time.monotonic() - self._commit_probe_sent,
+        )
+        for write in list(self._writes):
+            write.give_up()
 
     def failure(self, exc: Exception, *, may_have_committed: bool) -> Exception:
         """What a call that met `exc` on this shard raises (outage.classified). A connection
@@ -523,12 +627,26 @@ class ShardPool(LastInFirstOutPool):
         self, timeout: float | None = None, *, may_have_committed: bool = True
     ) -> AsyncIterator[Connection]:
         """psycopg_pool's connection(), with a failed connection classified (outage.py):
-        whatever the block did may have committed, as far as this pool can tell."""
+        whatever the block did may have committed, as far as this pool can tell. Unless
+        the block only reads, it is a write's (CommitBound): refused while the shard's
+        commits hang, given up (CommitUnknown) when they start to."""
+        if not may_have_committed:
+            try:
+                async with super().connection(timeout) as conn:
+                    yield conn
+            except Exception as exc:
+                failure = self.failure(exc, may_have_committed=False)
+                if failure is exc:
+                    raise
+                raise failure from exc
+            return
         try:
-            async with super().connection(timeout) as conn:
+            async with self.commit_bound(), super().connection(timeout) as conn:
                 yield conn
+        except MetadataError:
+            raise  # the bound's, or the pool's refusal
         except Exception as exc:
-            failure = self.failure(exc, may_have_committed=may_have_committed)
+            failure = self.failure(exc, may_have_committed=True)
             if failure is exc:
                 raise
             raise failure from exc
@@ -542,12 +660,17 @@ class ShardPool(LastInFirstOutPool):
     async def transaction(self) -> AsyncIterator[Connection]:
         """A connection in a transaction (`async with`), committed at the end of the block. A
         failed connection is MetadataUnavailable before the COMMIT is sent, CommitUnknown at
-        the COMMIT."""
+        the COMMIT; so is a transaction given up because the shard's commits hang
+        (CommitBound)."""
         committing = False
+        bound = self.commit_bound()
+        bound.sent = False
         try:
-            async with super().connection() as conn, conn.transaction():
+            async with bound, super().connection() as conn, conn.transaction():
                 yield conn
-                committing = True
+                committing = bound.sent = True
+        except MetadataError:
+            raise  # the bound's, or the pool's refusal
         except Exception as exc:
             failure = self.failure(exc, may_have_committed=committing)
             if failure is exc:
@@ -555,13 +678,64 @@ class ShardPool(LastInFirstOutPool):
             raise failure from exc
 
     async def close(self, timeout: float = 5.0) -> None:
-        tasks = [task for task in (self._prober, self._replacing) if task is not None]
+        tasks = [
+            task for task in (self._prober, self._replacing, self._commit_probe) if task is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._pinger is not None:
-            await self._pinger.close()
+        for conn in (self._pinger, self._committer):
+            if conn is not None:
+                await conn.close()
         await super().close(timeout)
+
+
+class CommitBound:
+    """A write's wait on its shard (`async with`), bounded: refused at once (MetadataUnavailable)
+    while the shard's commits hang, and given up when they start to (ShardPool.check_commits)
+    or after `seconds` (None: no time limit). A write given up was refused (MetadataUnavailable)
+    if it was not `sent` yet, and may still commit (CommitUnknown) if it was: the block raises
+    that instead of the TimeoutError. `sent` is the caller's to keep true; it starts true."""
+
+    __slots__ = ("hung", "pool", "seconds", "sent", "timeout")
+
+    def __init__(self, pool: ShardPool, seconds: float | None) -> None:
+        self.pool = pool
+        self.seconds = seconds
+        self.timeout = asyncio.timeout(seconds)
+        self.sent = True
+        self.hung = False  # given up because the shard's commits hang
+
+    async def __aenter__(self) -> CommitBound:
+        self.pool.check_committing()
+        await self.timeout.__aenter__()
+        self.pool._writes.add(self)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.pool._writes.discard(self)
+        try:
+            await self.timeout.__aexit__(*exc_info)
+        except TimeoutError:
+            if not self.timeout.expired():
+                raise  # the block's own
+            raise self._failure() from None
+
+    def give_up(self) -> None:
+        """End the wait now (the shard's commits hang)."""
+        if not self.timeout.expired():
+            self.hung = True
+            self.timeout.reschedule(asyncio.get_running_loop().time())
+
+    def _failure(self) -> MetadataUnavailable | CommitUnknown:
+        shard = self.pool.shard
+        if self.hung:
+            waited = f"shard {shard} does not commit"
+        else:
+            waited = f"shard {shard} did not commit within {self.seconds} s"
+        if self.sent:
+            return CommitUnknown(f"{waited}: the write may still commit")
+        return MetadataUnavailable(f"{waited}: the write was not sent")
 
 
 async def _pinged(conn: psycopg.AsyncConnection[Any]) -> bool:

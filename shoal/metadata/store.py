@@ -27,7 +27,7 @@ from shoal.metadata.partitions import ensure_windows, window_width
 from shoal.metadata.pipeline_runs import PipelineBook
 from shoal.metadata.replicas import UnderReplicated
 from shoal.metadata.ring import Ring
-from shoal.metadata.shards import ShardSet
+from shoal.metadata.shards import Shard, ShardSet
 from shoal.metadata.sharks import Sharks
 from shoal.metadata.uploads import Uploads
 
@@ -89,12 +89,7 @@ class MetadataStore:
         asks the server to cancel the statement and waits up to seconds for it, which on a
         shard that hangs is exactly what does not come back.
         """
-        # A shard that holds no vnode (added and not used yet, or drained for removal) serves
-        # nothing: its silence must not take the gateway out of service.
-        shards = [
-            self.shards.catalog,
-            *(s for s in self.shards.placed() if s is not self.shards.catalog),
-        ]
+        shards = self._serving()
         pings = [asyncio.ensure_future(shard.pool.ping()) for shard in shards]
         try:
             await asyncio.wait(pings, timeout=timeout)
@@ -111,6 +106,20 @@ class MetadataStore:
             elif not ping.result():
                 silent.append(shard.name)
         return silent
+
+    def hung_shards(self) -> list[str]:
+        """The shards whose commits hang, as their commit probes find (ShardPool.check_commits):
+        their writes are refused, their reads go on. Never waits; called every second."""
+        return [shard.name for shard in self._serving() if not shard.pool.check_commits()]
+
+    def _serving(self) -> list[Shard]:
+        """The catalog and the shards that hold vnodes. A shard that holds no vnode (added
+        and not used yet, or drained for removal) serves nothing: its silence must not take
+        the gateway out of service."""
+        return [
+            self.shards.catalog,
+            *(s for s in self.shards.placed() if s is not self.shards.catalog),
+        ]
 
     async def close(self) -> None:
         await self.shards.close()
