@@ -54,7 +54,7 @@ class Component:
 
         async def attempt() -> list[Row]:
             shard = self.shards.of_vnode(vnode)
-            # A write's wait (a read among these statements is treated the same way).
+            # A write's wait: bounded while the shard's commits hang.
             async with shard.pool.commit_bound(), shard.statement_connection() as conn:
                 try:
                     return await prepared.fetch(conn, statement, values)

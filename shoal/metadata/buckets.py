@@ -156,7 +156,7 @@ class Buckets(Component):
 
     async def get_lifecycle(self, owner: uuid.UUID, name: str) -> Rules | None:
         bucket = await self.bucket(owner, name)
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.GET_LIFECYCLE, {"bucket_id": bucket.id})
             row = await cur.fetchone()
         return None if row is None else list(row[0])
@@ -168,7 +168,7 @@ class Buckets(Component):
 
     async def lifecycles(self) -> builtins.list[tuple[uuid.UUID, uuid.UUID, str, Rules]]:
         """(bucket id, owner, bucket name, rules) of every bucket with rules."""
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             rows = await (await conn.execute(queries.ALL_LIFECYCLES)).fetchall()
         return [(r[0], r[1], r[2], list(r[3])) for r in rows]
 
@@ -205,7 +205,7 @@ class Buckets(Component):
     async def get_tags(self, owner: uuid.UUID, name: str) -> dict[str, str]:
         """A bucket's tags; none if it has none."""
         bucket = await self.bucket(owner, name)
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.GET_BUCKET_TAGS, {"bucket_id": bucket.id})
             row = await cur.fetchone()
         return {} if row is None else dict(row[0])

@@ -285,7 +285,7 @@ class GarbageBook(Component):
             await conn.execute(queries.SET_SETTING, {"key": PAUSED_SETTING, "value": str(paused)})
 
     async def paused(self) -> bool:
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.SELECT_SETTING, {"key": PAUSED_SETTING})
             row = await cur.fetchone()
         return row is not None and row[0] == "True"

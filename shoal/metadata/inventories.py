@@ -61,7 +61,7 @@ class Inventories(Component):
     async def get(self, owner: uuid.UUID, name: str, config_id: str) -> dict[str, Any] | None:
         bucket = await self.bucket(owner, name)
         params = {"bucket_id": bucket.id, "id": config_id}
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             row = await (await conn.execute(queries.GET_INVENTORY, params)).fetchone()
         return None if row is None else dict(row[0])
 
@@ -71,7 +71,7 @@ class Inventories(Component):
         """The bucket's configurations in id order, those after `after`, at most `limit`."""
         bucket = await self.bucket(owner, name)
         params = {"bucket_id": bucket.id, "after": after, "limit": limit}
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             rows = await (await conn.execute(queries.LIST_INVENTORIES, params)).fetchall()
         return [dict(row[0]) for row in rows]
 
@@ -85,7 +85,7 @@ class Inventories(Component):
 
     async def all(self) -> builtins.list[InventorySetting]:
         """Every configuration of every bucket (the pipeline's reading)."""
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             rows = await (await conn.execute(queries.ALL_INVENTORIES)).fetchall()
         return [InventorySetting(r[0], r[1], r[2], r[3], dict(r[4]), r[5], r[6]) for r in rows]
 

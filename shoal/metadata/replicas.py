@@ -99,7 +99,7 @@ class UnderReplicated(Component):
     async def locate(self, note: Note) -> LiveRun | None:
         """Where the noted id's blocks are, or None when it is no longer live."""
         vnode = self.shards.ring.vnode_for_object(note.owner, note.bucket_id, note.name)
-        rows = await self.rows(vnode, queries.LOCATE_UNDER_REPLICATED, note.key())
+        rows = await self.read_rows(vnode, queries.LOCATE_UNDER_REPLICATED, note.key())
         if not rows:
             return None
         row = rows[0]

@@ -83,7 +83,7 @@ class Uploads(Component):
     async def get(self, owner: uuid.UUID, bucket: str, name: str, upload_id: uuid.UUID) -> Upload:
         check_object_name(name)
         _, vnode, key = await self.locate_object(owner, bucket, name)
-        rows = await self.rows(vnode, queries.SELECT_UPLOAD, {**key, "upload_id": upload_id})
+        rows = await self.read_rows(vnode, queries.SELECT_UPLOAD, {**key, "upload_id": upload_id})
         if not rows:
             raise UploadNotFound(f"no upload {upload_id} for {name!r}")
         return _upload(rows[0])
@@ -135,7 +135,7 @@ class Uploads(Component):
         await self.get(owner, bucket, name, upload_id)  # NoSuchUpload before an empty list
         _, vnode, key = await self.locate_object(owner, bucket, name)
         params = {**key, "upload_id": upload_id, "after": after, "limit": limit}
-        return [_part(row) for row in await self.rows(vnode, queries.LIST_PARTS, params)]
+        return [_part(row) for row in await self.read_rows(vnode, queries.LIST_PARTS, params)]
 
     async def list(
         self,

@@ -434,6 +434,10 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 Bucket="held", Key="parts", UploadId=upload, PartNumber=1, Body=b"p" * 1000
             )["ETag"]
             parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+            still_open = client.create_multipart_upload(Bucket="held", Key="open")["UploadId"]
+            client.upload_part(
+                Bucket="held", Key="open", UploadId=still_open, PartNumber=1, Body=b"o"
+            )
             _synchronous_standby(server, "ghost")
             try:
                 held = {
@@ -460,6 +464,11 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 assert client.get_object(Bucket="held", Key="before")["Body"].read() == BIG
                 listed = client.list_objects_v2(Bucket="held")["Contents"]
                 assert "before" in [entry["Key"] for entry in listed]
+                open_parts = client.list_parts(Bucket="held", Key="open", UploadId=still_open)
+                assert [part["Size"] for part in open_parts["Parts"]] == [1]
+                with pytest.raises(botocore.exceptions.ClientError) as no_rules:
+                    client.get_bucket_lifecycle_configuration(Bucket="held")
+                assert no_rules.value.response["Error"]["Code"] == "NoSuchLifecycleConfiguration"
             finally:
                 _synchronous_standby(server, "")
             wait_until(lambda: _puts(client, "after"), RECOVERY_SECONDS)
