@@ -35,6 +35,7 @@ from shoal.config import Config, ConfigError, ShardConfig, check_dsn, load_confi
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataError, MetadataStore, migrate
+from shoal.metadata.claims import EXPLANATIONS, Check
 from shoal.metadata.deployment import (
     create_embedded_database,
     embedded_server,
@@ -265,6 +266,16 @@ def _parser() -> argparse.ArgumentParser:
     db.add_parser(
         "dsn", parents=[common], help="each shard's DSN, password included, one a line (for psql)"
     ).set_defaults(run=_db_dsn)
+    check = db.add_parser(
+        "check",
+        parents=[common],
+        help="bucket names in the catalog against bucket rows (after restoring shards)",
+    )
+    check.add_argument(
+        "--repair", action="store_true", help="bring each difference back in step, where it can"
+    )
+    check.add_argument("--json", action="store_true", help="print JSON")
+    check.set_defaults(run=_db_check)
 
     shard = verbs.add_parser("shard", help="metadata shards").add_subparsers(
         title="shard commands", dest="command", required=True
@@ -495,6 +506,43 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
         blocks = "blocks not reported" if n.blocks is None else f"{n.blocks:,} blocks"
         print(f"  {n.shark:<24} {state:<7} {n.url}  {free}  {blocks}")
     return 0
+
+
+def _db_check(config: Config, args: argparse.Namespace) -> int:
+    """Exit 1 while a difference remains: found and not repaired."""
+
+    async def check(store: MetadataStore) -> tuple[Check, list[bool]]:
+        found = await store.claims.check()
+        if not args.repair:
+            return found, []
+        return found, [await store.claims.repair(d) for d in found.differences]
+
+    found, repaired = _with_store(config, check)
+    remaining = len(found.differences) - sum(repaired)
+    if args.json:
+        report = {
+            "claims": found.claims,
+            "buckets": found.buckets,
+            "differences": [
+                {**d.__dict__, "repaired": bool(repaired and repaired[i])}
+                for i, d in enumerate(found.differences)
+            ],
+        }
+        print(json.dumps(report, indent=2, default=str))
+        return 1 if remaining else 0
+    print(
+        f"{found.claims:,} bucket name(s) claimed, {found.buckets:,} bucket row(s): "
+        f"{len(found.differences)} difference(s)"
+    )
+    for i, d in enumerate(found.differences):
+        holder = "" if d.holder is None else f" (held by owner {d.holder[0]}, id {d.holder[1]})"
+        done = (" [repaired]" if repaired[i] else " [not repaired]") if repaired else ""
+        print(f"  {d.kind}: {d.name} of owner {d.owner}, id {d.bucket_id}{holder}{done}")
+    for kind in sorted({d.kind for d in found.differences}):
+        print(f"{kind}: {EXPLANATIONS[kind]}")
+    if found.differences and not args.repair:
+        print("`shoal db check --repair` repairs what it can (docs/operations.md)")
+    return 1 if remaining else 0
 
 
 def _db_dsn(config: Config, args: argparse.Namespace) -> int:

@@ -1331,6 +1331,21 @@ UPDATE shoal.bucket_inventory SET delivered = %(delivered)s
 WHERE bucket_id = %(bucket_id)s AND id = %(id)s
 """
 
+# -- bucket names against bucket rows (`shoal db check`: claims.py) ---------------------------
+
+ALL_BUCKET_CLAIMS = "SELECT name, owner, bucket_id FROM shoal.bucket_name"
+
+ALL_BUCKETS_ARM = "SELECT id, owner, name FROM {schema}.manta_bucket"
+
+ALL_BUCKETS_MERGE = "SELECT id, owner, name FROM ({arms}) AS buckets"
+
+# Which of the incarnations `ids` a vnode of the shard recorded as deleted.
+DELETED_BUCKETS_ARM = """
+SELECT id FROM {schema}.manta_bucket_deleted_bucket WHERE id = ANY(%(ids)s)
+"""
+
+DELETED_BUCKETS_MERGE = "SELECT DISTINCT id FROM ({arms}) AS deleted"
+
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"
 # A commit that writes WAL and so waits, as every write's does, for the WAL's flush and for a

@@ -18,6 +18,7 @@ from types import TracebackType
 from shoal.config import ShardConfig
 from shoal.metadata.accounts import Accounts
 from shoal.metadata.buckets import Buckets
+from shoal.metadata.claims import BucketClaims
 from shoal.metadata.garbage import Garbage, GarbageBook
 from shoal.metadata.inventories import Inventories
 from shoal.metadata.keys import Keys
@@ -38,6 +39,7 @@ class MetadataStore:
         self.shards = shards
         self.accounts = Accounts(shards, window)
         self.buckets = Buckets(shards, window)
+        self.claims = BucketClaims(shards, window)
         self.inventories = Inventories(shards, window)
         self.objects = Objects(shards, window)
         self.uploads = Uploads(shards, window)
