@@ -26,7 +26,7 @@ from shoal.metadata.schema import (
     VNODE_MIGRATIONS,
     Migration,
 )
-from shoal.metadata.shards import MIN_SERVER_VERSION, first_line
+from shoal.metadata.shards import MIN_SERVER_VERSION, first_line, moves_first
 
 MIGRATION_LOCK = 0x5340A1  # advisory lock key shared by every migrator
 
@@ -50,6 +50,7 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
         # make a second, empty copy (docs/metadata.md, "Shards and vnodes").
         cur = await catalog.execute(queries.MOVING_VNODES)
         moving = {row[0] for row in await cur.fetchall()}
+        left_behind = []
         for name, conn in conns.items():
             vnodes = [v for v in ring.vnodes_of(name) if v not in moving]
             for vnode in vnodes:
@@ -57,10 +58,20 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
                     conn, vnode_schema(vnode), VNODE_MIGRATIONS, vnode_schema(vnode)
                 )
             await ensure_windows(conn, vnodes, await window_width(conn), config.partitions_ahead)
+            left_behind += [v for v in moving & set(ring.vnodes_of(name)) if await _behind(conn, v)]
+        if left_behind:
+            raise SchemaError(f"migrated all but the moving vnodes {moves_first(left_behind)}")
         return ring
     finally:
         for conn in conns.values():
             await conn.close()
+
+
+async def _behind(conn: psycopg.AsyncConnection, vnode: int) -> bool:
+    """Whether a vnode's schema on its shard lacks a migration this code knows."""
+    cur = await conn.execute(queries.APPLIED_BY_SCOPE)
+    applied: dict[str, list[int]] = dict(await cur.fetchall())
+    return bool({m.version for m in VNODE_MIGRATIONS} - set(applied.get(vnode_schema(vnode), [])))
 
 
 async def applied_versions(conn: psycopg.AsyncConnection) -> dict[str, int]:

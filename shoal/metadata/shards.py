@@ -179,7 +179,10 @@ class ShardSet:
                     f"{', '.join(sorted(missing))}, which the configuration does not name"
                 )
             for name, pool in pools.items():
-                await check_schema(pool, name, ring.vnodes_of(name), name == configs[0].name)
+                try:
+                    await check_schema(pool, name, ring.vnodes_of(name), name == configs[0].name)
+                except SchemaError as behind:
+                    raise await _moves_first(pools[configs[0].name], behind) from None
         except BaseException:
             for pool in pools.values():
                 await pool.close()
@@ -824,6 +827,26 @@ async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catal
             f"shard {shard} is not migrated to this Shoal's schema ({shown}): "
             "run `shoal db migrate`"
         )
+
+
+async def _moves_first(catalog: ShardPool, behind: SchemaError) -> SchemaError:
+    """`behind`, saying so when vnodes are moving: `shoal db migrate` leaves those to their
+    move, which must finish first."""
+    async with catalog.reading() as conn:
+        moving = [row[0] for row in await (await conn.execute(queries.MOVING_VNODES)).fetchall()]
+    if not moving:
+        return behind
+    return SchemaError(f"{behind} {moves_first(moving)}")
+
+
+def moves_first(moving: Iterable[int]) -> str:
+    """What to do about vnodes that a migration left alone because they are moving."""
+    vnodes = ", ".join(map(str, sorted(moving)))
+    return (
+        f"(vnode(s) {vnodes} are moving, and are migrated only once their move is over: "
+        "finish it with the release that started it, `shoal ring move --finish`, then run "
+        "`shoal db migrate` again)"
+    )
 
 
 def _versions(migrations: Sequence[Migration]) -> set[int]:

@@ -13,7 +13,7 @@ import pytest
 
 from shoal.config import MetadataConfig, ShardConfig
 from shoal.metadata import MetadataStore, shards
-from shoal.metadata.errors import BucketNotEmpty
+from shoal.metadata.errors import BucketNotEmpty, SchemaError
 from shoal.metadata.migrate import migrate
 from shoal.metadata.schema import CATALOG_MIGRATIONS, SHARD_MIGRATIONS, VNODE_MIGRATIONS
 from tests.fixtures import landed_migrations as landed
@@ -159,3 +159,36 @@ def _use(configs: list[ShardConfig], run: Any, owner: uuid.UUID, bucket: str, em
         assert_exact(store, run, owner, bucket)
     finally:
         run(store.close())
+
+
+def test_a_moving_vnode_is_migrated_once_its_move_is_over(
+    admin_dsn: str, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate` leaves a vnode in the middle of a move to its move (making its schema again
+    there would make a second, empty copy), says so, and takes it once the move is over;
+    until then processes of the new release refuse to start, and say why."""
+    configs = create_databases(admin_dsn, 2)
+    with monkeypatch.context() as earlier:
+        earlier.setattr(MIGRATING, "VNODE_MIGRATIONS", VNODE_MIGRATIONS[:-1])
+        run(migrate(configs, CONFIG))
+    last = VNODE_MIGRATIONS[-1].version
+    with psycopg.connect(configs[0].dsn, autocommit=True) as catalog:
+        (source,) = catalog.execute(
+            "SELECT shard FROM shoal.ring_vnode WHERE vnode = 1 ORDER BY version DESC LIMIT 1"
+        ).fetchone() or ("",)
+        target = next(c.name for c in configs if c.name != source)
+        catalog.execute(
+            "INSERT INTO shoal.vnode_move (vnode, source, target, step) "
+            "VALUES (1, %s, %s, 'copying')",
+            (source, target),
+        )
+        with pytest.raises(SchemaError, match=r"all but the moving vnodes \(vnode\(s\) 1 are"):
+            run(migrate(configs, CONFIG))
+        with pytest.raises(
+            SchemaError, match=rf"\(manta_bucket_1 without {last}\).*vnode\(s\) 1 are moving"
+        ):
+            run(MetadataStore.open(configs, 2, poll_ring=False))
+        catalog.execute("UPDATE shoal.vnode_move SET step = 'rolled_back'")
+    run(migrate(configs, CONFIG))
+    store = run(MetadataStore.open(configs, 2, poll_ring=False))
+    run(store.close())
