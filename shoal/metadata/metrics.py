@@ -35,6 +35,7 @@ OTHER_STATEMENT = "other"
 class MetadataMetrics:
     connections: Gauge
     waiting: Gauge
+    commits_hung: Gauge
     batch_size: Histogram
     statement_duration: Histogram
     _statements: dict[str, telemetry.HistogramTally] = field(default_factory=dict)
@@ -54,6 +55,13 @@ class MetadataMetrics:
                 "Calls waiting for a connection of a shard's pool.",
                 ["shard"],
                 multiprocess_mode="livesum",
+            ),
+            commits_hung=Gauge(
+                "shoal_metadata_commits_hung",
+                "1 while a shard's commits hang, as a gateway's commit probe finds: its writes "
+                "are refused, its reads go on.",
+                ["shard"],
+                multiprocess_mode="livemax",
             ),
             batch_size=Histogram(
                 "shoal_metadata_batch_size",
@@ -92,6 +100,7 @@ class MetadataMetrics:
             self.connections.labels(name, "idle").set(idle)
             self.connections.labels(name, "busy").set(max(0, size - idle))
             self.waiting.labels(name).set(stats.get("requests_waiting", 0))
+            self.commits_hung.labels(name).set(shard.pool.commits_hang_since is not None)
 
 
 _metrics: MetadataMetrics | None = None

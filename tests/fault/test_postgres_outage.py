@@ -28,6 +28,7 @@ import pytest
 
 from shoal.metadata.embedded import EmbeddedPostgres
 from shoal.metadata.shards import COMMIT_STALL_SECONDS
+from tests.e2e.test_metrics import settled, value
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
 from tests.fault.proxy import CuttingProxy, cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
@@ -460,6 +461,8 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                     assert _refused_after(write) < FAST_503_SECONDS, name
                 status, _, body = admin_get(served.admin_port, "/ready")
                 assert status == 200 and json.loads(body)["shards_not_committing"] == ["pg"]
+                hung = settled(served, lambda s: value(s, COMMITS_HUNG, shard="pg") == 1)
+                assert value(hung, COMMITS_HUNG, shard="pg") == 1
                 time.sleep(HEARTBEAT_DEADLINE_SECONDS + 1)  # no heartbeat lands meanwhile
                 assert client.get_object(Bucket="held", Key="before")["Body"].read() == BIG
                 listed = client.list_objects_v2(Bucket="held")["Contents"]
@@ -486,11 +489,14 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
             assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:3000]
             assert "shard pg does not commit" in log and "shard pg commits again" in log
             assert "not ready" not in log, log
+            back = settled(served, lambda s: value(s, COMMITS_HUNG, shard="pg") == 0)
+            assert value(back, COMMITS_HUNG, shard="pg") == 0
     finally:
         server.stop()
 
 
 HEARTBEAT_DEADLINE_SECONDS = 3
+COMMITS_HUNG = "shoal_metadata_commits_hung"
 BIG = os.urandom(5_000_000)  # stored in blocks on the nodes, not in its row
 
 
