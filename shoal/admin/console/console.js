@@ -237,6 +237,11 @@ async function showOverview() {
         ),
       ];
       if (!ready.ready) parts.push(el("p", {}, ready.reason));
+      const hung = ready.shards_not_committing || [];
+      if (hung.length) {
+        const refused = `writes refused: shard(s) ${hung.join(", ")} do not commit`;
+        parts.push(el("p", { class: "bad" }, refused));
+      }
       if (ready.storage_nodes_answering !== undefined) {
         const needed = ready.storage_nodes_needed;
         const of = needed === null || needed === undefined ? "" : ` (${needed} needed)`;
