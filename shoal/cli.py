@@ -19,6 +19,7 @@ import stat
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -35,7 +36,7 @@ from shoal.config import Config, ConfigError, ShardConfig, check_dsn, load_confi
 from shoal.credentials import Credentials, KeyPair, load_encryption_key
 from shoal.keyfiles import load_or_create_secret
 from shoal.metadata import MetadataError, MetadataStore, migrate
-from shoal.metadata.claims import EXPLANATIONS, Check
+from shoal.metadata.claims import EXPLANATIONS, Check, Difference
 from shoal.metadata.deployment import (
     create_embedded_database,
     embedded_server,
@@ -509,22 +510,22 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
 
 
 def _db_check(config: Config, args: argparse.Namespace) -> int:
-    """Exit 1 while a difference remains: found and not repaired."""
+    """Exit 1 while a difference remains: found and not repaired (or its repair failed)."""
 
-    async def check(store: MetadataStore) -> tuple[Check, list[bool]]:
+    async def check(store: MetadataStore) -> tuple[Check, list[str]]:
         found = await store.claims.check()
         if not args.repair:
             return found, []
-        return found, [await store.claims.repair(d) for d in found.differences]
+        return found, [await _repaired(store, d) for d in found.differences]
 
-    found, repaired = _with_store(config, check)
-    remaining = len(found.differences) - sum(repaired)
+    found, outcomes = _with_store(config, check)
+    remaining = len(found.differences) - outcomes.count("repaired")
     if args.json:
         report = {
             "claims": found.claims,
             "buckets": found.buckets,
             "differences": [
-                {**d.__dict__, "repaired": bool(repaired and repaired[i])}
+                {**asdict(d), "repair": outcomes[i] if outcomes else None}
                 for i, d in enumerate(found.differences)
             ],
         }
@@ -536,13 +537,21 @@ def _db_check(config: Config, args: argparse.Namespace) -> int:
     )
     for i, d in enumerate(found.differences):
         holder = "" if d.holder is None else f" (held by owner {d.holder[0]}, id {d.holder[1]})"
-        done = (" [repaired]" if repaired[i] else " [not repaired]") if repaired else ""
-        print(f"  {d.kind}: {d.name} of owner {d.owner}, id {d.bucket_id}{holder}{done}")
+        outcome = f" [{outcomes[i]}]" if outcomes else ""
+        print(f"  {d.kind}: {d.name} of owner {d.owner}, id {d.bucket_id}{holder}{outcome}")
     for kind in sorted({d.kind for d in found.differences}):
         print(f"{kind}: {EXPLANATIONS[kind]}")
     if found.differences and not args.repair:
         print("`shoal db check --repair` repairs what it can (docs/operations.md)")
     return 1 if remaining else 0
+
+
+async def _repaired(store: MetadataStore, difference: Difference) -> str:
+    """What a repair of `difference` came to: repaired, not repaired, or failed (why)."""
+    try:
+        return "repaired" if await store.claims.repair(difference) else "not repaired"
+    except MetadataError as exc:
+        return f"failed: {exc}"
 
 
 def _db_dsn(config: Config, args: argparse.Namespace) -> int:

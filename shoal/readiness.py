@@ -18,7 +18,7 @@ bucket down with it; and a shard that accepts connections but does not answer (a
 is found here, within a second, where the pool alone would not.
 
 A shard whose commits hang (a synchronous standby that does not answer) still answers the
-check: it is found by a commit probe sent with each check (ShardPool.check_commits), which
+check: it is found by a commit probe sent with each check (ShardPool.probe_commits), which
 refuses the shard's writes while its reads go on, and leaves the gateway ready.
 
 Each storage node that misses a check is told to the data path with the number it missed in

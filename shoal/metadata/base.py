@@ -3,6 +3,7 @@ turning rows into models, and creating a missing deleted-table window on demand.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,7 +21,7 @@ from shoal.metadata.names import check_bucket_name
 from shoal.metadata.outage import vnode_gone
 from shoal.metadata.partitions import ensure_window_for_now
 from shoal.metadata.queries import SELECT_BUCKET
-from shoal.metadata.shards import Shard, ShardSet, positional, render
+from shoal.metadata.shards import Shard, ShardSet, positional, render, render_arms
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -130,6 +131,26 @@ class Component:
                     raise failure from exc
         finally:
             metrics().statement_took(template, time.perf_counter() - started)
+
+    async def every_shard(
+        self, merge: str, arm: str, params: Mapping[str, Any], *, upper_bound: bool = False
+    ) -> list[list[Row]]:
+        """The rows of a statement over every vnode, a list per shard: one statement a shard
+        (`merge` around an `arm` per vnode, shards.render_arms), all shards at once, under
+        one ring."""
+        return await self.under_one_ring(
+            lambda: asyncio.gather(
+                *(
+                    self.shard_rows(
+                        shard,
+                        render_arms(merge, arm, tuple(shard.vnodes), upper_bound),
+                        params,
+                        template=merge,
+                    )
+                    for shard in self.shards.placed()
+                )
+            )
+        )
 
     async def under_one_ring(self, read: Callable[[], Awaitable[T]]) -> T:
         """Run `read`, a read of every shard (a listing), under one ring version: if a

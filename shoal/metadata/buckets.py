@@ -6,7 +6,6 @@ catalog shard also records which owner holds each name (shoal.bucket_name).
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import time
@@ -30,7 +29,6 @@ from shoal.metadata.errors import (
 from shoal.metadata.listing import key_range
 from shoal.metadata.models import Bucket
 from shoal.metadata.names import check_bucket_name, check_listing_text
-from shoal.metadata.shards import render_arms
 
 # S3's largest ListBuckets page and one more, for the gateway to tell whether another follows.
 MAX_BUCKETS_PER_PAGE = 10_001
@@ -47,11 +45,20 @@ class Buckets(Component):
         check_bucket_name(name)
         await Accounts(self.shards, self.window).get(owner)
         bucket_id = uuid.uuid4()
+        vnode = self.shards.ring.vnode_for_bucket(owner, name)
+        # Refused before the name is claimed when the row could not be written.
+        vnode_pool = self.shards.of_vnode(vnode).pool
+        vnode_pool.check_reachable()
+        vnode_pool.check_committing()
         await self._claim_name(owner, name, bucket_id)
         self.forget_bucket(owner, name)
-        vnode = self.shards.ring.vnode_for_bucket(owner, name)
         params = {"id": bucket_id, "owner": owner, "name": name}
-        created = await self.rows(vnode, queries.INSERT_BUCKET, params)
+        try:
+            created = await self.rows(vnode, queries.INSERT_BUCKET, params)
+        except MetadataUnavailable:  # the row was not written: neither is the claim kept
+            with contextlib.suppress(MetadataError):
+                await self.release_name(owner, name, bucket_id)
+            raise
         self.forget_bucket(owner, name)
         if not created:
             raise BucketAlreadyOwnedByYou(f"you already own bucket {name!r}")
@@ -73,23 +80,11 @@ class Buckets(Component):
             return []
         lower, upper = bounds
         params = {"owner": owner, "lower": lower, "upper": upper, "limit": limit}
-        pages = await self.under_one_ring(
-            lambda: asyncio.gather(
-                *(
-                    self.shard_rows(
-                        shard,
-                        render_arms(
-                            queries.LIST_BUCKETS_MERGE,
-                            queries.LIST_BUCKETS_ARM,
-                            tuple(shard.vnodes),
-                            upper is not None,
-                        ),
-                        params,
-                        template=queries.LIST_BUCKETS_MERGE,
-                    )
-                    for shard in self.shards.placed()
-                )
-            )
+        pages = await self.every_shard(
+            queries.LIST_BUCKETS_MERGE,
+            queries.LIST_BUCKETS_ARM,
+            params,
+            upper_bound=upper is not None,
         )
         found = sorted((Bucket(**row) for page in pages for row in page), key=lambda b: b.name)
         return found[:limit]
@@ -134,11 +129,17 @@ class Buckets(Component):
                 await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
             await self._refuse_undeleted(owner, name)
         self.forget_bucket(owner, name)
-        async with self.shards.catalog.pool.connection() as conn:
-            await conn.execute(
-                queries.RELEASE_BUCKET_NAME, {"owner": owner, "name": name, "id": bucket.id}
-            )
+        await self.release_name(owner, name, bucket.id)
         return bucket
+
+    async def release_name(self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID) -> bool:
+        """Release the claim on `name` of incarnation `bucket_id`; False if it held none."""
+        async with self.shards.catalog.pool.connection() as conn:
+            cur = await conn.execute(
+                queries.RELEASE_BUCKET_NAME, {"owner": owner, "name": name, "id": bucket_id}
+            )
+            row = await cur.fetchone()
+        return row is not None and row[0]
 
     async def _refuse_undeleted(self, owner: uuid.UUID, name: str) -> NoReturn:
         """Why a delete whose last step deleted nothing failed: the bucket went meanwhile
@@ -254,19 +255,7 @@ class Buckets(Component):
 
     async def _holds(self, owner: uuid.UUID, bucket_id: uuid.UUID, arm: str) -> bool:
         params = {"owner": owner, "bucket_id": bucket_id}
-        answers = await self.under_one_ring(
-            lambda: asyncio.gather(
-                *(
-                    self.shard_rows(
-                        shard,
-                        render_arms(queries.BUCKET_HAS_CONTENT, arm, tuple(shard.vnodes)),
-                        params,
-                        template=queries.BUCKET_HAS_CONTENT,
-                    )
-                    for shard in self.shards.placed()
-                )
-            )
-        )
+        answers = await self.every_shard(queries.BUCKET_HAS_CONTENT, arm, params)
         return any(rows[0]["exists"] for rows in answers)
 
     async def _claim_name(self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID) -> None:

@@ -19,6 +19,12 @@ row before it releases the name. Shards restored from backups taken at different
 - a **name held by another**: a bucket row whose name the catalog gives to another bucket
   (another owner, or another incarnation of the same owner's). Not repaired: which of the
   two to keep is the operator's choice.
+- a **name of two buckets**: bucket rows of two owners with one name, neither claimed. Not
+  repaired either, for the same reason.
+
+A lost bucket is also what a bucket deleted so long ago that its deletion record was
+reclaimed looks like: its repair brings it back empty, with what the catalog still holds
+of it (its ACL, CORS rules, inventory configurations).
 
 A create or a delete under way has a claim without its row for a moment, so a check reads
 everything twice, `settle` seconds apart, and reports only what it found both times. The
@@ -30,18 +36,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component
-from shoal.metadata.shards import render_arms
+from shoal.metadata.buckets import Buckets
 
 STALE_CLAIM = "stale claim"
 LOST_BUCKET = "lost bucket"
 UNCLAIMED_BUCKET = "unclaimed bucket"
 HELD_BY_ANOTHER = "name held by another"
-KINDS = (STALE_CLAIM, LOST_BUCKET, UNCLAIMED_BUCKET, HELD_BY_ANOTHER)
+TWO_BUCKETS = "name of two buckets"
+KINDS = (STALE_CLAIM, LOST_BUCKET, UNCLAIMED_BUCKET, HELD_BY_ANOTHER, TWO_BUCKETS)
 
 # What each kind of difference means and what `--repair` does about it.
 EXPLANATIONS = {
@@ -49,6 +57,7 @@ EXPLANATIONS = {
     LOST_BUCKET: "no vnode holds the bucket the catalog names; repair makes its row again",
     UNCLAIMED_BUCKET: "the catalog does not hold this bucket's name; repair claims it",
     HELD_BY_ANOTHER: "the catalog gives this bucket's name to another bucket; not repaired",
+    TWO_BUCKETS: "buckets of two owners have this name, neither claimed; not repaired",
 }
 # How long a check waits between its two readings: longer than a create or a delete takes
 # between its two steps.
@@ -80,20 +89,22 @@ class BucketClaims(Component):
     async def check(self, settle: float = SETTLE_SECONDS) -> Check:
         """Read the catalog's claims and every vnode's bucket rows, twice, `settle` seconds
         apart; the differences found both times."""
-        first = await self._differences()
+        first = set((await self.read_once()).differences)
         await asyncio.sleep(settle)
-        second = await self._differences()
-        lasting = [d for d in second.differences if d in set(first.differences)]
+        second = await self.read_once()
+        lasting = [d for d in second.differences if d in first]
         return Check(second.claims, second.buckets, lasting)
 
     async def repair(self, difference: Difference) -> bool:
         """Bring a difference's claim and row back in step (see the module's docstring);
-        False when it was not repaired: a name held by another, or a claim taken meanwhile."""
+        False when it was not repaired: a name held by another or of two buckets, or a claim
+        or row that changed meanwhile."""
         params = {"name": difference.name, "owner": difference.owner, "id": difference.bucket_id}
         if difference.kind == STALE_CLAIM:
-            async with self.shards.catalog.pool.connection() as conn:
-                await conn.execute(queries.RELEASE_BUCKET_NAME, params)
-            return True
+            buckets = Buckets(self.shards, self.window)
+            return await buckets.release_name(
+                difference.owner, difference.name, difference.bucket_id
+            )
         if difference.kind == LOST_BUCKET:
             vnode = self.shards.ring.vnode_for_bucket(difference.owner, difference.name)
             made = await self.rows(vnode, queries.INSERT_BUCKET, params)
@@ -105,21 +116,24 @@ class BucketClaims(Component):
                 return await claimed.fetchone() is not None
         return False
 
-    async def _differences(self) -> Check:
+    async def read_once(self) -> Check:
+        """The differences of one reading (check() reads twice)."""
         async with self.shards.catalog.pool.reading() as conn:
             cur = await conn.execute(queries.ALL_BUCKET_CLAIMS)
             claims = {name: (owner, bucket_id) for name, owner, bucket_id in await cur.fetchall()}
-        buckets = await self._across_shards(queries.ALL_BUCKETS_MERGE, queries.ALL_BUCKETS_ARM)
+        buckets = await self._all_buckets()
         backed = {(row["name"], row["owner"], row["id"]) for row in buckets}
         unbacked = {name: claim for name, claim in claims.items() if (name, *claim) not in backed}
         deleted = await self._deleted([bucket_id for _, bucket_id in unbacked.values()])
+        rows_named = Counter(row["name"] for row in buckets)
         found: list[Difference] = []
         for row in buckets:
             holder = claims.get(row["name"])
             if holder == (row["owner"], row["id"]):
                 continue
             if holder is None or holder[1] in deleted:  # unclaimed, or once the stale claim goes
-                found.append(Difference(UNCLAIMED_BUCKET, row["name"], row["owner"], row["id"]))
+                kind = UNCLAIMED_BUCKET if rows_named[row["name"]] == 1 else TWO_BUCKETS
+                found.append(Difference(kind, row["name"], row["owner"], row["id"]))
             else:
                 found.append(
                     Difference(HELD_BY_ANOTHER, row["name"], row["owner"], row["id"], holder)
@@ -138,26 +152,11 @@ class BucketClaims(Component):
         """Which of the incarnations `ids` some vnode recorded as deleted."""
         if not ids:
             return set()
-        rows = await self._across_shards(
+        pages = await self.every_shard(
             queries.DELETED_BUCKETS_MERGE, queries.DELETED_BUCKETS_ARM, {"ids": ids}
         )
-        return {row["id"] for row in rows}
+        return {row["id"] for page in pages for row in page}
 
-    async def _across_shards(
-        self, merge: str, arm: str, params: dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
-        """The rows of a statement over every vnode, one statement a shard, under one ring."""
-        pages = await self.under_one_ring(
-            lambda: asyncio.gather(
-                *(
-                    self.shard_rows(
-                        shard,
-                        render_arms(merge, arm, tuple(shard.vnodes)),
-                        params or {},
-                        template=merge,
-                    )
-                    for shard in self.shards.placed()
-                )
-            )
-        )
+    async def _all_buckets(self) -> list[dict[str, Any]]:
+        pages = await self.every_shard(queries.ALL_BUCKETS_MERGE, queries.ALL_BUCKETS_ARM, {})
         return [row for page in pages for row in page]

@@ -275,7 +275,7 @@ class GarbageBook(Component):
             )
 
     async def last_runs(self, limit: int = 10) -> list[GcRun]:
-        async with self.shards.catalog.pool.connection() as conn:
+        async with self.shards.catalog.pool.reading() as conn:
             cur = conn.cursor(row_factory=class_row(GcRun))
             await cur.execute(queries.LAST_GC_RUNS, {"limit": limit})
             return await cur.fetchall()

@@ -64,13 +64,13 @@ class Nodes(Component):
 
     async def list(self, deadline: timedelta) -> list[StorageNode]:
         """Every registered node; `alive` if its heartbeat is within `deadline`. While the
-        catalog's commits hang (ShardPool.check_commits), the nodes' heartbeats cannot land:
+        catalog's commits hang (ShardPool.probe_commits), the nodes' heartbeats cannot land:
         the deadline is stretched by the hang, until a deadline after it ended, so that a
         node is not taken for dead for what the catalog could not record."""
         catalog = self.shards.catalog.pool
-        held = catalog.commits_hung_for(deadline.total_seconds())
-        if held:
-            deadline += timedelta(seconds=held)
+        hung_for = catalog.commits_hung_for(deadline.total_seconds())
+        if hung_for:
+            deadline += timedelta(seconds=hung_for)
         async with catalog.reading() as conn:
             cur = conn.cursor(row_factory=class_row(StorageNode))
             await cur.execute(queries.LIST_NODES, {"deadline": deadline})

@@ -70,7 +70,7 @@ WHERE name = %(name)s AND owner = %(owner)s AND bucket_id = %(old_id)s
 # would ever read them).
 RELEASE_BUCKET_NAME = """
 WITH released AS (
-    DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s
+    DELETE FROM shoal.bucket_name WHERE name = %(name)s AND bucket_id = %(id)s RETURNING name
 ), cors_dropped AS (
     DELETE FROM shoal.bucket_cors WHERE bucket_id = %(id)s
 ), acl_dropped AS (
@@ -78,7 +78,8 @@ WITH released AS (
 ), inventory_dropped AS (
     DELETE FROM shoal.bucket_inventory WHERE bucket_id = %(id)s
 )
-SELECT pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
+SELECT EXISTS (SELECT FROM released) AS released,
+       pg_notify('shoal_bucket_gone', %(owner)s::text || '/' || %(name)s)
 """
 
 # -- buckets (on the bucket's vnode) ------------------------------------------------------
@@ -1349,7 +1350,7 @@ DELETED_BUCKETS_MERGE = "SELECT DISTINCT id FROM ({arms}) AS deleted"
 # Does the shard answer? (a gateway's readiness)
 PING = "SELECT 1"
 # A commit that writes WAL and so waits, as every write's does, for the WAL's flush and for a
-# synchronous standby: the commit probe (ShardPool.check_commits). A transactional logical
+# synchronous standby: the commit probe (ShardPool.probe_commits). A transactional logical
 # message touches no table; a statement that only takes a transaction id commits without
 # waiting for either.
 COMMIT_PROBE = "SELECT pg_logical_emit_message(true, 'shoal-commit-probe', '')"

@@ -62,7 +62,7 @@ CONNECTION_WAIT_SECONDS = 1.0
 # doubling delays, which could leave it empty for many seconds after the shard came back.
 PROBE_SECONDS = 0.2
 PROBE_TIMEOUT_SECONDS = 1.0
-# A commit probe out this long finds the shard's commits hung (ShardPool.check_commits): a
+# A commit probe out this long finds the shard's commits hung (ShardPool.probe_commits): a
 # commit is a WAL flush, milliseconds on a well disk; seconds, and a synchronous standby or
 # the WAL's disk does not answer.
 COMMIT_STALL_SECONDS = 2.0
@@ -241,7 +241,7 @@ class ShardSet:
             await asyncio.sleep(RING_RETRY_SECONDS)
 
     async def _read_and_adopt(self) -> Ring:
-        async with self.catalog.pool.connection() as conn:
+        async with self.catalog.pool.reading() as conn:
             ring = await read_ring(conn)
             if ring.version <= self.ring.version:
                 return self.ring
@@ -384,10 +384,12 @@ class ShardPool(LastInFirstOutPool):
         self.commits_hang_since: float | None = None
         self._last_hang = (0.0, 0.0)  # the last that ended: since, until (monotonic)
         self._commit_probe: asyncio.Task[None] | None = None
-        self._commit_probe_sent = 0.0
-        self._committer: psycopg.AsyncConnection[Any] | None = None  # the probe's own
-        self._probe_refused = False  # said once
-        self._writes: set[CommitBound] = set()
+        # When the probe's commit was sent: None while it connects (no verdict yet).
+        self._commit_probe_sent: float | None = None
+        self._probe_connection: psycopg.AsyncConnection[Any] | None = None
+        self._probe_refusal_said = False
+        self._closing = False
+        self._waiting_writes: set[CommitBound] = set()
 
     async def getconn(self, timeout: float | None = None) -> Connection:
         self.check_reachable()
@@ -417,42 +419,47 @@ class ShardPool(LastInFirstOutPool):
         """The bound of a write's wait on this shard (`async with`): see CommitBound."""
         return CommitBound(self, seconds)
 
-    def check_commits(self) -> bool:
+    def probe_commits(self) -> bool:
         """Whether the shard's commits come back, as a commit probe finds; called by the
         readiness check every second, and never waits.
 
         One probe is out at a time, on a connection of its own: a commit that writes WAL, so
-        that it waits as every write's commit does. A probe out for COMMIT_STALL_SECONDS
-        finds the commits hung (a synchronous standby that does not answer, a WAL disk that
-        does not flush): the writes waiting on the shard are given up (CommitBound) and new
-        ones are refused at once, while reads go on. The probe is left waiting, and its
-        commit, once it comes back, ends that at once. A probe whose connection fails says
-        nothing: whether the shard is down is the ping's business."""
+        that it waits as every write's commit does. A probe whose commit was out for
+        COMMIT_STALL_SECONDS finds the commits hung (a synchronous standby that does not
+        answer, a WAL disk that does not flush): the writes waiting on the shard are given up
+        (CommitBound) and new ones are refused at once, while reads go on. The probe is left
+        waiting, and its commit, once it comes back, ends that at once. Its connect is not
+        timed (a slow connect is not a hung commit), and a probe whose connection fails says
+        nothing: whether the shard is down is the ping's business. A probe still out when the
+        shard comes back from being down is started again (ShardPool._reachable): its
+        connection may be to a server that is gone."""
         probe = self._commit_probe
         if probe is not None and not probe.done():
-            if time.monotonic() - self._commit_probe_sent >= COMMIT_STALL_SECONDS:
-                self._commits_hang()
+            sent = self._commit_probe_sent
+            if sent is not None and time.monotonic() - sent >= COMMIT_STALL_SECONDS:
+                self._declare_hung(sent)
             return self.commits_hang_since is None
-        if not self.closed:
-            self._commit_probe_sent = time.monotonic()
+        if not self._closing:
+            self._commit_probe_sent = None
             self._commit_probe = asyncio.get_running_loop().create_task(self._probe_commit())
         return self.commits_hang_since is None
 
     async def _probe_commit(self) -> None:
-        conn, self._committer = self._committer, None
+        conn, self._probe_connection = self._probe_connection, None
         try:
             if conn is None:
                 conninfo, kwargs = self._probe_with
                 conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+            self._commit_probe_sent = time.monotonic()
             await conn.execute(queries.COMMIT_PROBE)
         except (psycopg.Error, OSError) as exc:
             if conn is None or conn.closed or connection_failed(exc):
                 if conn is not None:
                     await conn.close()
                 return
-            self._committer = conn  # the server answered: the probe itself is refused
-            if not self._probe_refused:
-                self._probe_refused = True
+            self._probe_connection = conn  # the server answered: the probe itself is refused
+            if not self._probe_refusal_said:
+                self._probe_refusal_said = True
                 log.warning(
                     "shard %s refuses the commit probe, so hung commits go unnoticed: %s",
                     self.shard,
@@ -463,10 +470,10 @@ class ShardPool(LastInFirstOutPool):
             if conn is not None:
                 await conn.close()
             raise
-        if self.closed:
+        if self._closing:
             await conn.close()
             return
-        self._committer = conn
+        self._probe_connection = conn
         if self.commits_hang_since is not None:
             now = time.monotonic()
             log.warning(
@@ -474,6 +481,13 @@ class ShardPool(LastInFirstOutPool):
             )
             self._last_hang = (self.commits_hang_since, now)
             self.commits_hang_since = None
+
+    def _probe_again(self) -> None:
+        """Give up the probe out (its connection may be to a server that went away): the
+        next readiness check sends another. A hang found stays until a probe commits."""
+        if self._commit_probe is not None and not self._commit_probe.done():
+            self._commit_probe.cancel()  # it closes its connection
+        self._commit_probe = None
 
     def commits_hung_for(self, within: float) -> float:
         """How long the shard's commits hang now, or hung the last time if that ended less
@@ -484,16 +498,16 @@ class ShardPool(LastInFirstOutPool):
         since, until = self._last_hang
         return until - since if now - until < within else 0.0
 
-    def _commits_hang(self) -> None:
+    def _declare_hung(self, since: float) -> None:
         if self.commits_hang_since is not None:
             return
-        self.commits_hang_since = self._commit_probe_sent
+        self.commits_hang_since = since
         log.warning(
             "shard %s does not commit (a commit out for %.1f s): refusing writes until it does",
             self.shard,
-            time.monotonic() - self._commit_probe_sent,
+            time.monotonic() - since,
         )
-        for write in list(self._writes):
+        for write in list(self._waiting_writes):
             write.give_up()
 
     def failure(self, exc: Exception, *, may_have_committed: bool) -> Exception:
@@ -569,6 +583,7 @@ class ShardPool(LastInFirstOutPool):
     def _reachable(self) -> None:
         if self.down_since is None:
             return
+        self._probe_again()
         log.warning(
             "shard %s answers again after %.1f s", self.shard, time.monotonic() - self.down_since
         )
@@ -633,23 +648,14 @@ class ShardPool(LastInFirstOutPool):
         whatever the block did may have committed, as far as this pool can tell. Unless
         the block only reads, it is a write's (CommitBound): refused while the shard's
         commits hang, given up (CommitUnknown) when they start to."""
-        if not may_have_committed:
-            try:
-                async with super().connection(timeout) as conn:
-                    yield conn
-            except Exception as exc:
-                failure = self.failure(exc, may_have_committed=False)
-                if failure is exc:
-                    raise
-                raise failure from exc
-            return
+        bound = self.commit_bound() if may_have_committed else contextlib.nullcontext()
         try:
-            async with self.commit_bound(), super().connection(timeout) as conn:
+            async with bound, super().connection(timeout) as conn:
                 yield conn
         except MetadataError:
-            raise  # the bound's, or the pool's refusal
+            raise  # refused, or given up by the bound: already what the caller gets
         except Exception as exc:
-            failure = self.failure(exc, may_have_committed=True)
+            failure = self.failure(exc, may_have_committed=may_have_committed)
             if failure is exc:
                 raise
             raise failure from exc
@@ -673,7 +679,7 @@ class ShardPool(LastInFirstOutPool):
                 yield conn
                 committing = bound.sent = True
         except MetadataError:
-            raise  # the bound's, or the pool's refusal
+            raise  # refused, or given up by the bound: already what the caller gets
         except Exception as exc:
             failure = self.failure(exc, may_have_committed=committing)
             if failure is exc:
@@ -681,13 +687,14 @@ class ShardPool(LastInFirstOutPool):
             raise failure from exc
 
     async def close(self, timeout: float = 5.0) -> None:
+        self._closing = True  # no probe starts from here on
         tasks = [
             task for task in (self._prober, self._replacing, self._commit_probe) if task is not None
         ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for conn in (self._pinger, self._committer):
+        for conn in (self._pinger, self._probe_connection):
             if conn is not None:
                 await conn.close()
         await super().close(timeout)
@@ -695,10 +702,12 @@ class ShardPool(LastInFirstOutPool):
 
 class CommitBound:
     """A write's wait on its shard (`async with`), bounded: refused at once (MetadataUnavailable)
-    while the shard's commits hang, and given up when they start to (ShardPool.check_commits)
-    or after `seconds` (None: no time limit). A write given up was refused (MetadataUnavailable)
-    if it was not `sent` yet, and may still commit (CommitUnknown) if it was: the block raises
-    that instead of the TimeoutError. `sent` is the caller's to keep true; it starts true."""
+    while the shard's commits hang, and given up when they start to (ShardPool.probe_commits)
+    or after `seconds` (None: no time limit). A write given up raises, instead of the
+    TimeoutError, MetadataUnavailable if it was not sent yet, CommitUnknown if it may have
+    committed: the caller sets `sent` to False while nothing of the write has left, and to
+    True from the moment it may commit (it starts True). Bounds do not nest: given up
+    together, the outer one would decide what the inner write raises."""
 
     __slots__ = ("hung", "pool", "seconds", "sent", "timeout")
 
@@ -712,16 +721,14 @@ class CommitBound:
     async def __aenter__(self) -> CommitBound:
         self.pool.check_committing()
         await self.timeout.__aenter__()
-        self.pool._writes.add(self)
+        self.pool._waiting_writes.add(self)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self.pool._writes.discard(self)
+        self.pool._waiting_writes.discard(self)
         try:
             await self.timeout.__aexit__(*exc_info)
-        except TimeoutError:
-            if not self.timeout.expired():
-                raise  # the block's own
+        except TimeoutError:  # raised only for a bound that was given up
             raise self._failure() from None
 
     def give_up(self) -> None:
@@ -732,10 +739,10 @@ class CommitBound:
 
     def _failure(self) -> MetadataUnavailable | CommitUnknown:
         shard = self.pool.shard
-        if self.hung:
+        if self.hung or self.seconds is None:
             waited = f"shard {shard} does not commit"
         else:
-            waited = f"shard {shard} did not commit within {self.seconds} s"
+            waited = f"shard {shard} did not commit within {self.seconds:g} s"
         if self.sent:
             return CommitUnknown(f"{waited}: the write may still commit")
         return MetadataUnavailable(f"{waited}: the write was not sent")
@@ -832,8 +839,12 @@ async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catal
 async def _moves_first(catalog: ShardPool, behind: SchemaError) -> SchemaError:
     """`behind`, saying so when vnodes are moving: `shoal db migrate` leaves those to their
     move, which must finish first."""
-    async with catalog.reading() as conn:
-        moving = [row[0] for row in await (await conn.execute(queries.MOVING_VNODES)).fetchall()]
+    try:
+        async with catalog.reading() as conn:
+            cur = await conn.execute(queries.MOVING_VNODES)
+            moving = [row[0] for row in await cur.fetchall()]
+    except psycopg.Error:  # a catalog from before moves: none is under way
+        return behind
     if not moving:
         return behind
     return SchemaError(f"{behind} {moves_first(moving)}")

@@ -67,7 +67,7 @@ class MetadataStore:
         shards = await ShardSet.open(
             configs, pool_max_size, shard_key=shard_key, poll_ring=poll_ring
         )
-        async with shards.catalog.pool.connection() as conn:
+        async with shards.catalog.pool.reading() as conn:
             window = await window_width(conn)
         return cls(shards, window)
 
@@ -110,9 +110,9 @@ class MetadataStore:
         return silent
 
     def hung_shards(self) -> list[str]:
-        """The shards whose commits hang, as their commit probes find (ShardPool.check_commits):
+        """The shards whose commits hang, as their commit probes find (ShardPool.probe_commits):
         their writes are refused, their reads go on. Never waits; called every second."""
-        return [shard.name for shard in self._serving() if not shard.pool.check_commits()]
+        return [shard.name for shard in self._serving() if not shard.pool.probe_commits()]
 
     def _serving(self) -> list[Shard]:
         """The catalog and the shards that hold vnodes. A shard that holds no vnode (added

@@ -7,7 +7,6 @@ every unused part become deletion records, and the part rows go.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import hashlib
 import itertools
@@ -46,7 +45,7 @@ from shoal.metadata.objects import (
     conditional_statement,
     put_result,
 )
-from shoal.metadata.shards import render, render_arms
+from shoal.metadata.shards import render
 
 MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
 MAX_PART_NUMBER = 10000
@@ -215,23 +214,11 @@ class Uploads(Component):
             "upper": upper,
             "limit": limit,
         }
-        pages = await self.under_one_ring(
-            lambda: asyncio.gather(
-                *(
-                    self.shard_rows(
-                        shard,
-                        render_arms(
-                            queries.LIST_UPLOADS_MERGE,
-                            queries.LIST_UPLOADS_ARM,
-                            tuple(shard.vnodes),
-                            upper is not None,
-                        ),
-                        params,
-                        template=queries.LIST_UPLOADS_MERGE,
-                    )
-                    for shard in self.shards.placed()
-                )
-            )
+        pages = await self.every_shard(
+            queries.LIST_UPLOADS_MERGE,
+            queries.LIST_UPLOADS_ARM,
+            params,
+            upper_bound=upper is not None,
         )
         uploads = sorted((_upload(r) for page in pages for r in page), key=lambda u: (u.name, u.id))
         return uploads[:limit]

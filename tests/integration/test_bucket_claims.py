@@ -9,10 +9,12 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from shoal.config import MetadataConfig
@@ -22,9 +24,11 @@ from shoal.metadata.claims import (
     KINDS,
     LOST_BUCKET,
     STALE_CLAIM,
+    TWO_BUCKETS,
     UNCLAIMED_BUCKET,
+    Check,
 )
-from shoal.metadata.errors import BucketAlreadyExists
+from shoal.metadata.errors import BucketAlreadyExists, MetadataUnavailable
 from shoal.metadata.migrate import migrate
 from shoal.metadata.ring import vnode_schema
 from tests.fixtures.postgres import MakeStore, create_databases, unique
@@ -33,9 +37,7 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 CLAIM = "INSERT INTO shoal.bucket_name (name, owner, bucket_id) VALUES (%s, %s, %s)"
 DROP_CLAIM = "DELETE FROM shoal.bucket_name WHERE name = %s"
 DROP_BUCKET_ROW = "DELETE FROM {schema}.manta_bucket WHERE id = %s"
-CLAIM = "INSERT INTO shoal.bucket_name (name, owner, bucket_id) VALUES (%s, %s, %s)"
-DROP_CLAIM = "DELETE FROM shoal.bucket_name WHERE name = %s"
-DROP_BUCKET_ROW = "DELETE FROM {schema}.manta_bucket WHERE id = %s"
+ADD_BUCKET_ROW = "INSERT INTO {schema}.manta_bucket (id, owner, name) VALUES (%s, %s, %s)"
 
 
 def test_claims_and_rows_restored_apart_are_found_and_repaired(
@@ -71,6 +73,11 @@ def test_claims_and_rows_restored_apart_are_found_and_repaired(
     run(_on_catalog(store, DROP_CLAIM, names[UNCLAIMED_BUCKET]))
     run(_on_catalog(store, DROP_CLAIM, taken_since))
     run(_on_catalog(store, CLAIM, taken_since, other, before.id))
+    # Two owners' buckets of one name, neither claimed.
+    twice = unique("twice")
+    run(store.buckets.create(owner, twice))
+    run(_on_catalog(store, DROP_CLAIM, twice))
+    run(_on_vnode_of(store, other, twice, ADD_BUCKET_ROW, uuid.uuid4(), other, twice))
     holder = (other, uuid.uuid4())
     run(_on_catalog(store, DROP_CLAIM, names[HELD_BY_ANOTHER]))
     run(_on_catalog(store, CLAIM, names[HELD_BY_ANOTHER], *holder))
@@ -78,7 +85,7 @@ def test_claims_and_rows_restored_apart_are_found_and_repaired(
         store.buckets.forget_bucket(owner, name)
 
     check = run(store.claims.check(settle=0.1))
-    mine = [*names.values(), taken_since, in_step]
+    mine = [*names.values(), taken_since, in_step, twice]
     found = [d for d in check.differences if d.name in mine]  # other tests' buckets aside
     assert sorted((d.kind, d.name) for d in found) == sorted(
         [
@@ -88,6 +95,8 @@ def test_claims_and_rows_restored_apart_are_found_and_repaired(
             (UNCLAIMED_BUCKET, taken_since),
             (UNCLAIMED_BUCKET, names[UNCLAIMED_BUCKET]),
             (HELD_BY_ANOTHER, names[HELD_BY_ANOTHER]),
+            (TWO_BUCKETS, twice),
+            (TWO_BUCKETS, twice),
         ]
     )
     assert [d.kind for d in found] == sorted((d.kind for d in found), key=KINDS.index)
@@ -98,10 +107,12 @@ def test_claims_and_rows_restored_apart_are_found_and_repaired(
     assert by_kind[UNCLAIMED_BUCKET, taken_since].owner == owner
 
     repaired = [run(store.claims.repair(d)) for d in found]
-    assert repaired == [d.kind != HELD_BY_ANOTHER for d in found]
+    assert repaired == [d.kind not in (HELD_BY_ANOTHER, TWO_BUCKETS) for d in found]
     again = run(store.claims.check(settle=0.1))
     assert [(d.kind, d.name) for d in again.differences if d.name in mine] == [
-        (HELD_BY_ANOTHER, names[HELD_BY_ANOTHER])
+        (HELD_BY_ANOTHER, names[HELD_BY_ANOTHER]),
+        (TWO_BUCKETS, twice),
+        (TWO_BUCKETS, twice),
     ]
     # The lost bucket is back under its id, with its objects.
     assert run(store.buckets.get(owner, lost.name)).id == lost.id
@@ -115,40 +126,62 @@ def test_claims_and_rows_restored_apart_are_found_and_repaired(
 
 
 def test_a_create_under_way_is_not_a_difference(make_store: MakeStore, run: Any) -> None:
-    """A create claims the name, then writes the row: a check that reads between the two, and
-    again after, reports nothing."""
+    """A create claims the name, then writes the row: a check whose first reading comes
+    between the two, and its second after, reports nothing; a claim whose row never comes is
+    a lost bucket."""
     store = make_store(shards=2, vnodes=8)
     owner = run(store.accounts.create(unique("owner"))).id
-    name = unique("creating")
+    creating, never = unique("creating"), unique("never")
     bucket_id = uuid.uuid4()
+    readings: list[Check] = []
+    first_read = asyncio.Event()
+    read_once = store.claims.read_once
 
-    async def create_in_two_steps() -> None:
-        await _on_catalog(store, CLAIM, name, owner, bucket_id)
-        await asyncio.sleep(0.3)  # the check's first reading comes now
-        await _on_vnode_of(
-            store,
-            owner,
-            name,
-            "INSERT INTO {schema}.manta_bucket (id, owner, name) VALUES (%s, %s, %s)",
-            bucket_id,
-            owner,
-            name,
-        )
+    async def reading() -> Check:
+        readings.append(await read_once())
+        first_read.set()
+        return readings[-1]
 
-    async def check_meanwhile() -> Any:
-        await asyncio.sleep(0.1)
-        return await store.claims.check(settle=0.5)
+    async def create_in_two_steps() -> Check:
+        await _on_catalog(store, CLAIM, creating, owner, bucket_id)
+        await _on_catalog(store, CLAIM, never, owner, uuid.uuid4())
+        check = asyncio.ensure_future(store.claims.check(settle=0.5))
+        await first_read.wait()
+        await _on_vnode_of(store, owner, creating, ADD_BUCKET_ROW, bucket_id, owner, creating)
+        return await check
 
-    async def both() -> Any:
-        return await asyncio.gather(create_in_two_steps(), check_meanwhile())
+    store.claims.read_once = reading  # type: ignore[method-assign]
+    check = run(create_in_two_steps())
+    first, second = ({(d.kind, d.name) for d in r.differences} for r in readings)
+    assert {(LOST_BUCKET, creating), (LOST_BUCKET, never)} <= first
+    assert (LOST_BUCKET, creating) not in second
+    found = {(d.kind, d.name) for d in check.differences}
+    assert (LOST_BUCKET, never) in found and (LOST_BUCKET, creating) not in found
 
-    _, check = run(both())
-    assert name not in {d.name for d in check.differences}
-    # A claim whose row never comes is a lost bucket.
-    never = unique("never")
-    run(_on_catalog(store, CLAIM, never, owner, uuid.uuid4()))
-    later = run(store.claims.check(settle=0.1))
-    assert (LOST_BUCKET, never) in {(d.kind, d.name) for d in later.differences}
+
+def test_a_create_refused_for_its_vnodes_shard_leaves_no_claim(
+    make_store: MakeStore, run: Any
+) -> None:
+    """A CreateBucket whose row cannot be written (its vnode's shard down, or its commits
+    hung) is refused before it claims the name: no lost bucket for `db check` to make."""
+    store = make_store(shards=2, vnodes=8)
+    owner = run(store.accounts.create(unique("owner"))).id
+    for state in ("down", "hung"):
+        name, pool = unique(state), store.shards.catalog.pool
+        while pool is store.shards.catalog.pool:  # a name whose row is on the other shard
+            name = unique(state)
+            pool = store.shards.of_vnode(store.shards.ring.vnode_for_bucket(owner, name)).pool
+        if state == "down":
+            pool.down_since = time.monotonic()  # as ShardPool.lost marks it
+        else:
+            pool.commits_hang_since = time.monotonic()  # as the commit probe marks it
+        try:
+            with pytest.raises(MetadataUnavailable):
+                run(store.buckets.create(owner, name))
+        finally:
+            pool.down_since = pool.commits_hang_since = None
+        assert name not in {d.name for d in run(store.claims.read_once()).differences}
+        run(store.buckets.create(owner, name))  # and the name is free for it afterwards
 
 
 def test_the_command_reports_repairs_and_exits_by_what_remains(
@@ -179,14 +212,20 @@ def test_the_command_reports_repairs_and_exits_by_what_remains(
     assert f"unclaimed bucket: {name} of owner" in found.stdout
     assert "`shoal db check --repair`" in found.stdout
     report = json.loads(_shoal("db", "check", "--json", "--config", str(config)).stdout)
-    assert [(d["kind"], d["name"], d["repaired"]) for d in report["differences"]] == [
-        (UNCLAIMED_BUCKET, name, False)
+    assert [(d["kind"], d["name"], d["repair"]) for d in report["differences"]] == [
+        (UNCLAIMED_BUCKET, name, None)
     ]
     repaired = _shoal("db", "check", "--repair", "--config", str(config))
     assert repaired.returncode == 0 and f"{name} of owner" in repaired.stdout, repaired
     assert "[repaired]" in repaired.stdout
     after = _shoal("db", "check", "--config", str(config))
     assert after.returncode == 0 and "0 difference(s)" in after.stdout, after
+    # What --repair leaves alone keeps the exit at 1.
+    with psycopg.connect(shards[0].dsn, autocommit=True) as catalog:
+        catalog.execute("UPDATE shoal.bucket_name SET owner = %s", (uuid.uuid4(),))
+    left = _shoal("db", "check", "--repair", "--config", str(config))
+    assert left.returncode == 1 and "name held by another" in left.stdout, left
+    assert "[not repaired]" in left.stdout
 
 
 def _inline(data: bytes) -> ObjectWrite:
