@@ -192,3 +192,15 @@ def test_a_moving_vnode_is_migrated_once_its_move_is_over(
     run(migrate(configs, CONFIG))
     store = run(MetadataStore.open(configs, 2, poll_ring=False))
     run(store.close())
+
+
+def test_a_catalog_from_before_vnode_moves_is_told_to_migrate(admin_dsn: str, run: Any) -> None:
+    """A process of this release on a catalog older than vnode moves says to migrate (its
+    advice on moving vnodes reads a table that catalog does not have yet)."""
+    configs = create_databases(admin_dsn, 1)
+    run(migrate(configs, CONFIG))
+    with psycopg.connect(configs[0].dsn, autocommit=True) as catalog:  # as before moves
+        catalog.execute("DROP TABLE shoal.vnode_move")
+        catalog.execute("DELETE FROM shoal.schema_migrations WHERE scope = 'catalog'")
+    with pytest.raises(SchemaError, match=r"\(catalog without 1, .*run `shoal db migrate`$"):
+        run(MetadataStore.open(configs, 2, poll_ring=False))
