@@ -509,6 +509,10 @@ def _db_status(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+# How long `db check --repair` waits for one repair's commit.
+REPAIR_SECONDS = 10.0
+
+
 def _db_check(config: Config, args: argparse.Namespace) -> int:
     """Exit 1 while a difference remains: found and not repaired (or its repair failed)."""
 
@@ -547,11 +551,16 @@ def _db_check(config: Config, args: argparse.Namespace) -> int:
 
 
 async def _repaired(store: MetadataStore, difference: Difference) -> str:
-    """What a repair of `difference` came to: repaired, not repaired, or failed (why)."""
+    """What a repair of `difference` came to: repaired, not repaired, or failed (why). A
+    command runs no commit probe: each repair waits REPAIR_SECONDS at most for its commit."""
     try:
-        return "repaired" if await store.claims.repair(difference) else "not repaired"
+        async with asyncio.timeout(REPAIR_SECONDS):
+            repaired = await store.claims.repair(difference)
     except MetadataError as exc:
         return f"failed: {exc}"
+    except TimeoutError:
+        return f"failed: no commit within {REPAIR_SECONDS:g} s (it may still commit)"
+    return "repaired" if repaired else "not repaired"
 
 
 def _db_dsn(config: Config, args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import time
 import uuid
 from typing import Any, NoReturn
@@ -29,6 +30,8 @@ from shoal.metadata.errors import (
 from shoal.metadata.listing import key_range
 from shoal.metadata.models import Bucket
 from shoal.metadata.names import check_bucket_name, check_listing_text
+
+log = logging.getLogger("shoal.metadata")
 
 # S3's largest ListBuckets page and one more, for the gateway to tell whether another follows.
 MAX_BUCKETS_PER_PAGE = 10_001
@@ -100,6 +103,10 @@ class Buckets(Component):
         """
         self.forget_bucket(owner, name)
         bucket = await self.bucket(owner, name)
+        # Its last step releases the name on the catalog: refused before the first when that
+        # step could not be taken, rather than deleted with its name left claimed.
+        self.shards.catalog.pool.check_reachable()
+        self.shards.catalog.pool.check_committing()
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         key = {
             "owner": owner,
@@ -129,7 +136,12 @@ class Buckets(Component):
                 await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
             await self._refuse_undeleted(owner, name)
         self.forget_bucket(owner, name)
-        await self.release_name(owner, name, bucket.id)
+        try:
+            await self.release_name(owner, name, bucket.id)
+        except MetadataError as exc:
+            # The bucket is deleted: so is the answer. Its name stays claimed (a stale claim)
+            # until `shoal db check --repair` releases it; its owner may create it again.
+            log.warning("bucket %r deleted, its name not released: %s", name, exc)
         return bucket
 
     async def release_name(self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID) -> bool:

@@ -7,8 +7,9 @@ row before it releases the name. Shards restored from backups taken at different
 (docs/operations.md, "Backups, restores and failover") can leave them apart:
 
 - a **stale claim**: the catalog holds a name whose bucket its vnode deleted (the catalog is
-  from before the DeleteBucket). Nobody else can create a bucket of that name, and a bucket
-  made of it since is unclaimed (below). Repair: the name is released.
+  from before the DeleteBucket, or refused the DeleteBucket's last step). Nobody else can
+  create a bucket of that name, and a bucket made of it since is unclaimed (below). Repair:
+  the name is released.
 - a **lost bucket**: the catalog holds a name, and no vnode holds its bucket or a record of
   its deletion (the vnode's shard is from before the bucket was made). Its owner gets
   NoSuchBucket, though its objects' rows may well be on other shards. Repair: its row is

@@ -262,11 +262,15 @@ class ShardSet:
         await asyncio.shield(note)
 
     async def _write_ring_note(self) -> None:
+        # Bounded, as the forgetting below: a catalog whose commits hang must hold neither
+        # the poll nor close() (a CLI command would never end).
         try:
-            async with self.catalog.pool.connection() as conn:
-                await conn.execute(
-                    queries.NOTE_RING_READ, {"process": self.reader, "version": self.ring.version}
-                )
+            async with asyncio.timeout(CONNECTION_WAIT_SECONDS + CONNECT_TIMEOUT_SECONDS):
+                async with self.catalog.pool.connection() as conn:
+                    await conn.execute(
+                        queries.NOTE_RING_READ,
+                        {"process": self.reader, "version": self.ring.version},
+                    )
         except Exception as exc:
             log.debug("noting the ring version failed: %r", exc)
 

@@ -463,6 +463,16 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 assert status == 200 and json.loads(body)["shards_not_committing"] == ["pg"]
                 hung = settled(served, lambda s: value(s, COMMITS_HUNG, shard="pg") == 1)
                 assert value(hung, COMMITS_HUNG, shard="pg") == 1
+                # A command that writes as it opens and closes the store (its ring note)
+                # ends, and answers.
+                checked = subprocess.run(
+                    [SHOAL, "db", "check", "--config", str(tmp_path / "serve" / "shoal.toml")],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert checked.returncode == 0, checked
+                assert "0 difference(s)" in checked.stdout
                 time.sleep(HEARTBEAT_DEADLINE_SECONDS + 1)  # no heartbeat lands meanwhile
                 assert client.get_object(Bucket="held", Key="before")["Body"].read() == BIG
                 listed = client.list_objects_v2(Bucket="held")["Contents"]

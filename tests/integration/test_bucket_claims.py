@@ -184,6 +184,31 @@ def test_a_create_refused_for_its_vnodes_shard_leaves_no_claim(
         run(store.buckets.create(owner, name))  # and the name is free for it afterwards
 
 
+def test_a_delete_refused_while_the_catalog_does_not_commit_keeps_the_bucket(
+    make_store: MakeStore, run: Any
+) -> None:
+    """A DeleteBucket's last step releases the name on the catalog: while the catalog's
+    commits hang it is refused before its first, not done half (the row gone, the name
+    still claimed)."""
+    store = make_store(shards=2, vnodes=8)
+    owner = run(store.accounts.create(unique("owner"))).id
+    catalog = store.shards.catalog.pool
+    name = unique("kept")
+    while store.shards.of_vnode(store.shards.ring.vnode_for_bucket(owner, name)).pool is catalog:
+        name = unique("kept")  # a bucket whose row is on the shard that commits
+    bucket = run(store.buckets.create(owner, name))
+    catalog.commits_hang_since = time.monotonic()  # as the commit probe marks it
+    try:
+        with pytest.raises(MetadataUnavailable):
+            run(store.buckets.delete(owner, name))
+    finally:
+        catalog.commits_hang_since = None
+    store.buckets.forget_bucket(owner, name)
+    assert run(store.buckets.get(owner, name)).id == bucket.id
+    assert name not in {d.name for d in run(store.claims.read_once()).differences}
+    run(store.buckets.delete(owner, name))
+
+
 def test_the_command_reports_repairs_and_exits_by_what_remains(
     admin_dsn: str, run: Any, tmp_path: Path
 ) -> None:
