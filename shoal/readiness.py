@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from shoal import telemetry
 from shoal.loop import in_background
 from shoal.metadata import MetadataStore
-from shoal.metadata.nodes import StorageNode
+from shoal.metadata.nodes import StorageNode, stretched
 from shoal.storage import BlockClient
 
 log = logging.getLogger("shoal")
@@ -106,6 +106,11 @@ class Readiness:
         await self.refresh()
         async with in_background(self._keep_checking()):
             yield self
+
+    def heartbeat_deadline(self, deadline: timedelta) -> timedelta:
+        """`deadline` as this process reads the nodes' heartbeats: stretched while the
+        catalog's commits hang (nodes.stretched)."""
+        return stretched(deadline, self.store.shards.catalog.pool)
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
         """What /ready answers (the admin listener's Health): the last check's result."""

@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -79,6 +79,8 @@ class Readiness(Protocol):
 
     ready: bool
     reason: str
+
+    def heartbeat_deadline(self, deadline: timedelta) -> timedelta: ...
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,8 @@ class Census:
 
     async def nodes(self) -> dict[str, Any]:
         deadline = self.config.storage.heartbeat_deadline
+        if self.readiness is not None:  # it knows when the heartbeats could not land
+            deadline = self.readiness.heartbeat_deadline(deadline)
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             cur = conn.cursor(row_factory=dict_row)

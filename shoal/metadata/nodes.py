@@ -10,6 +10,7 @@ from psycopg.rows import class_row
 
 from shoal.metadata import queries
 from shoal.metadata.base import Component
+from shoal.metadata.shards import ShardPool
 
 # What an operator made of a node: `active` takes new blocks, `draining` takes none and is
 # emptied by `shoal pipeline rebalance`, `dead` is asked for nothing (its copies are made
@@ -68,12 +69,9 @@ class Nodes(Component):
         the deadline is stretched by the hang, until a deadline after it ended, so that a
         node is not taken for dead for what the catalog could not record."""
         catalog = self.shards.catalog.pool
-        hung_for = catalog.commits_hung_for(deadline.total_seconds())
-        if hung_for:
-            deadline += timedelta(seconds=hung_for)
         async with catalog.reading() as conn:
             cur = conn.cursor(row_factory=class_row(StorageNode))
-            await cur.execute(queries.LIST_NODES, {"deadline": deadline})
+            await cur.execute(queries.LIST_NODES, {"deadline": stretched(deadline, catalog)})
             return await cur.fetchall()
 
     # -- node states (docs/storage.md, "Node states") -------------------------------------
@@ -98,3 +96,10 @@ class Nodes(Component):
         async with self.shards.catalog.pool.connection() as conn:
             cur = await conn.execute(queries.DELETE_NODE, {"name": name})
             return await cur.fetchone() is not None
+
+
+def stretched(deadline: timedelta, catalog: ShardPool) -> timedelta:
+    """The heartbeat `deadline`, stretched by how long the catalog's commits hang now, or
+    hung the last time if that ended less than a deadline ago: the heartbeats that could not
+    land meanwhile do not count against their nodes."""
+    return deadline + timedelta(seconds=catalog.commits_hung_for(deadline.total_seconds()))

@@ -32,7 +32,7 @@ from tests.e2e.test_metrics import settled, value
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
 from tests.fault.proxy import CuttingProxy, cutting_proxy
 from tests.fault.serving import block_versions, named_versions, own_serve
-from tests.fixtures.admin import admin_get
+from tests.fixtures.admin import admin_get, bearer
 from tests.fixtures.postgres import create_databases
 from tests.fixtures.processes import stop
 from tests.fixtures.serve import SHOAL, Served
@@ -475,6 +475,9 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 assert "0 difference(s)" in checked.stdout
                 time.sleep(HEARTBEAT_DEADLINE_SECONDS + 1)  # no heartbeat lands meanwhile
                 assert client.get_object(Bucket="held", Key="before")["Body"].read() == BIG
+                status, _, body = admin_get(served.admin_port, "/admin/v1/nodes", bearer(served))
+                assert status == 200, body
+                assert {n["state"] for n in json.loads(body)["nodes"]} == {"alive"}, body
                 listed = client.list_objects_v2(Bucket="held")["Contents"]
                 assert "before" in [entry["Key"] for entry in listed]
                 open_parts = client.list_parts(Bucket="held", Key="open", UploadId=still_open)
