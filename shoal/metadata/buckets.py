@@ -134,7 +134,7 @@ class Buckets(Component):
         if not gone:  # gone meanwhile (another delete), or its mark lapsed: not deleted here
             with contextlib.suppress(MetadataError):
                 await self.rows(vnode, queries.UNMARK_BUCKET_DELETING, key)
-            await self._refuse_undeleted(owner, name)
+            await self._refuse_undeleted(owner, name, bucket.id)
         self.forget_bucket(owner, name)
         try:
             await self.release_name(owner, name, bucket.id)
@@ -153,11 +153,16 @@ class Buckets(Component):
             row = await cur.fetchone()
         return row is not None and row[0]
 
-    async def _refuse_undeleted(self, owner: uuid.UUID, name: str) -> NoReturn:
-        """Why a delete whose last step deleted nothing failed: the bucket went meanwhile
-        (BucketNotFound), or is still there and its mark lapsed (MetadataUnavailable)."""
+    async def _refuse_undeleted(
+        self, owner: uuid.UUID, name: str, bucket_id: uuid.UUID
+    ) -> NoReturn:
+        """Why a delete whose last step deleted nothing failed: its incarnation went meanwhile
+        (BucketNotFound: another delete took it, even if a create made the name again since),
+        or is still there and its mark lapsed (MetadataUnavailable)."""
         self.forget_bucket(owner, name)
-        await self.bucket(owner, name)  # BucketNotFound if another delete took it
+        current = await self.bucket(owner, name)  # BucketNotFound if no incarnation is left
+        if current.id != bucket_id:
+            raise BucketNotFound(f"no bucket {name!r} for owner {owner}: deleted meanwhile")
         raise MetadataUnavailable(f"deleting bucket {name!r} took too long; try again")
 
     async def put_lifecycle(self, owner: uuid.UUID, name: str, rules: Rules) -> None:

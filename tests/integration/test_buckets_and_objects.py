@@ -28,6 +28,7 @@ from shoal.metadata import (
     UploadNotFound,
 )
 from shoal.metadata.objects import ANY_VERSION
+from shoal.metadata.ring import vnode_schema
 from shoal.storage import block_runs
 from tests.fixtures.postgres import MakeStore, unique
 
@@ -114,6 +115,33 @@ def test_recreated_bucket_is_a_new_incarnation_without_old_objects(
     # The old incarnation's object waits for GC.
     left = run(store.garbage.bucket_contents(owner, first.id))
     assert [r.name for r in left] == ["old"]
+
+
+def test_a_delete_whose_bucket_was_deleted_and_made_again_meanwhile_is_no_such_bucket(
+    store: MetadataStore, run: Any, owner: uuid.UUID, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deletes and a create of one name at once: the delete whose incarnation another
+    delete took answers NoSuchBucket, and leaves the bucket made since (it was not asked to
+    delete that one, and a retry would)."""
+    first = run(store.buckets.get(owner, bucket))
+    vnode = store.shards.ring.vnode_for_bucket(owner, bucket)
+    schema = vnode_schema(vnode)
+    made_again = uuid.uuid4()
+
+    async def deleted_and_made_again(*_: Any) -> bool:
+        async with store.shards.of_vnode(vnode).pool.connection() as conn:
+            await conn.execute(f"DELETE FROM {schema}.manta_bucket WHERE id = %s", (first.id,))
+            await conn.execute(
+                f"INSERT INTO {schema}.manta_bucket (id, owner, name) VALUES (%s, %s, %s)",
+                (made_again, owner, bucket),
+            )
+        return False
+
+    monkeypatch.setattr(store.buckets, "has_objects", deleted_and_made_again)
+    with pytest.raises(BucketNotFound):
+        run(store.buckets.delete(owner, bucket))
+    store.buckets.forget_bucket(owner, bucket)
+    assert run(store.buckets.get(owner, bucket)).id == made_again
 
 
 def test_delete_refuses_a_bucket_with_objects_not_one_with_only_uploads(
