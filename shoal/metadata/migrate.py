@@ -68,10 +68,12 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
 
 
 async def _behind(conn: psycopg.AsyncConnection, vnode: int) -> bool:
-    """Whether a vnode's schema on its shard lacks a migration this code knows."""
+    """Whether a vnode's schema on its shard lacks a migration this code knows. One fenced
+    away (its schema and its migrations renamed to the move's copy) is the target's now."""
     cur = await conn.execute(queries.APPLIED_BY_SCOPE)
     applied: dict[str, list[int]] = dict(await cur.fetchall())
-    return bool({m.version for m in VNODE_MIGRATIONS} - set(applied.get(vnode_schema(vnode), [])))
+    scope = vnode_schema(vnode)
+    return scope in applied and bool({m.version for m in VNODE_MIGRATIONS} - set(applied[scope]))
 
 
 async def applied_versions(conn: psycopg.AsyncConnection) -> dict[str, int]:

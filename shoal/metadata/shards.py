@@ -35,7 +35,7 @@ from shoal.metadata.batched import ReadBatcher, WriteBatcher
 from shoal.metadata.bucket_cache import BucketCache
 from shoal.metadata.errors import CommitUnknown, MetadataError, MetadataUnavailable, SchemaError
 from shoal.metadata.outage import classified, connection_failed
-from shoal.metadata.ring import Ring, vnode_schema
+from shoal.metadata.ring import MOVED_COPY_PREFIX, Ring, vnode_schema
 from shoal.metadata.schema import (
     CATALOG_MIGRATIONS,
     SHARD_MIGRATIONS,
@@ -821,12 +821,18 @@ async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catal
     wanted = {"shard": _versions(SHARD_MIGRATIONS)}
     if catalog:
         wanted["catalog"] = _versions(CATALOG_MIGRATIONS)
-    wanted.update({vnode_schema(v): _versions(VNODE_MIGRATIONS) for v in vnodes})
-    async with pool.connection() as conn:
-        try:
+    applied: dict[str, list[int]] = {}
+    async with pool.reading() as conn:
+        with contextlib.suppress(psycopg.errors.UndefinedTable):
             applied = dict(await (await conn.execute(queries.APPLIED_BY_SCOPE)).fetchall())
-        except psycopg.errors.UndefinedTable:
-            applied = {}
+    for vnode in vnodes:
+        scope = vnode_schema(vnode)
+        # A vnode fenced away by a move has its schema and migrations under the move's
+        # copy's name: its rows are the target's now (moves.py), and not this shard's to check.
+        fenced_copy = f"{MOVED_COPY_PREFIX}{scope}_m"
+        if scope not in applied and any(s.startswith(fenced_copy) for s in applied):
+            continue
+        wanted[scope] = _versions(VNODE_MIGRATIONS)
     behind = []
     for scope, versions in wanted.items():
         missing = sorted(versions - set(applied.get(scope, ())))

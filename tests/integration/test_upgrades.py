@@ -204,3 +204,31 @@ def test_a_catalog_from_before_vnode_moves_is_told_to_migrate(admin_dsn: str, ru
         catalog.execute("DELETE FROM shoal.schema_migrations WHERE scope = 'catalog'")
     with pytest.raises(SchemaError, match=r"\(catalog without 1, .*run `shoal db migrate`$"):
         run(MetadataStore.open(configs, 2, poll_ring=False))
+
+
+def test_a_vnode_fenced_away_is_left_to_its_move(admin_dsn: str, run: Any) -> None:
+    """Between a move's fence and its switch the source's schema and its migrations go by the
+    move's copy's name: `migrate` and a process that opens the shards leave that vnode to the
+    target, rather than find it unmigrated."""
+    configs = create_databases(admin_dsn, 2)
+    run(migrate(configs, CONFIG))
+    with psycopg.connect(configs[0].dsn, autocommit=True) as catalog:
+        (source,) = catalog.execute(
+            "SELECT shard FROM shoal.ring_vnode WHERE vnode = 1 ORDER BY version DESC LIMIT 1"
+        ).fetchone() or ("",)
+        target = next(c.name for c in configs if c.name != source)
+        catalog.execute(
+            "INSERT INTO shoal.vnode_move (id, vnode, source, target, step) "
+            "VALUES (7, 1, %s, %s, 'fenced')",
+            (source, target),
+        )
+    dsn = next(c.dsn for c in configs if c.name == source)
+    with psycopg.connect(dsn, autocommit=True) as shard:  # as the fence renames them
+        shard.execute("ALTER SCHEMA manta_bucket_1 RENAME TO moved_manta_bucket_1_m7")
+        shard.execute(
+            "UPDATE shoal.schema_migrations SET scope = 'moved_manta_bucket_1_m7' "
+            "WHERE scope = 'manta_bucket_1'"
+        )
+    run(migrate(configs, CONFIG))
+    store = run(MetadataStore.open(configs, 2, poll_ring=False))
+    run(store.close())
