@@ -66,6 +66,9 @@ PROBE_TIMEOUT_SECONDS = 1.0
 # commit is a WAL flush, milliseconds on a well disk; seconds, and a synchronous standby or
 # the WAL's disk does not answer.
 COMMIT_STALL_SECONDS = 2.0
+# The warning of a commit whose wait for a synchronous standby was cancelled (PostgreSQL's
+# syncrep.c; in English, as the server's lc_messages is by default).
+SYNC_WAIT_CANCELLED = "canceling wait for synchronous replication"
 # A DSN without a connect_timeout gets this one (seconds; libpq's smallest is 2).
 CONNECT_TIMEOUT_SECONDS = 2
 # How often every process reads the ring version, to follow vnode moves without waiting for
@@ -392,6 +395,7 @@ class ShardPool(LastInFirstOutPool):
         self._commit_probe_sent: float | None = None
         self._probe_connection: psycopg.AsyncConnection[Any] | None = None
         self._probe_refusal_said = False
+        self._probe_wait_cancelled = False  # its last commit's wait for a standby was cancelled
         self._closing = False
         self._waiting_writes: set[CommitBound] = set()
 
@@ -454,7 +458,9 @@ class ShardPool(LastInFirstOutPool):
             if conn is None:
                 conninfo, kwargs = self._probe_with
                 conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+                conn.add_notice_handler(self._probe_notice)
             self._commit_probe_sent = time.monotonic()
+            self._probe_wait_cancelled = False
             await conn.execute(queries.COMMIT_PROBE)
         except (psycopg.Error, OSError) as exc:
             if conn is None or conn.closed or connection_failed(exc):
@@ -478,13 +484,20 @@ class ShardPool(LastInFirstOutPool):
             await conn.close()
             return
         self._probe_connection = conn
-        if self.commits_hang_since is not None:
+        if self.commits_hang_since is not None and not self._probe_wait_cancelled:
             now = time.monotonic()
             log.warning(
                 "shard %s commits again after %.1f s", self.shard, now - self.commits_hang_since
             )
             self._last_hang = (self.commits_hang_since, now)
             self.commits_hang_since = None
+
+    def _probe_notice(self, notice: psycopg.errors.Diagnostic) -> None:
+        """A probe whose wait for a synchronous standby was cancelled (an operator's
+        pg_cancel_backend) comes back committed on the primary alone, with this warning:
+        that says nothing of the standby, so it does not end a hang."""
+        if (notice.message_primary or "").startswith(SYNC_WAIT_CANCELLED):
+            self._probe_wait_cancelled = True
 
     def _probe_again(self) -> None:
         """Give up the probe out (its connection may be to a server that went away): the

@@ -28,6 +28,7 @@ import pytest
 
 from shoal.metadata.batched import COMMIT_WAIT_SECONDS
 from shoal.metadata.embedded import EmbeddedPostgres
+from shoal.readiness import READY_CHECK_SECONDS
 from tests.e2e.test_metrics import settled, value
 from tests.fault.load import MixedLoad, Outcome, iter_failures, statuses, wait_until
 from tests.fault.proxy import CuttingProxy, cutting_proxy
@@ -463,6 +464,13 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 assert status == 200 and json.loads(body)["shards_not_committing"] == ["pg"]
                 hung = settled(served, lambda s: value(s, COMMITS_HUNG, shard="pg") == 1)
                 assert value(hung, COMMITS_HUNG, shard="pg") == 1
+                # An operator cancels the waiting sessions: the probes come back committed on
+                # the primary alone, which says nothing of the standby.
+                assert _cancel_probes(server) >= 1
+                time.sleep(2 * READY_CHECK_SECONDS)
+                status, _, body = admin_get(served.admin_port, "/ready")
+                assert json.loads(body)["shards_not_committing"] == ["pg"], body
+                assert _refused_after(refused["PutObject"]) < FAST_503_SECONDS
                 # A command that writes as it opens and closes the store (its ring note)
                 # ends, and answers.
                 checked = subprocess.run(
@@ -512,6 +520,17 @@ HEARTBEAT_DEADLINE_SECONDS = 3
 COMMITS_HUNG = "shoal_metadata_commits_hung"
 COMMITS_BACK_SECONDS = 10.0  # the probe left waiting commits as the standby setting goes
 BIG = os.urandom(5_000_000)  # stored in blocks on the nodes, not in its row
+
+
+def _cancel_probes(server: EmbeddedPostgres) -> int:
+    """pg_cancel_backend on every commit probe waiting; how many there were."""
+    with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity "
+            "WHERE query LIKE %s AND pid <> pg_backend_pid()",
+            ("%shoal-commit-probe%",),
+        ).fetchone()
+    return row[0] if row else 0
 
 
 def _refused_after(write: Callable[[], object]) -> float:
