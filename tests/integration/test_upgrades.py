@@ -173,15 +173,7 @@ def test_a_moving_vnode_is_migrated_once_its_move_is_over(
         run(migrate(configs, CONFIG))
     last = VNODE_MIGRATIONS[-1].version
     with psycopg.connect(configs[0].dsn, autocommit=True) as catalog:
-        (source,) = catalog.execute(
-            "SELECT shard FROM shoal.ring_vnode WHERE vnode = 1 ORDER BY version DESC LIMIT 1"
-        ).fetchone() or ("",)
-        target = next(c.name for c in configs if c.name != source)
-        catalog.execute(
-            "INSERT INTO shoal.vnode_move (vnode, source, target, step) "
-            "VALUES (1, %s, %s, 'copying')",
-            (source, target),
-        )
+        _move_vnode_1(catalog, configs, "copying")
         with pytest.raises(SchemaError, match=r"all but the moving vnodes \(vnode\(s\) 1 are"):
             run(migrate(configs, CONFIG))
         with pytest.raises(
@@ -213,15 +205,7 @@ def test_a_vnode_fenced_away_is_left_to_its_move(admin_dsn: str, run: Any) -> No
     configs = create_databases(admin_dsn, 2)
     run(migrate(configs, CONFIG))
     with psycopg.connect(configs[0].dsn, autocommit=True) as catalog:
-        (source,) = catalog.execute(
-            "SELECT shard FROM shoal.ring_vnode WHERE vnode = 1 ORDER BY version DESC LIMIT 1"
-        ).fetchone() or ("",)
-        target = next(c.name for c in configs if c.name != source)
-        catalog.execute(
-            "INSERT INTO shoal.vnode_move (id, vnode, source, target, step) "
-            "VALUES (7, 1, %s, %s, 'fenced')",
-            (source, target),
-        )
+        source = _move_vnode_1(catalog, configs, "fenced")
     dsn = next(c.dsn for c in configs if c.name == source)
     with psycopg.connect(dsn, autocommit=True) as shard:  # as the fence renames them
         shard.execute("ALTER SCHEMA manta_bucket_1 RENAME TO moved_manta_bucket_1_m7")
@@ -232,3 +216,17 @@ def test_a_vnode_fenced_away_is_left_to_its_move(admin_dsn: str, run: Any) -> No
     run(migrate(configs, CONFIG))
     store = run(MetadataStore.open(configs, 2, poll_ring=False))
     run(store.close())
+
+
+def _move_vnode_1(catalog: psycopg.Connection[Any], configs: list[ShardConfig], step: str) -> str:
+    """Record move 7 of vnode 1 to the other shard, at `step`, as a mover would have left it;
+    the source shard's name."""
+    (source,) = catalog.execute(
+        "SELECT shard FROM shoal.ring_vnode WHERE vnode = 1 ORDER BY version DESC LIMIT 1"
+    ).fetchone() or ("",)
+    target = next(c.name for c in configs if c.name != source)
+    catalog.execute(
+        "INSERT INTO shoal.vnode_move (id, vnode, source, target, step) VALUES (7, 1, %s, %s, %s)",
+        (source, target, step),
+    )
+    return str(source)
