@@ -50,9 +50,7 @@ class Buckets(Component):
         bucket_id = uuid.uuid4()
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         # Refused before the name is claimed when the row could not be written.
-        vnode_pool = self.shards.of_vnode(vnode).pool
-        vnode_pool.check_reachable()
-        vnode_pool.check_committing()
+        self.shards.of_vnode(vnode).pool.check_writable()
         await self._claim_name(owner, name, bucket_id)
         self.forget_bucket(owner, name)
         params = {"id": bucket_id, "owner": owner, "name": name}
@@ -105,8 +103,7 @@ class Buckets(Component):
         bucket = await self.bucket(owner, name)
         # Its last step releases the name on the catalog: refused before the first when that
         # step could not be taken, rather than deleted with its name left claimed.
-        self.shards.catalog.pool.check_reachable()
-        self.shards.catalog.pool.check_committing()
+        self.shards.catalog.pool.check_writable()
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
         key = {
             "owner": owner,

@@ -139,11 +139,10 @@ class BucketClaims(Component):
                 found.append(
                     Difference(HELD_BY_ANOTHER, row["name"], row["owner"], row["id"], holder)
                 )
-        named_by_rows = {row["name"] for row in buckets}
         for name, (owner, bucket_id) in unbacked.items():
             if bucket_id in deleted:
                 found.append(Difference(STALE_CLAIM, name, owner, bucket_id))
-            elif name not in named_by_rows:  # else a name held by another, found above
+            elif name not in rows_named:  # else a name held by another, found above
                 found.append(Difference(LOST_BUCKET, name, owner, bucket_id))
         # In the order a repair takes them: a stale claim goes before its name is claimed.
         found.sort(key=lambda d: (KINDS.index(d.kind), d.name, str(d.owner)))

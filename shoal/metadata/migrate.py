@@ -26,7 +26,12 @@ from shoal.metadata.schema import (
     VNODE_MIGRATIONS,
     Migration,
 )
-from shoal.metadata.shards import MIN_SERVER_VERSION, first_line, moves_first
+from shoal.metadata.shards import (
+    MIN_SERVER_VERSION,
+    first_line,
+    missing_vnode_migrations,
+    moves_first,
+)
 
 MIGRATION_LOCK = 0x5340A1  # advisory lock key shared by every migrator
 
@@ -58,22 +63,20 @@ async def migrate(shards: Sequence[ShardConfig], config: MetadataConfig) -> Ring
                     conn, vnode_schema(vnode), VNODE_MIGRATIONS, vnode_schema(vnode)
                 )
             await ensure_windows(conn, vnodes, await window_width(conn), config.partitions_ahead)
-            left_behind += [v for v in moving & set(ring.vnodes_of(name)) if await _behind(conn, v)]
+            applied: dict[str, list[int]] = dict(
+                await (await conn.execute(queries.APPLIED_BY_SCOPE)).fetchall()
+            )
+            left_behind += [
+                v
+                for v in moving & set(ring.vnodes_of(name))
+                if missing_vnode_migrations(applied, v)
+            ]
         if left_behind:
             raise SchemaError(f"migrated all but the moving vnodes {moves_first(left_behind)}")
         return ring
     finally:
         for conn in conns.values():
             await conn.close()
-
-
-async def _behind(conn: psycopg.AsyncConnection, vnode: int) -> bool:
-    """Whether a vnode's schema on its shard lacks a migration this code knows. One fenced
-    away (its schema and its migrations renamed to the move's copy) is the target's now."""
-    cur = await conn.execute(queries.APPLIED_BY_SCOPE)
-    applied: dict[str, list[int]] = dict(await cur.fetchall())
-    scope = vnode_schema(vnode)
-    return scope in applied and bool({m.version for m in VNODE_MIGRATIONS} - set(applied[scope]))
 
 
 async def applied_versions(conn: psycopg.AsyncConnection) -> dict[str, int]:

@@ -16,7 +16,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -413,6 +413,12 @@ class ShardPool(LastInFirstOutPool):
         if self.down_since is not None:
             down_for = time.monotonic() - self.down_since
             raise MetadataUnavailable(f"shard {self.shard} is unreachable ({down_for:.1f} s)")
+
+    def check_writable(self) -> None:
+        """MetadataUnavailable unless a write could commit now: the shard is reachable and
+        its commits come back."""
+        self.check_reachable()
+        self.check_committing()
 
     def check_committing(self) -> None:
         """MetadataUnavailable while the shard's commits hang: a write would only wait."""
@@ -838,19 +844,13 @@ async def check_schema(pool: ShardPool, shard: str, vnodes: Sequence[int], catal
     async with pool.reading() as conn:
         with contextlib.suppress(psycopg.errors.UndefinedTable):
             applied = dict(await (await conn.execute(queries.APPLIED_BY_SCOPE)).fetchall())
-    for vnode in vnodes:
-        scope = vnode_schema(vnode)
-        # A vnode fenced away by a move has its schema and migrations under the move's
-        # copy's name: its rows are the target's now (moves.py), and not this shard's to check.
-        fenced_copy = f"{MOVED_COPY_PREFIX}{scope}_m"
-        if scope not in applied and any(s.startswith(fenced_copy) for s in applied):
-            continue
-        wanted[scope] = _versions(VNODE_MIGRATIONS)
-    behind = []
-    for scope, versions in wanted.items():
-        missing = sorted(versions - set(applied.get(scope, ())))
-        if missing:
-            behind.append(f"{scope} without {', '.join(map(str, missing))}")
+    missing = {scope: sorted(want - set(applied.get(scope, ()))) for scope, want in wanted.items()}
+    missing |= {vnode_schema(v): missing_vnode_migrations(applied, v) for v in vnodes}
+    behind = [
+        f"{scope} without {', '.join(map(str, versions))}"
+        for scope, versions in missing.items()
+        if versions
+    ]
     if behind:
         shown = "; ".join(behind[:3]) + (f"; {len(behind) - 3} more" if len(behind) > 3 else "")
         raise SchemaError(
@@ -881,6 +881,18 @@ def moves_first(moving: Iterable[int]) -> str:
         "finish it with the release that started it, `shoal ring move --finish`, then run "
         "`shoal db migrate` again)"
     )
+
+
+def missing_vnode_migrations(applied: Mapping[str, Sequence[int]], vnode: int) -> list[int]:
+    """The vnode migrations this code knows that `vnode`'s schema lacks on a shard whose
+    migrations applied, by scope, are `applied` (queries.APPLIED_BY_SCOPE). None for a vnode
+    fenced away by a move: its schema and migrations there go by the move's copy's name, and
+    its rows are the target's now (moves.py)."""
+    scope = vnode_schema(vnode)
+    fenced_copy = f"{MOVED_COPY_PREFIX}{scope}_m"
+    if scope not in applied and any(name.startswith(fenced_copy) for name in applied):
+        return []
+    return sorted(_versions(VNODE_MIGRATIONS) - set(applied.get(scope, ())))
 
 
 def _versions(migrations: Sequence[Migration]) -> set[int]:
