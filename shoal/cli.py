@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 PRIVATE_UMASK = 0o077
 # Set (to anything) for Shoal's DEBUG lines and the trace of an unexpected error.
 DEBUG_ENV = "SHOAL_DEBUG"
-# `shoal status`'s exit code when it could read the cluster and found it not ready (1 is a
-# command that failed to run).
+# `shoal status`'s exit code when it could read the cluster and found it not ready, or a
+# shard refusing writes because its commits hang (1 is a command that failed to run).
 STATUS_NOT_READY = 3
 T = TypeVar("T")
 
@@ -856,7 +856,8 @@ def _status(config: Config, args: argparse.Namespace) -> int:
     with shard_configs(config) as shards:
         report = shoal.loop.run(read(shards))
     print(json.dumps(report, indent=2) if args.json else format_status(report))
-    return 0 if report["cluster"]["ready"] else STATUS_NOT_READY
+    cluster = report["cluster"]
+    return 0 if cluster["ready"] and not cluster["shards_not_committing"] else STATUS_NOT_READY
 
 
 def _node_list(config: Config, args: argparse.Namespace) -> int:

@@ -46,7 +46,13 @@ from shoal.metadata.garbage import (
 from shoal.metadata.migrate import applied_versions
 from shoal.metadata.pipeline_runs import PipelineRun, read_last_per_job, read_runs
 from shoal.metadata.ring import Ring
-from shoal.metadata.shards import added_shards, first_line, read_ring, render_arms
+from shoal.metadata.shards import (
+    COMMIT_STALL_SECONDS,
+    added_shards,
+    first_line,
+    read_ring,
+    render_arms,
+)
 from shoal.metadata.status import summarize_versions
 from shoal.units import byte_size
 
@@ -64,6 +70,8 @@ GC_RUNS_SHOWN = 10
 PIPELINE_RUNS_SHOWN = 50
 # The meter's last run that wrote its output is among its last this many.
 METER_RUNS_LOOKED_AT = 10
+# A shard's `commits`: they come back, they hang, or the probe is not allowed to tell.
+COMMITTING, HUNG, UNKNOWN = "ok", "hung", "unknown"
 
 
 class CensusUnavailable(Exception):
@@ -79,6 +87,7 @@ class Readiness(Protocol):
 
     ready: bool
     reason: str
+    hung_shards: list[str]  # shards whose commits hang, as its commit probes find
 
     def heartbeat_deadline(self, deadline: timedelta) -> timedelta: ...
 
@@ -205,31 +214,42 @@ class Census:
         return await read_ring(conn), await added_shards(conn, key)
 
     async def cluster(self) -> dict[str, Any]:
+        """The ring, each shard, and whether the cluster serves (`ready`) and takes writes on
+        every shard (`shards_not_committing` empty)."""
         ring: Ring | None
         try:
             ring = await self.ring()
         except ShardUnreachable:
             ring = None
         shards = await asyncio.gather(*(self._shard_report(s, ring) for s in self.shards))
-        ready, reason = await self._readiness(shards)
+        hung = [s["name"] for s in shards if s["commits"] == HUNG]
+        ready, reason = await self._readiness(shards, catalog_hung=self.catalog.name in hung)
         return {
             "ring": None if ring is None else {"version": ring.version, "vnodes": ring.vnodes},
             "ready": ready,
             "reason": reason,
+            "shards_not_committing": hung,
             "shards": list(shards),
         }
 
-    async def nodes(self) -> dict[str, Any]:
+    async def nodes(self, catalog_hung: bool = False) -> dict[str, Any]:
+        """The storage node registry, each node alive or silent by the heartbeat deadline,
+        as the serving process stretches it while the catalog's commits hang (no heartbeat
+        can land then: nodes.stretched). `catalog_hung`: a probe of the caller's own found
+        them hanging, without knowing since when: a node whose heartbeat is late is then
+        `unknown`, not `silent`."""
         deadline = self.config.storage.heartbeat_deadline
         if self.readiness is not None:  # it knows when the heartbeats could not land
             deadline = self.readiness.heartbeat_deadline(deadline)
+            catalog_hung = False
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(queries.CENSUS_NODES, {"deadline": deadline})
             return await cur.fetchall()
 
-        return {"nodes": [_node_json(row) for row in await self._on_catalog(read)]}
+        rows = await self._on_catalog(read)
+        return {"nodes": [_node_json(row, catalog_hung) for row in rows]}
 
     async def accounts(self) -> dict[str, Any]:
         """Accounts and their buckets (live), with objects and bytes from the last meter run."""
@@ -300,8 +320,9 @@ class Census:
         """Everything `shoal status` shows: cluster, nodes, accounts, gc and pipeline."""
         cluster = await self.cluster()
         report: dict[str, Any] = {"cluster": cluster}
+        catalog_hung = self.catalog.name in cluster["shards_not_committing"]
         for part, read in (
-            ("nodes", self.nodes),
+            ("nodes", lambda: self.nodes(catalog_hung)),
             ("accounts", self.accounts),
             ("gc", self.gc),
             ("pipeline", lambda: self.pipeline(limit=10)),
@@ -347,33 +368,58 @@ class Census:
             return {
                 "server_version": conn.info.parameter_status("server_version"),
                 "schema_versions": summarize_versions(versions),
+                "commits": await self._commits(shard, conn),
             }
 
         report: dict[str, Any] = {
             "name": shard.name,
             "dsn": redact_dsn(shard.dsn),
             "reachable": True,
+            "commits": None,
             "server_version": None,
             "vnodes": vnodes,
             "vnode_count": len(vnodes),
             "schema_versions": {},
         }
         try:
-            report |= await self._on_shard(shard, read)
+            report |= await self._on_shard(shard, read, ANSWER_SECONDS + COMMIT_STALL_SECONDS)
         except ShardUnreachable as exc:
             report |= {"reachable": False, "error": str(exc)}
         return report
 
-    async def _readiness(self, shards: Sequence[dict[str, Any]]) -> tuple[bool, str]:
+    async def _commits(self, shard: ShardConfig, conn: psycopg.AsyncConnection[Any]) -> str:
+        """Whether the shard's commits come back (`ok`) or hang (`hung`: a synchronous
+        standby that does not answer holds them): as the serving process's commit probe
+        finds, or, without one, by a probe of its own (ShardPool.probe_commits sends the
+        same): a commit that writes WAL, given COMMIT_STALL_SECONDS. One still out then is
+        cancelled; a commit waiting for a standby stays committed on the primary alone,
+        which for a logical message changes nothing."""
+        if self.readiness is not None:
+            return HUNG if shard.name in self.readiness.hung_shards else COMMITTING
+        try:
+            async with asyncio.timeout(COMMIT_STALL_SECONDS):
+                await conn.execute(queries.COMMIT_PROBE)
+        except TimeoutError:
+            return HUNG
+        except psycopg.errors.InsufficientPrivilege:
+            return UNKNOWN  # a role without pg_logical_emit_message: the gateway warns of it
+        return COMMITTING
+
+    async def _readiness(
+        self, shards: Sequence[dict[str, Any]], catalog_hung: bool
+    ) -> tuple[bool, str]:
         """The serving process's readiness; without one, whether every shard answers and
-        enough storage nodes heartbeat to take a write (by the registry alone)."""
+        enough storage nodes heartbeat to take a write (by the registry alone; while the
+        catalog's commits hang, a node whose heartbeat could not land is not counted
+        against, as the serving process stretches their deadline). A shard whose commits
+        hang does not make the cluster unready, as it does not a gateway: its reads go on."""
         if self.readiness is not None:
             return self.readiness.ready, self.readiness.reason
         silent = [s["name"] for s in shards if not s["reachable"]]
         if silent:
             return False, f"metadata shard(s) {', '.join(silent)} do not answer"
-        nodes = (await self.nodes())["nodes"]
-        alive = sum(n["state"] == "alive" for n in nodes)
+        nodes = (await self.nodes(catalog_hung))["nodes"]
+        alive = sum(n["state"] in ("alive", "unknown") for n in nodes)
         needed = max(1, min(self.config.storage.replicas or 1, len(nodes)))
         if alive < needed:
             return False, f"{alive} storage node(s) alive, {needed} needed"
@@ -519,9 +565,10 @@ def _when(moment: datetime | None) -> str | None:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _node_json(row: dict[str, Any]) -> dict[str, Any]:
+def _node_json(row: dict[str, Any], catalog_hung: bool) -> dict[str, Any]:
     capacity, free = row["capacity_bytes"], row["free_bytes"]
     age = row["heartbeat_age_seconds"]
+    silent = "unknown" if catalog_hung else "silent"  # its heartbeats could not land
     return {
         "name": row["name"],
         "datacenter": row["datacenter"],
@@ -529,7 +576,7 @@ def _node_json(row: dict[str, Any]) -> dict[str, Any]:
         "url": row["url"],
         # Its admin listener (/ready, /metrics) where it runs one: a column of later schemas.
         "admin_url": row.get("admin_url"),
-        "state": "alive" if row["alive"] else "silent",
+        "state": "alive" if row["alive"] else silent,
         "heartbeat": _when(row["heartbeat"]),
         "heartbeat_age_seconds": None if age is None else round(age, 1),
         "capacity_bytes": capacity,
@@ -649,10 +696,14 @@ def _format_cluster(cluster: dict[str, Any]) -> str:
     ring = cluster["ring"]
     where = f"ring version {ring['version']}, {ring['vnodes']} vnodes" if ring else "ring unknown"
     ready = "ready" if cluster["ready"] else f"NOT READY: {cluster['reason']}"
+    hung = cluster["shards_not_committing"]
+    if hung:
+        ready += f"; WRITES REFUSED: the commits of shard(s) {', '.join(hung)} do not come back"
     rows = [
         [
             s["name"],
             "yes" if s["reachable"] else "NO",
+            {HUNG: "HUNG", None: "-"}.get(s["commits"], s["commits"]),
             s["server_version"] or "-",
             str(s["vnode_count"]),
             ", ".join(f"{k} v{v}" for k, v in sorted(s["schema_versions"].items())) or "-",
@@ -660,8 +711,8 @@ def _format_cluster(cluster: dict[str, Any]) -> str:
         ]
         for s in cluster["shards"]
     ]
-    headers = ["shard", "answers", "postgres", "vnodes", "schema", "dsn"]
-    return f"cluster: {where}; {ready}\n" + _table(headers, rows, right={3})
+    headers = ["shard", "answers", "commits", "postgres", "vnodes", "schema", "dsn"]
+    return f"cluster: {where}; {ready}\n" + _table(headers, rows, right={4})
 
 
 def _format_nodes(nodes: dict[str, Any]) -> str:
@@ -681,10 +732,11 @@ def _format_nodes(nodes: dict[str, Any]) -> str:
     if not rows:
         return "storage nodes: none registered"
     alive = sum(n["state"] == "alive" for n in nodes["nodes"])
+    title = f"storage nodes: {alive} alive of {len(rows)}"
+    if any(n["state"] == "unknown" for n in nodes["nodes"]):
+        title += " (the catalog's commits hang: heartbeats cannot land, so a late one is unknown)"
     headers = ["storage node", "state", "heartbeat", "used", "free", "blocks", "url", "admin"]
-    return f"storage nodes: {alive} alive of {len(rows)}\n" + _table(
-        headers, rows, right={2, 3, 4, 5}
-    )
+    return f"{title}\n" + _table(headers, rows, right={2, 3, 4, 5})
 
 
 def _format_accounts(accounts: dict[str, Any]) -> str:

@@ -486,6 +486,23 @@ def test_a_shard_whose_commits_hang_refuses_writes_at_once_and_goes_on_reading(
                 status, _, body = admin_get(served.admin_port, "/admin/v1/nodes", bearer(served))
                 assert status == 200, body
                 assert {n["state"] for n in json.loads(body)["nodes"]} == {"alive"}, body
+                _, _, body = admin_get(served.admin_port, "/admin/v1/cluster", bearer(served))
+                cluster = json.loads(body)
+                assert cluster["ready"] and cluster["shards_not_committing"] == ["pg"], body
+                assert [s["commits"] for s in cluster["shards"]] == ["hung"], body
+                # `shoal status` probes for itself: it cannot tell since when the heartbeats
+                # could not land, so a late one is unknown, not silent, and the cluster is
+                # ready (reads go on) with its writes refused.
+                report = _status(tmp_path / "serve" / "shoal.toml", "--json")
+                assert report.returncode == 3, report
+                cluster = json.loads(report.stdout)["cluster"]
+                assert cluster["ready"] and cluster["shards_not_committing"] == ["pg"], cluster
+                assert [s["commits"] for s in cluster["shards"]] == ["hung"]
+                nodes = json.loads(report.stdout)["nodes"]["nodes"]
+                assert {n["state"] for n in nodes} == {"unknown"}, nodes
+                shown = _status(tmp_path / "serve" / "shoal.toml").stdout
+                assert "WRITES REFUSED: the commits of shard(s) pg do not come back" in shown
+                assert "heartbeats cannot land" in shown, shown
                 listed = client.list_objects_v2(Bucket="held")["Contents"]
                 assert "before" in [entry["Key"] for entry in listed]
                 open_parts = client.list_parts(Bucket="held", Key="open", UploadId=still_open)
@@ -520,6 +537,16 @@ HEARTBEAT_DEADLINE_SECONDS = 3
 COMMITS_HUNG = "shoal_metadata_commits_hung"
 COMMITS_BACK_SECONDS = 10.0  # the probe left waiting commits as the standby setting goes
 BIG = os.urandom(5_000_000)  # stored in blocks on the nodes, not in its row
+
+
+def _status(config: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`shoal status`, which must answer within a few seconds whatever the shards do."""
+    return subprocess.run(
+        [SHOAL, "status", *options, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def _cancel_probes(server: EmbeddedPostgres) -> int:
