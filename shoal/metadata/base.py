@@ -13,14 +13,15 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.types.json import Jsonb
 
-from shoal.metadata import prepared, queries
+from shoal.metadata import prepared
+from shoal.metadata.batched import AfterCommit
 from shoal.metadata.errors import BucketNotFound, CommitUnknown, MetadataError, VnodeMoved
 from shoal.metadata.metrics import metadata as metrics
 from shoal.metadata.models import Bucket, ObjectVersion, ObjectWrite
 from shoal.metadata.names import check_bucket_name
 from shoal.metadata.outage import vnode_gone
 from shoal.metadata.partitions import ensure_window_for_now
-from shoal.metadata.queries import SELECT_BUCKET
+from shoal.metadata.queries import BUCKET_TAKES_WRITES, SELECT_BUCKET
 from shoal.metadata.shards import Shard, ShardSet, positional, render, render_arms
 
 Row = dict[str, Any]
@@ -77,13 +78,52 @@ class Component:
         bucket_id, name) in a vnode, and return its rows once committed: in one transaction
         with the other such writes of the vnode's shard that wait at the same time
         (batched.py's group commit)."""
+        rows, _ = await self._write_row(vnode, template, params, None)
+        return rows
+
+    async def write_object_row(
+        self, vnode: int, template: str, params: Mapping[str, Any], bucket: str
+    ) -> list[Row]:
+        """write_row for a write that makes an object version (a PUT, a copy), then, if it
+        wrote, check_bucket_takes_writes for `bucket`, the bucket of `params`. Where the
+        bucket's row is on the object row's shard, the check goes in the write's own
+        pipeline, run after its commit (batched.AfterCommit): one round trip, not two."""
+        owner, bucket_id = params["owner"], params["bucket_id"]
+        bucket_vnode = self.shards.ring.vnode_for_bucket(owner, bucket)
+        check = AfterCommit(
+            *_bound(BUCKET_TAKES_WRITES, bucket_vnode, _takes_writes(owner, bucket, bucket_id))
+        )
+        rows, checked = await self._write_row(vnode, template, params, (bucket_vnode, check))
+        if not rows:
+            return rows
+        if checked is None:  # another shard's, or the read failed: read for itself
+            await self.check_bucket_takes_writes(owner, bucket, bucket_id)
+        elif not checked:
+            raise _being_deleted(bucket)
+        return rows
+
+    async def _write_row(
+        self,
+        vnode: int,
+        template: str,
+        params: Mapping[str, Any],
+        then: tuple[int, AfterCommit] | None,
+    ) -> tuple[list[Row], list[Row] | None]:
+        """write_row, and the rows of `then` (a read on its vnode) run after the commit if
+        that vnode is on the same shard (else None)."""
         started = time.perf_counter()
         statement, values = _bound(template, vnode, params)
         order = (vnode, params["owner"], params["bucket_id"], params["name"])
+
+        def attempt() -> Awaitable[tuple[list[Row], list[Row] | None]]:
+            shard = self.shards.of_vnode(vnode)
+            after = None
+            if then is not None and self.shards.of_vnode(then[0]) is shard:
+                after = then[1]
+            return shard.writes.write_then_read(statement, values, order, after)
+
         try:
-            return await self.retrying_window(
-                vnode, lambda: self.shards.of_vnode(vnode).writes.write(statement, values, order)
-            )
+            return await self.retrying_window(vnode, attempt)
         finally:
             metrics().statement_took(template, time.perf_counter() - started)
 
@@ -214,14 +254,9 @@ class Component:
         (or no bucket) may have landed in an incarnation being deleted, and must not be
         acknowledged: it stays, or goes with the bucket (Buckets.delete)."""
         vnode = self.shards.ring.vnode_for_bucket(owner, name)
-        params = {
-            "owner": owner,
-            "name": name,
-            "id": bucket_id,
-            "mark_lifetime": f"{DELETING_MARK_SECONDS} seconds",
-        }
+        params = _takes_writes(owner, name, bucket_id)
         try:
-            takes_writes = await self.read_rows(vnode, queries.BUCKET_TAKES_WRITES, params)
+            takes_writes = await self.read_rows(vnode, BUCKET_TAKES_WRITES, params)
         except MetadataError as exc:
             # The write committed: whatever stops this read must not pass for a write that
             # did not (its caller would drop the blocks the row names).
@@ -229,9 +264,7 @@ class Component:
                 f"bucket {name!r} could not be read after a write into it: {exc}"
             ) from exc
         if not takes_writes:
-            raise CommitUnknown(
-                f"bucket {name!r} is being deleted: a write into it may go with it; try again"
-            )
+            raise _being_deleted(name)
 
     async def bucket(self, owner: uuid.UUID, name: str) -> Bucket:
         """The live incarnation of a bucket, or BucketNotFound (see bucket_cache.py)."""
@@ -265,6 +298,22 @@ def _no_partition_for_row(exc: psycopg.errors.CheckViolation) -> bool:
     row: that error names the partitioned table but no constraint, where a CHECK constraint's
     violation names its constraint."""
     return exc.diag.constraint_name is None and exc.diag.table_name is not None
+
+
+def _takes_writes(owner: uuid.UUID, name: str, bucket_id: uuid.UUID) -> dict[str, Any]:
+    """The parameters of BUCKET_TAKES_WRITES."""
+    return {
+        "owner": owner,
+        "name": name,
+        "id": bucket_id,
+        "mark_lifetime": f"{DELETING_MARK_SECONDS} seconds",
+    }
+
+
+def _being_deleted(name: str) -> CommitUnknown:
+    return CommitUnknown(
+        f"bucket {name!r} is being deleted: a write into it may go with it; try again"
+    )
 
 
 def _bound(

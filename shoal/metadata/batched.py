@@ -32,6 +32,13 @@ answered before its batch has committed. Each batch takes its rows' locks in one
 vnode, then the row's key), so two batches never wait for each other in a cycle. The price:
 a write that waits for a row lock holds up the writes behind it in its batch, and keeps the
 rows of those before it locked, where alone it would hold up only itself.
+
+A write may bring a read to run once it has committed (`AfterCommit`: a PUT's check that its
+bucket still takes writes). It goes in the same pipeline, after the batch's Sync, so the
+server runs it after the commit, in a transaction of its own, as a read sent after the
+answer would run: one round trip where there were two. Writes of a batch that bring the
+same read share one. A read that fails leaves its writes without an answer to it
+(`then_rows` None), and their caller reads for itself.
 """
 
 from __future__ import annotations
@@ -79,6 +86,16 @@ KEEP_SECONDS = 60.0
 WriteOrder = tuple[int, uuid.UUID, uuid.UUID, str]
 
 
+@dataclass(frozen=True)
+class AfterCommit:
+    """A read-only statement ($1, $2, ... placeholders) and its values, which a write wants
+    run once its batch has committed, in the batch's own pipeline (see the module's
+    docstring)."""
+
+    statement: bytes
+    values: Sequence[Any]
+
+
 @dataclass
 class _Queued:
     """A statement waiting for its batch, and its caller's answer."""
@@ -87,13 +104,21 @@ class _Queued:
     values: Sequence[Any]
     answer: asyncio.Future[list[prepared.Row]] = field(repr=False)
     order: tuple[Any, ...] = ()  # a write's WriteOrder; reads are not sorted
+    then: AfterCommit | None = None  # a write's read after its commit
+    then_rows: list[prepared.Row] | None = None  # that read's rows, once answered
     prepared_again: bool = False  # after InvalidSqlStatementName, once
     alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
     synced: bool = False  # its batch's Sync was sent: a write of it may have committed
 
     @classmethod
-    def of(cls, statement: bytes, values: Sequence[Any], order: tuple[Any, ...] = ()) -> _Queued:
-        return cls(statement, values, asyncio.get_running_loop().create_future(), order)
+    def of(
+        cls,
+        statement: bytes,
+        values: Sequence[Any],
+        order: tuple[Any, ...] = (),
+        then: AfterCommit | None = None,
+    ) -> _Queued:
+        return cls(statement, values, asyncio.get_running_loop().create_future(), order, then)
 
     def fail(self, exc: BaseException) -> None:
         if not self.answer.done():  # its caller may have given up
@@ -144,6 +169,7 @@ class _Batcher:
         self._letting_go: set[asyncio.Task[None]] = set()
         self.keeps = pool.max_size >= KEEP_FROM_POOL_SIZE
         self.batches_sent = 0  # pipelines written, for tests and the curious
+        self.reads_after_commit = 0  # AfterCommit reads sent (each shared by its writes)
         pool.when_down(self._refuse_waiting)
 
     async def _enqueue(self, queued: _Queued) -> list[prepared.Row]:
@@ -363,15 +389,19 @@ class _Batcher:
         return waiting
 
     async def _send(self, held: _Held, batch: list[_Queued]) -> None:
-        """One pipeline with the batch's statements, then their answers (`_answer`)."""
+        """One pipeline with the batch's statements, then their answers (`_answer`); after
+        the Sync that commits a batch of writes, the reads they want run then."""
         conn = held.conn
         sent = []
+        reads: dict[tuple[Any, ...], _AfterRead] = {}
         for queued in batch:
             try:
                 parameters = prepared.dumped(conn, queued.values)
                 name = await prepared.prepared_name(
                     conn, queued.statement, parameters, held.watch.wait
                 )
+                if queued.then is not None:
+                    await self._share_read(held, queued, reads)
             except Exception as exc:
                 if conn.closed or connection_failed(exc):  # lost, for the whole batch
                     raise
@@ -389,11 +419,36 @@ class _Batcher:
         for statement in sent:
             statement.queued.synced = True
         pgconn.pipeline_sync()
+        for read in reads.values():  # run once the Sync above has committed the batch
+            prepared.send_prepared(conn, read.name, read.parameters)
+        if reads:
+            pgconn.pipeline_sync()
         self.batches_sent += 1
+        self.reads_after_commit += len(reads)
         self._last_alone = len(sent) == 1
-        results = await held.watch.wait(_pipeline_results(pgconn, len(sent)))
+        counts = (len(sent), len(reads)) if reads else (len(sent),)
+        results = await held.watch.wait(_pipeline_results(pgconn, *counts))
         pgconn.exit_pipeline_mode()
-        self._answer(conn, sent, results)
+        _answer_reads(conn, list(reads.values()), results[len(sent) :])
+        self._answer(conn, sent, results[: len(sent)])
+
+    async def _share_read(
+        self, held: _Held, queued: _Queued, reads: dict[tuple[Any, ...], _AfterRead]
+    ) -> None:
+        """Add the read `queued` wants after its commit to `reads`, or join the same read
+        another write of the batch wants."""
+        assert queued.then is not None
+        queued.then_rows = None  # a write sent again is answered again
+        conn = held.conn
+        parameters = prepared.dumped(conn, queued.then.values)
+        key = (queued.then.statement, *(None if v is None else bytes(v) for v in parameters.dumped))
+        read = reads.get(key)
+        if read is None:
+            name = await prepared.prepared_name(
+                conn, queued.then.statement, parameters, held.watch.wait
+            )
+            read = reads[key] = _AfterRead(name, parameters)
+        read.writes.append(queued)
 
     def _answer(
         self, conn: psycopg.AsyncConnection[Any], sent: list[_Sent], results: list[Any]
@@ -443,7 +498,20 @@ class WriteBatcher(_Batcher):
         self, statement: bytes, values: Sequence[Any], order: WriteOrder
     ) -> list[prepared.Row]:
         """The rows of `statement`, a write of the one row that `order` locates, once
-        committed with the rest of its batch.
+        committed with the rest of its batch (write_then_read, with no read)."""
+        rows, _ = await self.write_then_read(statement, values, order, None)
+        return rows
+
+    async def write_then_read(
+        self,
+        statement: bytes,
+        values: Sequence[Any],
+        order: WriteOrder,
+        then: AfterCommit | None,
+    ) -> tuple[list[prepared.Row], list[prepared.Row] | None]:
+        """The rows of `statement`, a write of the one row that `order` locates, once
+        committed with the rest of its batch; and the rows of `then`, run after that commit
+        (None: not asked, or it failed).
 
         Its wait is bounded (ShardPool.commit_bound): by COMMIT_WAIT_SECONDS, and by the
         shard's commits hanging, as the readiness check's commit probe finds. A shard whose
@@ -452,10 +520,10 @@ class WriteBatcher(_Batcher):
         as not written while it still waits for a batch, else as CommitUnknown: a batch of
         others still out goes on, and commits or not, as any write whose answer was lost (a
         lone write sent by its caller closes its connection, as a caller cancelled does)."""
-        queued = _Queued.of(statement, values, order)
+        queued = _Queued.of(statement, values, order, then)
         async with self.pool.commit_bound(COMMIT_WAIT_SECONDS) as bound:
             try:
-                return await self._enqueue(queued)
+                return await self._enqueue(queued), queued.then_rows
             except asyncio.CancelledError:
                 if queued in self._waiting:  # given up before its batch: never sent
                     self._waiting.remove(queued)
@@ -491,6 +559,33 @@ class _Sent:
     parameters: prepared.Parameters
 
 
+@dataclass
+class _AfterRead:
+    """A read sent after a batch's commit, and the writes of the batch that want it."""
+
+    name: bytes  # its prepared statement's name on the batch's connection
+    parameters: prepared.Parameters
+    writes: list[_Queued] = field(default_factory=list)
+
+
+def _answer_reads(
+    conn: psycopg.AsyncConnection[Any], reads: list[_AfterRead], results: list[Any]
+) -> None:
+    """Each write gets the rows of the read it wanted after its commit; one whose read
+    failed gets none (its caller reads for itself). A read whose prepared statement is
+    gone (DEALLOCATE ALL) has the connection's statements prepared again next time."""
+    for read, result in zip(reads, results, strict=True):
+        rows = None
+        try:
+            rows = prepared.loaded_rows(conn, prepared.checked(conn, result), read.name)
+        except errors.InvalidSqlStatementName:
+            prepared.forget_prepared(conn)
+        except Exception:  # its writes' callers read for themselves
+            pass
+        for queued in read.writes:
+            queued.then_rows = rows
+
+
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 
 
@@ -498,24 +593,29 @@ def _store_closed() -> MetadataUnavailable:
     return MetadataUnavailable("the metadata store is closed")
 
 
-def _pipeline_results(pgconn: Any, count: int) -> Generator[Any, Any, list[Any]]:
-    """Flush the pipeline, then read the last result of each of `count` statements and the
-    Sync that ends them. An error between the last statement and the Sync is the commit's
-    (a deferred constraint, say): it stands for the last statement's result, so that the
-    batch counts as failed and nothing of it as done."""
+def _pipeline_results(pgconn: Any, *counts: int) -> Generator[Any, Any, list[Any]]:
+    """Flush the pipeline, then, for each of its parts (`counts` statements, then a Sync),
+    read the last result of each statement and the Sync that ends them. An error between a
+    part's last statement and its Sync is the commit's (a deferred constraint, say): it
+    stands for the last statement's result, so that the part counts as failed and nothing
+    of it as done."""
     yield from generators.send(pgconn)
     answers = []
-    for _ in range(count):
-        results = yield from generators.fetch_many(pgconn)
-        if not results:
-            raise psycopg.OperationalError("a pipeline ended before its statements' results")
-        answers.append(results[-1])
-    while True:
-        results = yield from generators.fetch_many(pgconn)
-        if not results:
-            raise psycopg.OperationalError("a pipeline ended without its Sync")
-        for result in results:
-            if result.status == ExecStatus.FATAL_ERROR:
-                answers[-1] = result
-        if results[-1].status == ExecStatus.PIPELINE_SYNC:
-            return answers
+    for count in counts:
+        part = []
+        for _ in range(count):
+            results = yield from generators.fetch_many(pgconn)
+            if not results:
+                raise psycopg.OperationalError("a pipeline ended before its statements' results")
+            part.append(results[-1])
+        while True:
+            results = yield from generators.fetch_many(pgconn)
+            if not results:
+                raise psycopg.OperationalError("a pipeline ended without its Sync")
+            for result in results:
+                if result.status == ExecStatus.FATAL_ERROR and part:
+                    part[-1] = result
+            if results[-1].status == ExecStatus.PIPELINE_SYNC:
+                break
+        answers.extend(part)
+    return answers

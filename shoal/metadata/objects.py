@@ -99,12 +99,11 @@ class Objects(Component):
         statement = conditional_statement(params, if_match, if_none_match)
         if write.under_replicated:  # noted first: a crash before the row leaves a stale note
             await self.rows(vnode, queries.NOTE_UNDER_REPLICATED, params)
-        rows = await self.write_row(vnode, statement, params)
+        rows = await self.write_object_row(vnode, statement, params, bucket)
         if not rows:
             if if_match is not None and not await self._exists(vnode, owner, bucket_id, name):
                 raise ObjectNotFound(f"no object {name!r} in bucket {bucket!r}")
             raise PreconditionFailed(f"precondition failed for {name!r}")
-        await self.check_bucket_takes_writes(owner, bucket, bucket_id)
         return put_result(write, rows[0])
 
     async def get(

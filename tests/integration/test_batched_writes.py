@@ -13,7 +13,9 @@ import pytest
 
 from shoal.metadata import MetadataStore, ObjectWrite, queries
 from shoal.metadata.base import _bound, _no_partition_for_row, write_params
-from shoal.metadata.batched import WriteBatcher, WriteOrder
+from shoal.metadata.batched import AfterCommit, WriteBatcher, WriteOrder
+from shoal.metadata.errors import CommitUnknown
+from shoal.metadata.models import Bucket
 from shoal.metadata.ring import vnode_schema
 from tests.fixtures.postgres import MakeStore
 
@@ -311,11 +313,11 @@ def test_object_writes_are_ordered_by_vnode_then_primary_key(
     the one row they lock, the whole primary key (owner, bucket id, name)."""
     writes = store.shards.placed()[0].writes
     seen: list[WriteOrder] = []
-    write = writes.write
+    write = writes.write_then_read  # what every write goes through
 
-    async def noting(statement: bytes, values: Any, order: WriteOrder) -> Any:
+    async def noting(statement: bytes, values: Any, order: WriteOrder, then: Any) -> Any:
         seen.append(order)
-        return await write(statement, values, order)
+        return await write(statement, values, order, then)
 
     async def put_and_delete() -> tuple[Any, Any]:
         owner = (await store.accounts.create(f"ord-{uuid.uuid4().hex[:8]}")).id
@@ -326,7 +328,7 @@ def test_object_writes_are_ordered_by_vnode_then_primary_key(
         return owner, bucket.id
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(writes, "write", noting)
+        patch.setattr(writes, "write_then_read", noting)
         owner, bucket_id = run(put_and_delete())
     vnode = store.shards.ring.vnode_for_object(owner, bucket_id, "name")
     assert seen == [(vnode, owner, bucket_id, "name")] * 2
@@ -388,3 +390,127 @@ def test_writes_recording_versions_create_a_missing_window(make_store: MakeStore
     answers, records = run(without_windows())
     assert not [answer for answer in answers if isinstance(answer, BaseException)]
     assert records == 6  # four replaced versions, two deleted ones
+
+
+def test_a_put_checks_its_bucket_in_its_own_pipeline_after_its_commit(
+    store: MetadataStore, run: Any
+) -> None:
+    """A PUT reads its bucket afresh after its commit (Component.write_object_row: a
+    DeleteBucket's mark means a 503). With the bucket's row on the object row's shard, that
+    read goes in the write's own pipeline, after its Sync, not in a batch of reads of its
+    own; PUTs of one batch into one bucket share it; and it still refuses a write into a
+    bucket marked as being deleted."""
+    shard = store.shards.placed()[0]
+    owner = run(store.accounts.create(f"then-{uuid.uuid4().hex[:8]}")).id
+    bucket = run(store.buckets.create(owner, f"then-{uuid.uuid4().hex[:8]}"))
+    run(store.objects.put(owner, bucket.name, "first", empty()))
+    reads, writes, checks = (
+        shard.reads.batches_sent,
+        shard.writes.batches_sent,
+        shard.writes.reads_after_commit,
+    )
+    run(store.objects.put(owner, bucket.name, "second", empty()))
+    assert shard.reads.batches_sent == reads
+    assert (shard.writes.batches_sent, shard.writes.reads_after_commit) == (writes + 1, checks + 1)
+
+    async def many() -> None:
+        await asyncio.gather(
+            *(store.objects.put(owner, bucket.name, f"many-{n}", empty()) for n in range(12))
+        )
+
+    writes, checks = shard.writes.batches_sent, shard.writes.reads_after_commit
+    run(many())
+    assert shard.writes.reads_after_commit - checks == shard.writes.batches_sent - writes < 12
+
+    run(mark_deleting(store, owner, bucket))
+    with pytest.raises(CommitUnknown, match="being deleted"):
+        run(store.objects.put(owner, bucket.name, "third", empty()))
+    assert shard.reads.batches_sent == reads  # judged by the read in its pipeline
+
+
+def test_a_bucket_on_another_shard_is_read_after_the_commit(
+    make_store: MakeStore, run: Any
+) -> None:
+    """Where the bucket's row is on another shard than the object row's, the read after the
+    commit goes to that shard, in a batch of reads, and still refuses a write into a bucket
+    marked as being deleted."""
+    store = make_store(shards=2, vnodes=8)
+    owner = run(store.accounts.create(f"apart-{uuid.uuid4().hex[:8]}")).id
+    bucket = run(store.buckets.create(owner, f"apart-{uuid.uuid4().hex[:8]}"))
+    ring = store.shards.ring
+    bucket_shard = store.shards.of_vnode(ring.vnode_for_bucket(owner, bucket.name))
+
+    def shard_of(name: str) -> Any:
+        return store.shards.of_vnode(ring.vnode_for_object(owner, bucket.id, name))
+
+    names = [f"k{n}" for n in range(64)]
+    apart = next(n for n in names if shard_of(n) is not bucket_shard)
+    together = next(n for n in names if shard_of(n) is bucket_shard)
+    for name in (apart, together):  # warm: the bucket cached, statements prepared
+        run(store.objects.put(owner, bucket.name, name, empty()))
+    reads = bucket_shard.reads.batches_sent
+    run(store.objects.put(owner, bucket.name, together, empty()))
+    assert bucket_shard.reads.batches_sent == reads
+    run(store.objects.put(owner, bucket.name, apart, empty()))
+    assert bucket_shard.reads.batches_sent == reads + 1
+    assert shard_of(apart).writes.reads_after_commit == 0
+
+    run(mark_deleting(store, owner, bucket))
+    for name in (apart, together):
+        with pytest.raises(CommitUnknown, match="being deleted"):
+            run(store.objects.put(owner, bucket.name, name, empty()))
+
+
+def empty() -> ObjectWrite:
+    """An empty object's write, each a version of its own."""
+    return ObjectWrite(content_length=0, content_md5=b"0" * 16, data=b"")
+
+
+async def mark_deleting(store: MetadataStore, owner: uuid.UUID, bucket: Bucket) -> None:
+    """Mark `bucket` as being deleted, as a DeleteBucket's first step does."""
+    vnode = store.shards.ring.vnode_for_bucket(owner, bucket.name)
+    async with store.shards.of_vnode(vnode).pool.connection() as conn:
+        await conn.execute(
+            f"INSERT INTO {vnode_schema(vnode)}.manta_bucket_deleting (owner, name, id, token) "
+            "VALUES (%s, %s, %s, gen_random_uuid())",
+            [owner, bucket.name, bucket.id],
+        )
+
+
+def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
+    store: MetadataStore, run: Any
+) -> None:
+    """A write's AfterCommit read runs after its batch's Sync, in a transaction of its own
+    (no transaction id of the batch's: it runs once the batch has committed); writes of one
+    batch that want the same read share one; a read that fails leaves its writes committed
+    and answered, with no rows of it; a write that fails gets its error, not a read's rows."""
+    writes = writer_of(store)
+    outside = AfterCommit(b"SELECT pg_current_xact_id_if_assigned() AS xid", [])
+    failing = AfterCommit(b"SELECT 1 / $1::int AS quotient", [0])
+
+    async def batch() -> list[Any]:
+        return await asyncio.gather(
+            *(
+                writes.write_then_read(WRITE, [key, n], order(key), then)
+                for key, n, then in (
+                    ("after-0", 0, None),  # goes alone: the rest wait for it, together
+                    ("after-1", 1, outside),
+                    ("after-2", 2, outside),
+                    ("after-3", 3, failing),
+                )
+            )
+        )
+
+    checks = writes.reads_after_commit
+    assert run(batch()) == [
+        ([{"key": "after-0", "n": 0}], None),
+        ([{"key": "after-1", "n": 1}], [{"xid": None}]),
+        ([{"key": "after-2", "n": 2}], [{"xid": None}]),
+        ([{"key": "after-3", "n": 3}], None),
+    ]
+    assert writes.reads_after_commit - checks == 2  # one shared, one failed
+    with pytest.raises(psycopg.errors.CheckViolation):
+        run(writes.write_then_read(WRITE, ["after-4", -1], order("after-4"), outside))
+    written = rows_written(store, run, [f"after-{n}" for n in range(5)])
+    assert [key for key, _, _ in written] == [f"after-{n}" for n in range(4)]
+    run(writes.close())
