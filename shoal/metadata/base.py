@@ -86,13 +86,15 @@ class Component:
     ) -> list[Row]:
         """write_row for a write that makes an object version (a PUT, a copy), then, if it
         wrote, check_bucket_takes_writes for `bucket`, the bucket of `params`. Where the
-        bucket's row is on the object row's shard, the check goes in the write's own
-        pipeline, run after its commit (batched.AfterCommit): one round trip, not two."""
+        bucket's row is on the object row's shard, the check is sent in the write's own
+        pipeline, to run after its commit (batched.AfterCommit: one round trip, not two),
+        and its answer is looked at only if the write wrote."""
         owner, bucket_id = params["owner"], params["bucket_id"]
         bucket_vnode = self.shards.ring.vnode_for_bucket(owner, bucket)
-        check = AfterCommit(
-            *_bound(BUCKET_TAKES_WRITES, bucket_vnode, _takes_writes(owner, bucket, bucket_id))
+        statement, values = _bound(
+            BUCKET_TAKES_WRITES, bucket_vnode, _takes_writes(owner, bucket, bucket_id)
         )
+        check = AfterCommit(statement, tuple(values))
         rows, checked = await self._write_row(vnode, template, params, (bucket_vnode, check))
         if not rows:
             return rows

@@ -37,8 +37,12 @@ A write may bring a read to run once it has committed (`AfterCommit`: a PUT's ch
 bucket still takes writes). It goes in the same pipeline, after the batch's Sync, so the
 server runs it after the commit, in a transaction of its own, as a read sent after the
 answer would run: one round trip where there were two. Writes of a batch that bring the
-same read share one. A read that fails leaves its writes without an answer to it
-(`then_rows` None), and their caller reads for itself.
+same read share one. The writes that bring none are answered once the batch has committed;
+those that do, once their read is back too. A read that fails (or cannot be prepared, or
+whose answer is lost with the connection) leaves its writes answered without it
+(`then_rows` None), and their callers read for themselves. The price: a read that waits in
+the server (on a vnode move's fence) holds the batch's connection and its sender meanwhile,
+as a transaction does.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ class AfterCommit:
     docstring)."""
 
     statement: bytes
-    values: Sequence[Any]
+    values: tuple[Any, ...]
 
 
 @dataclass
@@ -106,6 +110,9 @@ class _Queued:
     order: tuple[Any, ...] = ()  # a write's WriteOrder; reads are not sorted
     then: AfterCommit | None = None  # a write's read after its commit
     then_rows: list[prepared.Row] | None = None  # that read's rows, once answered
+    # The read it was last sent with; its rows, committed, wait here for that read's answer.
+    read: _AfterRead | None = field(default=None, repr=False)
+    committed_rows: list[prepared.Row] | None = None
     prepared_again: bool = False  # after InvalidSqlStatementName, once
     alone: bool = False  # a write whose batch failed: it goes again in a batch of its own
     synced: bool = False  # its batch's Sync was sent: a write of it may have committed
@@ -400,13 +407,13 @@ class _Batcher:
                 name = await prepared.prepared_name(
                     conn, queued.statement, parameters, held.watch.wait
                 )
-                if queued.then is not None:
-                    await self._share_read(held, queued, reads)
             except Exception as exc:
                 if conn.closed or connection_failed(exc):  # lost, for the whole batch
                     raise
                 queued.fail(exc)  # its own fault (a value, its statement): the rest go on
                 continue
+            if queued.then is not None:
+                await self._share_read(held, queued, reads)
             sent.append(_Sent(queued, name, parameters))
         if not sent:
             return
@@ -426,29 +433,42 @@ class _Batcher:
         self.batches_sent += 1
         self.reads_after_commit += len(reads)
         self._last_alone = len(sent) == 1
-        counts = (len(sent), len(reads)) if reads else (len(sent),)
-        results = await held.watch.wait(_pipeline_results(pgconn, *counts))
+        results = await held.watch.wait(_pipeline_results(pgconn, len(sent)))
+        self._answer(conn, sent, results)
+        if reads:
+            try:
+                results = await held.watch.wait(_pipeline_results(pgconn, len(reads), False))
+            except BaseException:
+                _answer_reads(conn, list(reads.values()), None)
+                raise
+            _answer_reads(conn, list(reads.values()), results)
         pgconn.exit_pipeline_mode()
-        _answer_reads(conn, list(reads.values()), results[len(sent) :])
-        self._answer(conn, sent, results[: len(sent)])
 
     async def _share_read(
         self, held: _Held, queued: _Queued, reads: dict[tuple[Any, ...], _AfterRead]
     ) -> None:
         """Add the read `queued` wants after its commit to `reads`, or join the same read
-        another write of the batch wants."""
+        another write of the batch wants. A read that cannot be prepared (its vnode's schema
+        moved away, say) is left out: the write goes on, and its caller reads for itself."""
         assert queued.then is not None
-        queued.then_rows = None  # a write sent again is answered again
+        queued.then_rows = queued.committed_rows = None  # a write sent again is answered again
+        queued.read = None
         conn = held.conn
-        parameters = prepared.dumped(conn, queued.then.values)
-        key = (queued.then.statement, *(None if v is None else bytes(v) for v in parameters.dumped))
-        read = reads.get(key)
-        if read is None:
-            name = await prepared.prepared_name(
-                conn, queued.then.statement, parameters, held.watch.wait
-            )
-            read = reads[key] = _AfterRead(name, parameters)
+        try:
+            parameters = prepared.dumped(conn, queued.then.values)
+            key = (queued.then.statement, parameters.types, *map(_bytes_or_none, parameters.dumped))
+            read = reads.get(key)
+            if read is None:
+                name = await prepared.prepared_name(
+                    conn, queued.then.statement, parameters, held.watch.wait
+                )
+                read = reads[key] = _AfterRead(name, parameters)
+        except Exception as exc:
+            if conn.closed or connection_failed(exc):  # lost, for the whole batch
+                raise
+            return
         read.writes.append(queued)
+        queued.read = read
 
     def _answer(
         self, conn: psycopg.AsyncConnection[Any], sent: list[_Sent], results: list[Any]
@@ -477,8 +497,14 @@ class _Batcher:
             except Exception as exc:
                 queued.fail(self._failure(queued, exc))
             else:
-                queued.answer.set_result(rows)
+                self._succeed(queued, rows)
         self._waiting.extendleft(reversed(again))
+
+    def _succeed(self, queued: _Queued, rows: list[prepared.Row]) -> None:
+        if queued.read is not None:  # answered with its read's rows (_answer_reads)
+            queued.committed_rows = rows
+        else:
+            queued.answer.set_result(rows)
 
 
 class ReadBatcher(_Batcher):
@@ -568,22 +594,33 @@ class _AfterRead:
     writes: list[_Queued] = field(default_factory=list)
 
 
+def _bytes_or_none(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
 def _answer_reads(
-    conn: psycopg.AsyncConnection[Any], reads: list[_AfterRead], results: list[Any]
+    conn: psycopg.AsyncConnection[Any], reads: list[_AfterRead], results: list[Any] | None
 ) -> None:
-    """Each write gets the rows of the read it wanted after its commit; one whose read
-    failed gets none (its caller reads for itself). A read whose prepared statement is
-    gone (DEALLOCATE ALL) has the connection's statements prepared again next time."""
-    for read, result in zip(reads, results, strict=True):
+    """Answer the committed writes that waited for their reads, each with the rows of the
+    read it wanted; a read that failed, or whose answer was lost (`results` None), gives
+    none (its writes' callers read for themselves). A read whose prepared statement is gone
+    (DEALLOCATE ALL) has the connection's statements prepared again next time."""
+    for n, read in enumerate(reads):
         rows = None
         try:
-            rows = prepared.loaded_rows(conn, prepared.checked(conn, result), read.name)
+            if results is not None:
+                rows = prepared.loaded_rows(conn, prepared.checked(conn, results[n]), read.name)
         except errors.InvalidSqlStatementName:
             prepared.forget_prepared(conn)
         except Exception:  # its writes' callers read for themselves
             pass
         for queued in read.writes:
-            queued.then_rows = rows
+            if queued.read is not read:  # its batch failed: it went again, with another read
+                continue
+            committed, queued.committed_rows = queued.committed_rows, None
+            if committed is not None and not queued.answer.done():
+                queued.then_rows = rows
+                queued.answer.set_result(committed)
 
 
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
@@ -593,29 +630,29 @@ def _store_closed() -> MetadataUnavailable:
     return MetadataUnavailable("the metadata store is closed")
 
 
-def _pipeline_results(pgconn: Any, *counts: int) -> Generator[Any, Any, list[Any]]:
-    """Flush the pipeline, then, for each of its parts (`counts` statements, then a Sync),
-    read the last result of each statement and the Sync that ends them. An error between a
-    part's last statement and its Sync is the commit's (a deferred constraint, say): it
-    stands for the last statement's result, so that the part counts as failed and nothing
+def _pipeline_results(
+    pgconn: Any, count: int, flush: bool = True
+) -> Generator[Any, Any, list[Any]]:
+    """Flush the pipeline (unless `flush` is False: a part after the first), then read the
+    last result of each of its next `count` statements and the Sync that ends them. An error
+    between the last statement and the Sync is the commit's (a deferred constraint, say): it
+    stands for the last statement's result, so that the batch counts as failed and nothing
     of it as done."""
-    yield from generators.send(pgconn)
+    assert count > 0
+    if flush:
+        yield from generators.send(pgconn)
     answers = []
-    for count in counts:
-        part = []
-        for _ in range(count):
-            results = yield from generators.fetch_many(pgconn)
-            if not results:
-                raise psycopg.OperationalError("a pipeline ended before its statements' results")
-            part.append(results[-1])
-        while True:
-            results = yield from generators.fetch_many(pgconn)
-            if not results:
-                raise psycopg.OperationalError("a pipeline ended without its Sync")
-            for result in results:
-                if result.status == ExecStatus.FATAL_ERROR and part:
-                    part[-1] = result
-            if results[-1].status == ExecStatus.PIPELINE_SYNC:
-                break
-        answers.extend(part)
-    return answers
+    for _ in range(count):
+        results = yield from generators.fetch_many(pgconn)
+        if not results:
+            raise psycopg.OperationalError("a pipeline ended before its statements' results")
+        answers.append(results[-1])
+    while True:
+        results = yield from generators.fetch_many(pgconn)
+        if not results:
+            raise psycopg.OperationalError("a pipeline ended without its Sync")
+        for result in results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                answers[-1] = result
+        if results[-1].status == ExecStatus.PIPELINE_SYNC:
+            return answers

@@ -481,12 +481,18 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
     store: MetadataStore, run: Any
 ) -> None:
     """A write's AfterCommit read runs after its batch's Sync, in a transaction of its own
-    (no transaction id of the batch's: it runs once the batch has committed); writes of one
-    batch that want the same read share one; a read that fails leaves its writes committed
-    and answered, with no rows of it; a write that fails gets its error, not a read's rows."""
+    (no transaction id of the batch's), and sees the batch committed; writes of one batch
+    that want the same read share one; a read that fails leaves its writes committed
+    and answered, with no rows of it, and so does one that cannot even be prepared; a write
+    that fails gets its error, not a read's rows."""
     writes = writer_of(store)
-    outside = AfterCommit(b"SELECT pg_current_xact_id_if_assigned() AS xid", [])
-    failing = AfterCommit(b"SELECT 1 / $1::int AS quotient", [0])
+    outside = AfterCommit(
+        b"SELECT pg_current_xact_id_if_assigned() AS xid,"
+        b" (SELECT count(*) FROM written WHERE key = ANY($1::text[]))::int AS seen",
+        (["after-1", "after-2"],),
+    )
+    failing = AfterCommit(b"SELECT 1 / $1::int AS quotient", (0,))
+    unprepared = AfterCommit(b"SELECT 1 FROM no_such_table", ())
 
     async def batch() -> list[Any]:
         return await asyncio.gather(
@@ -497,6 +503,7 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
                     ("after-1", 1, outside),
                     ("after-2", 2, outside),
                     ("after-3", 3, failing),
+                    ("after-4", 4, unprepared),
                 )
             )
         )
@@ -504,13 +511,64 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
     checks = writes.reads_after_commit
     assert run(batch()) == [
         ([{"key": "after-0", "n": 0}], None),
-        ([{"key": "after-1", "n": 1}], [{"xid": None}]),
-        ([{"key": "after-2", "n": 2}], [{"xid": None}]),
+        ([{"key": "after-1", "n": 1}], [{"xid": None, "seen": 2}]),
+        ([{"key": "after-2", "n": 2}], [{"xid": None, "seen": 2}]),
         ([{"key": "after-3", "n": 3}], None),
+        ([{"key": "after-4", "n": 4}], None),
     ]
-    assert writes.reads_after_commit - checks == 2  # one shared, one failed
+    assert writes.reads_after_commit - checks == 2  # one shared, one failed, none unprepared
     with pytest.raises(psycopg.errors.CheckViolation):
-        run(writes.write_then_read(WRITE, ["after-4", -1], order("after-4"), outside))
-    written = rows_written(store, run, [f"after-{n}" for n in range(5)])
-    assert [key for key, _, _ in written] == [f"after-{n}" for n in range(4)]
+        run(writes.write_then_read(WRITE, ["after-5", -1], order("after-5"), outside))
+    written = rows_written(store, run, [f"after-{n}" for n in range(6)])
+    assert [key for key, _, _ in written] == [f"after-{n}" for n in range(5)]
+    run(writes.close())
+
+
+def test_writes_are_answered_apart_from_a_read_that_waits_or_is_lost(
+    store: MetadataStore, run: Any
+) -> None:
+    """The writes of a batch that want no read are answered once it has committed, even
+    while another write's read waits in the server (for a lock); a write whose read's
+    answer is lost with the connection is answered as committed, without the read's rows
+    (its caller reads for itself), and the batcher goes on on a new connection."""
+    writes = writer_of(store)
+    pool = store.shards.placed()[0].pool
+    blocked = AfterCommit(b"SELECT count(*) AS n FROM locked_away", ())
+    killed = AfterCommit(b"SELECT pg_terminate_backend(pg_backend_pid())", ())
+
+    async def batch_of(then: AfterCommit, keys: tuple[str, str, str]) -> list[Any]:
+        first, plain, reading = (
+            asyncio.ensure_future(writes.write_then_read(WRITE, [key, 0], order(key), each))
+            for key, each in zip(keys, (None, None, then), strict=True)
+        )
+        # The first goes alone, after the batch of one before it; the other two wait for
+        # it, and go together.
+        await first
+        return [plain, reading]
+
+    async def waiting_read() -> None:
+        async with pool.connection() as conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS locked_away (n int)")
+        await writes.write_then_read(WRITE, ["warm", 0], order("warm"), blocked)  # prepared
+        batches = writes.batches_sent
+        async with await psycopg.AsyncConnection.connect(pool.conninfo) as locker:
+            await locker.execute("BEGIN; LOCK TABLE locked_away IN ACCESS EXCLUSIVE MODE")
+            plain, reading = await batch_of(blocked, ("lock-0", "lock-1", "lock-2"))
+            assert await asyncio.wait_for(plain, 10) == ([{"key": "lock-1", "n": 0}], None)
+            await until_a_statement_waits_for_a_lock(pool)
+            assert not reading.done() and writes.batches_sent == batches + 2
+        assert await asyncio.wait_for(reading, 10) == ([{"key": "lock-2", "n": 0}], [{"n": 0}])
+
+    async def lost_read() -> None:
+        plain, reading = await batch_of(killed, ("lost-0", "lost-1", "lost-2"))
+        assert await plain == ([{"key": "lost-1", "n": 0}], None)
+        assert await reading == ([{"key": "lost-2", "n": 0}], None)
+        assert await writes.write(WRITE, ["lost-3", 0], order("lost-3")) == [
+            {"key": "lost-3", "n": 0}
+        ]
+
+    run(waiting_read())
+    run(lost_read())
+    keys = ["lock-1", "lock-2", "lost-1", "lost-2", "lost-3"]
+    assert sorted(key for key, _, _ in rows_written(store, run, keys)) == keys
     run(writes.close())
