@@ -247,13 +247,24 @@ class _Batcher:
                     for queued in batch:
                         queued.fail(self._closed_under(queued))
                     raise
-                self._fail(batch, exc)
+                self._fail_unless_answered(batch, exc)
                 self._carry_on()
             finally:
                 await self.pool.putconn(held.conn)
         else:
             self._sending -= 1
             await self._release(held)
+
+    def _fail_unless_answered(self, batch: list[_Queued], exc: Exception) -> None:
+        """`_fail` a batch whose connection failed, unless it was answered already (a read
+        after its commit was lost): then its writes are done, or waiting again, perhaps
+        already in another sender's batch, and must not be failed."""
+        if isinstance(exc, _AnsweredThenLost):
+            cause = exc.__cause__
+            if isinstance(cause, Exception):  # for the pool's upkeep: the idle ones go
+                self.pool.failure(cause, may_have_committed=True)
+            return
+        self._fail(batch, exc)
 
     async def _send_alone(self, held: _Held, queued: _Queued) -> list[prepared.Row]:
         """Send a statement that found no batch out and none waiting, from its caller, on
@@ -268,7 +279,7 @@ class _Batcher:
                 await self._close(held)
                 if not isinstance(exc, Exception):
                     raise
-                self._fail([queued], exc)
+                self._fail_unless_answered([queued], exc)
             finally:
                 await self.pool.putconn(held.conn)
         else:
@@ -415,6 +426,8 @@ class _Batcher:
             if queued.then is not None:
                 await self._share_read(held, queued, reads)
             sent.append(_Sent(queued, name, parameters))
+        # Given up meanwhile (a caller cancelled, close()): not sent. None of them had been.
+        sent = [statement for statement in sent if not statement.queued.answer.done()]
         if not sent:
             return
         metrics.metadata().batch_sent(metrics.WRITE if self.writes else metrics.READ, len(sent))
@@ -428,21 +441,30 @@ class _Batcher:
         pgconn.pipeline_sync()
         for read in reads.values():  # run once the Sync above has committed the batch
             prepared.send_prepared(conn, read.name, read.parameters)
-        if reads:
-            pgconn.pipeline_sync()
+            pgconn.pipeline_sync()  # each apart: one that waits or fails holds up no other
         self.batches_sent += 1
         self.reads_after_commit += len(reads)
         self._last_alone = len(sent) == 1
         results = await held.watch.wait(_pipeline_results(pgconn, len(sent)))
         self._answer(conn, sent, results)
-        if reads:
-            try:
-                results = await held.watch.wait(_pipeline_results(pgconn, len(reads), False))
-            except BaseException:
-                _answer_reads(conn, list(reads.values()), None)
-                raise
-            _answer_reads(conn, list(reads.values()), results)
+        await self._answer_reads(held, list(reads.values()))
         pgconn.exit_pipeline_mode()
+
+    async def _answer_reads(self, held: _Held, reads: list[_AfterRead]) -> None:
+        """Read the answers of `reads`, each in its part of the pipeline, and answer their
+        writes. The batch is answered by then: if the connection is lost meanwhile, the
+        reads still out leave their writes answered without them, and the sender is told
+        so (`_AnsweredThenLost`) rather than failing a batch it answered."""
+        for n, read in enumerate(reads):
+            try:
+                [result] = await held.watch.wait(_pipeline_results(held.conn.pgconn, 1, False))
+            except BaseException as exc:
+                for lost in reads[n:]:
+                    _answer_read(held.conn, lost, None)
+                if isinstance(exc, Exception):
+                    raise _AnsweredThenLost() from exc
+                raise
+            _answer_read(held.conn, read, result)
 
     async def _share_read(
         self, held: _Held, queued: _Queued, reads: dict[tuple[Any, ...], _AfterRead]
@@ -598,29 +620,32 @@ def _bytes_or_none(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
-def _answer_reads(
-    conn: psycopg.AsyncConnection[Any], reads: list[_AfterRead], results: list[Any] | None
-) -> None:
-    """Answer the committed writes that waited for their reads, each with the rows of the
-    read it wanted; a read that failed, or whose answer was lost (`results` None), gives
-    none (its writes' callers read for themselves). A read whose prepared statement is gone
-    (DEALLOCATE ALL) has the connection's statements prepared again next time."""
-    for n, read in enumerate(reads):
-        rows = None
-        try:
-            if results is not None:
-                rows = prepared.loaded_rows(conn, prepared.checked(conn, results[n]), read.name)
-        except errors.InvalidSqlStatementName:
-            prepared.forget_prepared(conn)
-        except Exception:  # its writes' callers read for themselves
-            pass
-        for queued in read.writes:
-            if queued.read is not read:  # its batch failed: it went again, with another read
-                continue
-            committed, queued.committed_rows = queued.committed_rows, None
-            if committed is not None and not queued.answer.done():
-                queued.then_rows = rows
-                queued.answer.set_result(committed)
+class _AnsweredThenLost(Exception):
+    """A batch's connection was lost after the batch was answered, while reads after its
+    commit were out (the cause is the connection's error)."""
+
+
+def _answer_read(conn: psycopg.AsyncConnection[Any], read: _AfterRead, result: Any) -> None:
+    """Answer the committed writes that waited for `read`, with its rows; a read that
+    failed, or whose answer was lost (`result` None), gives none (the writes' callers read
+    for themselves). A read whose prepared statement is gone (DEALLOCATE ALL) has the
+    connection's statements prepared again next time."""
+    rows = None
+    try:
+        if result is not None:
+            rows = prepared.loaded_rows(conn, prepared.checked(conn, result), read.name)
+    except errors.InvalidSqlStatementName:
+        prepared.forget_prepared(conn)
+    except Exception:  # its writes' callers read for themselves
+        pass
+    writes, read.writes = read.writes, []  # no cycle left between a write and its read
+    for queued in writes:
+        if queued.read is not read:  # its batch failed: it went again, with another read
+            continue
+        committed, queued.committed_rows = queued.committed_rows, None
+        if committed is not None and not queued.answer.done():
+            queued.then_rows = rows
+            queued.answer.set_result(committed)
 
 
 _SUCCEEDED = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)

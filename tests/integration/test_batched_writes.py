@@ -489,7 +489,7 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
     outside = AfterCommit(
         b"SELECT pg_current_xact_id_if_assigned() AS xid,"
         b" (SELECT count(*) FROM written WHERE key = ANY($1::text[]))::int AS seen",
-        (["after-1", "after-2"],),
+        (["after-2", "after-3"],),
     )
     failing = AfterCommit(b"SELECT 1 / $1::int AS quotient", (0,))
     unprepared = AfterCommit(b"SELECT 1 FROM no_such_table", ())
@@ -500,9 +500,9 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
                 writes.write_then_read(WRITE, [key, n], order(key), then)
                 for key, n, then in (
                     ("after-0", 0, None),  # goes alone: the rest wait for it, together
-                    ("after-1", 1, outside),
+                    ("after-1", 1, failing),  # sent first: the reads after it still run
                     ("after-2", 2, outside),
-                    ("after-3", 3, failing),
+                    ("after-3", 3, outside),
                     ("after-4", 4, unprepared),
                 )
             )
@@ -511,9 +511,9 @@ def test_a_read_after_the_commit_runs_outside_the_batch_and_fails_alone(
     checks = writes.reads_after_commit
     assert run(batch()) == [
         ([{"key": "after-0", "n": 0}], None),
-        ([{"key": "after-1", "n": 1}], [{"xid": None, "seen": 2}]),
+        ([{"key": "after-1", "n": 1}], None),
         ([{"key": "after-2", "n": 2}], [{"xid": None, "seen": 2}]),
-        ([{"key": "after-3", "n": 3}], None),
+        ([{"key": "after-3", "n": 3}], [{"xid": None, "seen": 2}]),
         ([{"key": "after-4", "n": 4}], None),
     ]
     assert writes.reads_after_commit - checks == 2  # one shared, one failed, none unprepared
@@ -567,8 +567,26 @@ def test_writes_are_answered_apart_from_a_read_that_waits_or_is_lost(
             {"key": "lost-3", "n": 0}
         ]
 
+    async def lost_after_a_rollback() -> None:
+        # Queued in one turn of the event loop: "again-2" fails the batch that holds it and
+        # "again-1", whose writes go again alone; the read sent after that batch's Sync is
+        # then lost with the connection: the writes waiting again must not be failed.
+        first, reading, bad = (
+            asyncio.ensure_future(writes.write_then_read(WRITE, [key, n], order(key), then))
+            for key, n, then in (
+                ("again-0", 0, None),
+                ("again-1", 0, killed),
+                ("again-2", -1, None),
+            )
+        )
+        assert await first == ([{"key": "again-0", "n": 0}], None)
+        assert await reading == ([{"key": "again-1", "n": 0}], None)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            await bad
+
     run(waiting_read())
     run(lost_read())
-    keys = ["lock-1", "lock-2", "lost-1", "lost-2", "lost-3"]
-    assert sorted(key for key, _, _ in rows_written(store, run, keys)) == keys
+    run(lost_after_a_rollback())
+    keys = ["lock-1", "lock-2", "lost-1", "lost-2", "lost-3", "again-0", "again-1"]
+    assert sorted(key for key, _, _ in rows_written(store, run, keys)) == sorted(keys)
     run(writes.close())
